@@ -1,0 +1,1 @@
+"""Shipped reward functions for rlkit recipes (`rewards.<module>:<function>`)."""

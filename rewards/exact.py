@@ -1,0 +1,84 @@
+"""Exact-answer rewards: normalised string match and first-number match against ``answer``.
+
+Both return 1.0 / 0.0 per sample, and None where the sample has no answer.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from fractions import Fraction
+from typing import Any
+
+from rlkit.reward.contract import completion_text
+
+_TRAILING = ".。!！?？;；,，、 \t\n"
+# A number: optional sign, digits with optional thousands commas, decimals, or a fraction a/b.
+_NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+
+
+def normalize_text(text: str) -> str:
+    """NFKC (full-width → half-width digits, letters, punctuation), casefold, collapse
+    whitespace, strip surrounding whitespace and trailing punctuation (``.`` / ``。`` ...)."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    text = " ".join(text.split())
+    return text.rstrip(_TRAILING).strip()
+
+
+def _answers(a: Any) -> list[str] | None:
+    if a is None:
+        return None
+    if isinstance(a, (list, tuple)):
+        return [str(x) for x in a] or None
+    return [str(a)]
+
+
+def exact_match(completions: list, answer: list, normalize: bool = True, **kwargs: Any) -> list[float | None]:
+    """1.0 when the completion equals the answer (or one of a list of answers).
+
+    normalize: compare ``normalize_text`` of both; False compares the
+    raw strings after stripping surrounding whitespace.
+    """
+    norm = normalize_text if normalize else str.strip
+    out: list[float | None] = []
+    for c, a in zip(completions, answer):
+        golds = _answers(a)
+        if golds is None:
+            out.append(None)
+            continue
+        text = norm(completion_text(c))
+        out.append(float(any(text == norm(g) for g in golds)))
+    return out
+
+
+def parse_number(text: str, position: str = "first") -> Fraction | None:
+    """The first (or last) number in ``text`` as an exact Fraction; None if there is none.
+
+    Understands ``-3``, ``１２`` (full-width), ``1,000``, ``2.50``, ``3/4`` and ``−3``.
+    """
+    text = unicodedata.normalize("NFKC", text)
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    s = (found[0] if position == "first" else found[-1]).replace(",", "").replace("−", "-")
+    try:
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def number_match(completions: list, answer: list, position: str = "first", **kwargs: Any) -> list[float | None]:
+    """1.0 when the first (``position="last"``: last) number in the completion equals the
+    number in ``answer``. E.g. prompt ``12+7=``, completion ``19 because...`` → 1.0 for
+    answer 19. None when the answer holds no number."""
+    if position not in ("first", "last"):
+        raise ValueError(f"position must be 'first' or 'last', got {position!r}")
+    out: list[float | None] = []
+    for c, a in zip(completions, answer):
+        gold = None if a is None else parse_number(str(a))
+        if gold is None:
+            out.append(None)
+            continue
+        got = parse_number(completion_text(c), position)
+        out.append(float(got is not None and got == gold))
+    return out

@@ -1,0 +1,60 @@
+"""Format rewards for R1-style ``<think>…</think><answer>…</answer>`` completions.
+
+When a prompt ends with ``<think>`` (e.g. the DeepSeek-R1-Distill chat template opens the
+think block in the generation prompt), the completion is scored as if it started with it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rlkit.reward.contract import completion_text, prompt_text
+
+_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+_STRUCTURE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_STEP = re.compile(
+    r"(?:Step\s*\d+\s*[:.]"            # Step 1:  / Step 2.
+    r"|^\s*\d+[.)]\s"                  # 1. / 2)  at a line start
+    r"|^\s*[-*•]\s"                    # bullets
+    r"|\b(?:First|Second|Third|Next|Then|Finally),"
+    r"|第[一二三四五六七八九十\d]+步|步骤\s*\d+"
+    r"|首先|其次|然后|接着|最后)",
+    re.MULTILINE,
+)
+
+
+def _texts(prompts: list | None, completions: list) -> list[str]:
+    out = []
+    for i, c in enumerate(completions):
+        text = completion_text(c).strip()
+        opened = prompts is not None and prompt_text(prompts[i]).rstrip().endswith("<think>")
+        out.append("<think>" + text if opened and not text.startswith("<think>") else text)
+    return out
+
+
+def think_answer(completions: list, prompts: list | None = None, **kwargs: Any) -> list[float]:
+    """1.0 when the completion is exactly ``<think>…</think>`` then ``<answer>…</answer>``
+    (only whitespace between and around, each tag once, both blocks non-empty), else 0.0."""
+    out = []
+    for text in _texts(prompts, completions):
+        m = _STRUCTURE.fullmatch(text)
+        ok = (m is not None and all(text.count(t) == 1 for t in _TAGS)
+              and m.group(1).strip() != "" and m.group(2).strip() != "")
+        out.append(1.0 if ok else 0.0)
+    return out
+
+
+def tag_count(completions: list, prompts: list | None = None, **kwargs: Any) -> list[float]:
+    """0.25 for each of ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` that occurs
+    exactly once (open-r1's partial credit, without its newline requirements)."""
+    return [sum(0.25 for t in _TAGS if text.count(t) == 1) for text in _texts(prompts, completions)]
+
+
+def reasoning_steps(completions: list, min_steps: int = 3, **kwargs: Any) -> list[float]:
+    """min(1, markers / min_steps), counting step markers: ``Step 1:``, ``1.`` at a line
+    start, bullets, ``First,``/``Next,``/``Finally,``, and Chinese ``第一步``, ``步骤1``,
+    ``首先``, ``其次``, ``然后``, ``接着``, ``最后``."""
+    if min_steps < 1:
+        raise ValueError(f"min_steps must be >= 1, got {min_steps}")
+    return [min(1.0, len(_STEP.findall(completion_text(c))) / min_steps) for c in completions]

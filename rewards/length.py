@@ -1,0 +1,71 @@
+"""Length rewards: Kimi k1.5 group-relative length penalty and DAPO soft overlong punishment."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rlkit.reward.contract import completion_text
+
+
+def _length(completions: list, completion_ids: list | None, i: int) -> int:
+    return len(completion_ids[i]) if completion_ids is not None else len(completion_text(completions[i]))
+
+
+def _group_key(p: Any) -> str:
+    return p if isinstance(p, str) else json.dumps(p, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def length_penalty(prompts: list, completions: list, answer: list, completion_ids: list | None = None,
+                   **kwargs: Any) -> list[float]:
+    """Kimi k1.5 length reward, relative to the other completions of the same prompt.
+
+    With ``lam = 0.5 - (len - min_len) / (max_len - min_len)`` over the group (samples
+    sharing a prompt): a correct completion gets ``lam``, an incorrect one ``min(0, lam)``;
+    0.0 when all lengths in the group are equal. So within [-0.5, 0.5]: short correct
+    answers are rewarded, long wrong ones punished. Length is in tokens
+    (``completion_ids``) or, without ids, in characters. Correctness is
+    ``rewards.math.accuracy`` against ``answer`` (None counts as incorrect).
+    """
+    from rewards.math import accuracy
+
+    correct = [bool(x) for x in accuracy(completions, answer)]
+    lengths = [_length(completions, completion_ids, i) for i in range(len(completions))]
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(_group_key(p), []).append(i)
+    out = [0.0] * len(completions)
+    for idx in groups.values():
+        lo, hi = min(lengths[i] for i in idx), max(lengths[i] for i in idx)
+        if hi == lo:
+            continue
+        for i in idx:
+            lam = 0.5 - (lengths[i] - lo) / (hi - lo)
+            out[i] = lam if correct[i] else min(0.0, lam)
+    return out
+
+
+def soft_overlong(completions: list, completion_ids: list | None, max_len: int, buffer_len: int,
+                  penalty: float = 1.0, **kwargs: Any) -> list[float]:
+    """DAPO soft overlong punishment (Yu et al. 2025, eq. 13), in tokens.
+
+    ``L = len(completion_ids[i])``, ``start = max_len - buffer_len``:
+    0 for ``L <= start``; ``-penalty * (L - start) / buffer_len`` for ``start < L <= max_len``
+    (linear from 0 to -penalty); ``-penalty`` beyond ``max_len``. ``max_len`` is the
+    generation limit; add this to the task reward (it is a penalty, never positive).
+    """
+    if completion_ids is None:
+        raise ValueError("soft_overlong needs completion_ids (token ids of each completion)")
+    if not (0 < buffer_len <= max_len):
+        raise ValueError(f"need 0 < buffer_len <= max_len, got buffer_len={buffer_len}, max_len={max_len}")
+    start = max_len - buffer_len
+    out = []
+    for ids in completion_ids:
+        n = len(ids)
+        if n <= start:
+            out.append(0.0)
+        elif n <= max_len:
+            out.append(-penalty * (n - start) / buffer_len)
+        else:
+            out.append(-float(penalty))
+    return out

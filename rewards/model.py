@@ -1,0 +1,99 @@
+"""Reward-model scorer: an HF ``AutoModelForSequenceClassification`` (one logit) from a
+local directory, batched; optionally served from a Ray actor.
+
+Recipe::
+
+    rewards:
+      - fn: rewards.model:RewardModel
+        args: {path: /models/my-rm, batch_size: 16, ray_actor: true, num_gpus: 1}
+
+Text scored per sample: the tokenizer's chat template over prompt + completion messages
+when the prompt is a message list and the tokenizer has a template, else
+``prompt + completion``. Score = the logit of label 0 (float32).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rlkit.reward.contract import completion_text, prompt_text
+
+
+class _Scorer:
+    """Tokenizer + model on one device; ``score(texts) -> list[float]``."""
+
+    def __init__(self, path: str, batch_size: int, max_length: int, device: str, dtype: str) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.torch = torch
+        self.tok = AutoTokenizer.from_pretrained(path)
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token or self.tok.unk_token
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=getattr(torch, dtype))
+        self.model.config.pad_token_id = self.tok.pad_token_id
+        self.model.to(device).eval()
+        self.device, self.batch_size, self.max_length = device, batch_size, max_length
+        self._lock = threading.Lock()
+
+    def chat_text(self, prompt: Any, completion: Any) -> str:
+        if isinstance(prompt, list) and getattr(self.tok, "chat_template", None):
+            reply = completion if isinstance(completion, list) else [
+                {"role": "assistant", "content": completion_text(completion)}]
+            return self.tok.apply_chat_template(prompt + reply, tokenize=False)
+        return prompt_text(prompt) + completion_text(completion)
+
+    def score_pairs(self, prompts: list, completions: list) -> list[float]:
+        return self.score([self.chat_text(p, c) for p, c in zip(prompts, completions)])
+
+    def score(self, texts: list[str]) -> list[float]:
+        out: list[float] = []
+        with self._lock, self.torch.inference_mode():
+            for i in range(0, len(texts), self.batch_size):
+                enc = self.tok(texts[i:i + self.batch_size], return_tensors="pt", padding=True,
+                               truncation=True, max_length=self.max_length).to(self.device)
+                logits = self.model(**enc).logits
+                out.extend(logits[:, 0].float().cpu().tolist())
+        return out
+
+
+class RewardModel:
+    """Scores (prompt, completion) pairs with a sequence-classification reward model.
+
+    path: local model directory. batch_size: samples per forward pass. max_length: tokens
+    (longer inputs are truncated on the right). device/dtype: where the model runs
+    (``"cpu"``/``"cuda"``; ``"float32"``/``"bfloat16"``). ray_actor: serve the model from
+    one Ray actor (with ``num_gpus``) when Ray is initialised; otherwise it is loaded
+    in-process. ``setup()`` loads it (rlkit calls it once before the first batch).
+    """
+
+    def __init__(self, path: str, batch_size: int = 8, max_length: int = 2048, device: str = "cpu",
+                 dtype: str = "float32", ray_actor: bool = False, num_gpus: float = 0) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.path, self.batch_size, self.max_length = path, batch_size, max_length
+        self.device, self.dtype, self.ray_actor, self.num_gpus = device, dtype, ray_actor, num_gpus
+        self._local: _Scorer | None = None
+        self._actor: Any = None
+
+    def setup(self) -> None:
+        if self._local is not None or self._actor is not None:
+            return
+        if self.ray_actor:
+            import ray  # only on this path: the module itself stays Ray-free
+
+            if ray.is_initialized():
+                cls = ray.remote(num_gpus=self.num_gpus)(_Scorer)
+                self._actor = cls.remote(self.path, self.batch_size, self.max_length, self.device, self.dtype)
+                return
+        self._local = _Scorer(self.path, self.batch_size, self.max_length, self.device, self.dtype)
+
+    def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float]:
+        self.setup()
+        if self._actor is not None:
+            import ray
+
+            return ray.get(self._actor.score_pairs.remote(list(prompts), list(completions)))
+        assert self._local is not None
+        return self._local.score_pairs(prompts, completions)

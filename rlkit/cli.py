@@ -1,0 +1,152 @@
+"""`rlkit <command> ...`: the command-line entry point.
+
+User mistakes (a bad recipe key, a bad data row, a broken reward) print one line on stderr
+and exit 2; nothing here prints a traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlkit.recipe import ConfigError
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """Any error the user can fix; its message is one line."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Error types whose message is for the user (imported lazily: they live in heavier modules)."""
+    kinds: list[type[BaseException]] = [ConfigError, UserError]
+    for mod, name in (("rlkit.data.formats", "DataError"), ("rlkit.rewards", "RewardError")):
+        module = sys.modules.get(mod)
+        if module is not None and hasattr(module, name):
+            kinds.append(getattr(module, name))
+    return tuple(kinds)
+
+
+def _add_recipe_stage(sub, name: str, help_text: str) -> None:
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("recipe", help="YAML recipe")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override recipe keys")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--address", default=None, help="join a running Ray cluster (e.g. auto)")
+    p.set_defaults(handler=_run_stage, stage=name)
+
+
+def _run_stage(args: argparse.Namespace) -> int:
+    from rlkit import config
+
+    overrides = list(args.overrides)
+    if args.address:
+        overrides.append(f"ray.address={args.address}")
+    cfg = config.load(args.stage, args.recipe, overrides)
+    if args.print_config:
+        import yaml
+
+        from rlkit.recipe import to_dict
+
+        print(yaml.safe_dump({"stage": args.stage, **to_dict(cfg)}, sort_keys=False, allow_unicode=True), end="")
+        return 0
+    if args.stage == "sft":
+        from rlkit.sft.run import run_sft
+
+        out = run_sft(cfg, recipe_path=args.recipe)
+    else:
+        from rlkit.grpo.run import run_grpo
+
+        out = run_grpo(cfg, recipe_path=args.recipe)
+    print(f"rlkit {args.stage}: done; final model in {out}")
+    return 0
+
+
+def _run_tiny_model(args: argparse.Namespace) -> int:
+    from rlkit.tiny import SIZES, build_tiny_model, write_task_data
+
+    if args.size not in SIZES:
+        raise UserError(f"--size: unknown size {args.size!r}; expected one of {sorted(SIZES)}")
+    out = build_tiny_model(args.out_dir, args.size, seed=args.seed)
+    print(f"tiny model ({args.size}) written to {out}")
+    if args.data:
+        paths = write_task_data(args.data, seed=args.seed)
+        print("synthetic task data: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from rlkit.demo import run_demo
+
+    for line in run_demo(args.out_dir, stages=args.stages):
+        print(line)
+    return 0
+
+
+def _available_stages() -> list[tuple[str, str]]:
+    """Training stages whose implementation is present in this install."""
+    import importlib.util
+
+    stages = []
+    if importlib.util.find_spec("rlkit.sft.run") is not None:
+        stages.append(("sft", "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe"))
+    if importlib.util.find_spec("rlkit.grpo.run") is not None:
+        stages.append(("grpo", "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe"))
+    return stages
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlkit", description="RL post-training for LLMs")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for name, help_text in _available_stages():
+        _add_recipe_stage(sub, name, help_text)
+
+    p = sub.add_parser("tiny-model", help="build a tiny model + tokenizer offline (no hub)")
+    p.add_argument("out_dir")
+    p.add_argument("--size", default="tiny", help="tiny | tiny-untied | 25m")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default=None, metavar="DIR", help="also write the synthetic arithmetic task here")
+    p.set_defaults(handler=_run_tiny_model)
+
+    p = sub.add_parser("demo", help="run the embedded default end to end on the tiny model")
+    p.add_argument("--out-dir", default="runs/demo")
+    p.add_argument("--stages", nargs="*", default=None, help="subset of the demo's stages")
+    p.set_defaults(handler=_run_demo)
+
+    import importlib.util
+
+    if importlib.util.find_spec("rlkit.merge") is not None:
+        from rlkit import merge
+
+        merge.add_parser(sub)
+    if importlib.util.find_spec("rlkit.reward_cli") is not None:
+        from rlkit import reward_cli
+
+        reward = sub.add_parser("reward", help="work with reward functions")
+        reward_cli.add_parser(reward.add_subparsers(dest="reward_command", metavar="<reward-command>"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return EXIT_USER_ERROR
+    try:
+        return int(handler(args) or 0)
+    except KeyboardInterrupt:
+        print("rlkit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - user errors become one line; bugs keep the traceback
+        if isinstance(e, _user_errors()):
+            print(f"rlkit: error: {e}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,154 @@
+"""Tokenise SFT rows (loss on the response only), pad or pack them into batches.
+
+Packing: samples are binned first-fit-decreasing into rows of at most ``max_len`` tokens.
+``position_ids`` restart at 0 for every sample and ``attention_mask`` is an explicit
+block-diagonal causal mask, additive float, shape [B, 1, T, T] (0 = attend, dtype min =
+blocked). In transformers 5.x a 4D mask is passed through as-is by ``create_causal_mask``,
+so the ``eager`` and ``sdpa`` attention paths both honour it (tested against per-sample
+runs). For flash-attention, drop ``attention_mask`` and pass ``position_ids`` only: the
+flash path detects packed sequences from the position restarts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from rlkit.data.formats import DataError
+from rlkit.data.templates import render_sft
+
+IGNORE_INDEX = -100
+
+
+def truncate_lengths(prompt_len: int, response_len: int, cutoff_len: int) -> tuple[int, int]:
+    """How many prompt and response tokens to keep so the total fits ``cutoff_len``.
+
+    If it all fits, keep all. Otherwise the response keeps ``max(cutoff - prompt, cutoff // 2,
+    1)`` tokens (at most its length) and the prompt gets the rest, so a long prompt cannot
+    crowd out the response: at least one response token survives (and, for cutoff >= 2, at
+    least one prompt token before it to predict it from).
+    """
+    if cutoff_len < 1:
+        raise ValueError(f"cutoff_len must be >= 1, got {cutoff_len}")
+    if prompt_len + response_len <= cutoff_len:
+        return prompt_len, response_len
+    r_keep = min(response_len, max(cutoff_len - prompt_len, cutoff_len // 2, 1))
+    return min(prompt_len, cutoff_len - r_keep), r_keep
+
+
+def encode_sft(row: dict[str, Any], tokenizer: Any, template: str,
+               cutoff_len: int) -> dict[str, list[int]]:
+    """Token ids and labels for one SFT row; labels are -100 on prompt tokens.
+
+    The response gets ``tokenizer.eos_token_id`` appended. Over ``cutoff_len`` (see
+    truncate_lengths) the prompt loses tokens from the left (the end, next to the response,
+    stays), the response from the right (a cut response loses its eos).
+    The prompt is tokenised with the tokenizer's special tokens (e.g. BOS) for the alpaca
+    template, without them for the chat template (which writes its own).
+    """
+    if tokenizer.eos_token_id is None:
+        raise DataError("the tokenizer has no eos token; set eos_token")
+    prompt, response = render_sft(row, template, tokenizer)
+    p_ids = tokenizer(prompt, add_special_tokens=template == "alpaca")["input_ids"]
+    r_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    p_keep, r_keep = truncate_lengths(len(p_ids), len(r_ids), cutoff_len)
+    p_ids = p_ids[len(p_ids) - p_keep:]
+    r_ids = r_ids[:r_keep]
+    return {"input_ids": p_ids + r_ids, "labels": [IGNORE_INDEX] * len(p_ids) + r_ids}
+
+
+def pad_collate(samples: Sequence[dict[str, list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad samples to the longest. Returns long tensors [B, T]: input_ids (pad_id),
+    labels (-100 on padding), attention_mask (1 real, 0 pad), position_ids (0.. per row,
+    0 on padding)."""
+    if not samples:
+        raise ValueError("pad_collate got no samples")
+    B, T = len(samples), max(len(s["input_ids"]) for s in samples)
+    out = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+           "labels": torch.full((B, T), IGNORE_INDEX, dtype=torch.long),
+           "attention_mask": torch.zeros((B, T), dtype=torch.long),
+           "position_ids": torch.zeros((B, T), dtype=torch.long)}
+    for i, s in enumerate(samples):
+        n = len(s["input_ids"])
+        out["input_ids"][i, :n] = torch.tensor(s["input_ids"])
+        out["labels"][i, :n] = torch.tensor(s["labels"])
+        out["attention_mask"][i, :n] = 1
+        out["position_ids"][i, :n] = torch.arange(n)
+    return out
+
+
+def pack_bins(lengths: Sequence[int], max_len: int) -> list[list[int]]:
+    """First-fit-decreasing bins of sample indices, each bin's total length <= max_len.
+
+    Deterministic: ties keep input order; indices inside a bin are in input order.
+    """
+    too_long = [i for i, n in enumerate(lengths) if n > max_len]
+    if too_long:
+        raise ValueError(f"sample {too_long[0]} has {lengths[too_long[0]]} tokens, more than "
+                         f"max_len={max_len}; set cutoff_len <= max_len")
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        b = next((j for j, f in enumerate(free) if f >= lengths[i]), None)
+        if b is None:
+            bins.append([])
+            free.append(max_len)
+            b = len(bins) - 1
+        bins[b].append(i)
+        free[b] -= lengths[i]
+    return [sorted(b) for b in bins]
+
+
+def block_causal_mask(seq_lens: Sequence[Sequence[int]], T: int,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive mask [B, 1, T, T]: token q sees token k iff same sample and k <= q.
+
+    Padding after the samples forms its own causal block (so no row is fully blocked,
+    which would give NaN in softmax); its labels are -100 anyway.
+    """
+    seg = torch.full((len(seq_lens), T), -1, dtype=torch.long)
+    for b, lens in enumerate(seq_lens):
+        start = 0
+        for j, n in enumerate(lens):
+            seg[b, start:start + n] = j
+            start += n
+    same = seg[:, :, None] == seg[:, None, :]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    allowed = same & causal
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+def pack_collate(samples: Sequence[dict[str, list[int]]], max_len: int, pad_id: int,
+                 dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Pack samples into rows of <= max_len tokens (see pack_bins), right-padded to the
+    longest row T.
+
+    Returns input_ids, labels, position_ids (long [B, T]), attention_mask (``dtype``
+    [B, 1, T, T], block_causal_mask), seq_lens (list per row of sample lengths) and bins
+    (list per row of sample indices). The first label of every sample is -100, so no
+    token is trained to predict the next sample's first token.
+    """
+    if not samples:
+        raise ValueError("pack_collate got no samples")
+    bins = pack_bins([len(s["input_ids"]) for s in samples], max_len)
+    seq_lens = [[len(samples[i]["input_ids"]) for i in b] for b in bins]
+    T = max(sum(lens) for lens in seq_lens)
+    B = len(bins)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    for r, b in enumerate(bins):
+        start = 0
+        for i in b:
+            s, n = samples[i], len(samples[i]["input_ids"])
+            ids[r, start:start + n] = torch.tensor(s["input_ids"])
+            labels[r, start:start + n] = torch.tensor(s["labels"])
+            labels[r, start] = IGNORE_INDEX
+            pos[r, start:start + n] = torch.arange(n)
+            start += n
+    return {"input_ids": ids, "labels": labels, "position_ids": pos,
+            "attention_mask": block_causal_mask(seq_lens, T, dtype),
+            "seq_lens": seq_lens, "bins": bins}

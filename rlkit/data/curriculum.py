@@ -1,0 +1,225 @@
+"""Curriculum sampler over row indices (seed 002): the difficulty mix shifts by phase.
+
+Phases are ``(end, mix)``: ``end`` is the fraction of training where the phase stops,
+``mix`` the share of each level in a batch. Step ``s`` is in the first phase with
+``s / total_steps < end`` (steps past the end stay in the last phase).
+
+Per-batch level counts: smooth weighted round-robin. For each of the batch's slots every
+level's credit grows by its share and the level with the most credit (ties: level order)
+takes the slot and pays 1; credits reset at each phase start. It is deterministic, never
+gives a level with share 0 a slot, and the running count per level stays within a few
+rows of share x rows drawn, so the long-run mix is the schedule's (per-sample multinomial
+draws would only match in expectation). The batch is then shuffled.
+
+Rows of a level come from a shuffled pool, drawn without replacement and reshuffled when
+exhausted, so a level with few rows is reused to fill its share. A level with no rows that
+a phase asks for is dropped from that phase and the mix renormalised (logged, and kept in
+``adjustments``). Without any difficulty (or ``enabled=False``) it samples plain shuffled
+epochs. Everything is seeded; ``state_dict``/``load_state_dict`` resume exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Sequence
+
+from rlkit.data.formats import DataError
+
+log = logging.getLogger("rlkit")
+
+DEFAULT_LEVELS = ("explain", "reasoning", "topology")
+DEFAULT_PHASES = ((0.3, (0.8, 0.2, 0.0)), (0.7, (0.4, 0.4, 0.2)), (1.0, (0.25, 0.35, 0.40)))
+_ALL = "*"  # pool key when the curriculum is off
+
+
+def validate_phases(levels: Sequence[str],
+                    phases: Sequence[tuple[float, Sequence[float]]]) -> None:
+    """Raise ValueError (one line) unless levels are unique non-empty strings and phases
+    have strictly increasing ends in (0, 1] ending at 1, each with one non-negative share
+    per level summing to 1 (within 1e-6)."""
+    if not levels or not all(isinstance(lv, str) and lv for lv in levels):
+        raise ValueError(f"curriculum levels must be non-empty strings, got {list(levels)}")
+    if len(set(levels)) != len(levels):
+        raise ValueError(f"curriculum levels must be unique, got {list(levels)}")
+    if not phases:
+        raise ValueError("curriculum needs at least one phase")
+    names = ", ".join(levels)
+    prev = 0.0
+    for i, phase in enumerate(phases, start=1):
+        if not isinstance(phase, (list, tuple)) or len(phase) != 2:
+            raise ValueError(f"curriculum phase {i}: expected [end_fraction, [shares]], got {phase!r}")
+        end, mix = phase
+        if isinstance(end, bool) or not isinstance(end, (int, float)) or not prev < end <= 1:
+            raise ValueError(f"curriculum phase {i}: end {end!r} must be > {prev} and <= 1 "
+                             "(ends increase, as fractions of training)")
+        if not isinstance(mix, (list, tuple)) or len(mix) != len(levels):
+            n = len(mix) if isinstance(mix, (list, tuple)) else "no"
+            raise ValueError(f"curriculum phase {i}: mix has {n} values for "
+                             f"{len(levels)} levels ({names})")
+        if any(isinstance(m, bool) or not isinstance(m, (int, float)) or m < 0 for m in mix):
+            raise ValueError(f"curriculum phase {i}: mix {list(mix)} must be non-negative numbers")
+        if abs(sum(mix) - 1) > 1e-6:
+            raise ValueError(f"curriculum phase {i}: mix {list(mix)} sums to {sum(mix):g}, "
+                             "expected 1")
+        prev = end
+    if prev != 1:
+        raise ValueError(f"curriculum last phase must end at 1.0, got {prev}")
+
+
+class CurriculumSampler:
+    """Yields batches of row indices following the difficulty schedule (see module doc).
+
+    ``total_steps`` counts ``next_batch`` calls over the whole run.
+    """
+
+    def __init__(self, difficulties: Sequence[str | None], total_steps: int, batch_size: int,
+                 seed: int, levels: Sequence[str] = DEFAULT_LEVELS,
+                 phases: Sequence[tuple[float, Sequence[float]]] = DEFAULT_PHASES,
+                 enabled: bool = True) -> None:
+        if total_steps < 1 or batch_size < 1:
+            raise ValueError(f"total_steps and batch_size must be >= 1, got {total_steps}, {batch_size}")
+        validate_phases(levels, phases)
+        if not difficulties:
+            raise DataError("curriculum sampler: the dataset has no rows")
+        self.levels = tuple(levels)
+        self.phases = tuple((float(e), tuple(float(m) for m in mix)) for e, mix in phases)
+        self.total_steps, self.batch_size, self.n_rows = total_steps, batch_size, len(difficulties)
+        self.adjustments: list[str] = []
+        have = [d is not None for d in difficulties]
+        self.curriculum = enabled and any(have)
+        if enabled and not self.curriculum:
+            log.warning("curriculum: no row has a 'difficulty' field; curriculum is off, "
+                        "sampling shuffled epochs")
+        if self.curriculum:
+            groups = self._group(difficulties)
+            self.level_counts = {lv: len(groups[lv]) for lv in self.levels}
+            self._mixes = [self._effective_mix(i, mix) for i, (_, mix) in enumerate(self.phases)]
+        else:
+            groups = {_ALL: list(range(self.n_rows))}
+            self.level_counts = {}
+            self._mixes = []
+        self._pools = groups
+        self._pos = {k: len(v) for k, v in groups.items()}  # exhausted: shuffle on first draw
+        self._credit = {lv: 0.0 for lv in self.levels}
+        self._phase = 0
+        self.step = 0
+        self._rng = random.Random(seed)
+
+    def _group(self, difficulties: Sequence[str | None]) -> dict[str, list[int]]:
+        groups: dict[str, list[int]] = {lv: [] for lv in self.levels}
+        for i, d in enumerate(difficulties):
+            if d is None:
+                raise DataError(f"row {i + 1} has no 'difficulty' while other rows do; give every "
+                                f"row one of {', '.join(self.levels)}, or none to turn the "
+                                "curriculum off")
+            if d not in groups:
+                raise DataError(f"row {i + 1}: unknown difficulty {d!r} "
+                                f"(allowed: {', '.join(self.levels)})")
+            groups[d].append(i)
+        return groups
+
+    def _effective_mix(self, i: int, mix: tuple[float, ...]) -> dict[str, float]:
+        want = dict(zip(self.levels, mix))
+        missing = [lv for lv, m in want.items() if m > 0 and not self.level_counts[lv]]
+        if not missing:
+            return want
+        avail = {lv: m for lv, m in want.items() if self.level_counts[lv]}
+        total = sum(avail.values())
+        if total > 0:
+            eff = {lv: m / total for lv, m in avail.items()}
+        else:  # every level the phase asks for is empty: spread over the ones with rows
+            eff = {lv: 1 / len(avail) for lv in avail}
+        eff = {lv: eff.get(lv, 0.0) for lv in self.levels}
+        note = (f"curriculum phase {i + 1}: no rows for {', '.join(missing)}; mix renormalised to "
+                + " ".join(f"{lv}={m:.2f}" for lv, m in eff.items()))
+        self.adjustments.append(note)
+        log.warning(note)
+        return eff
+
+    def _phase_index(self, step: int) -> int:
+        frac = step / self.total_steps
+        return next((i for i, (end, _) in enumerate(self.phases) if frac < end),
+                    len(self.phases) - 1)
+
+    def phase_mix(self, step: int) -> dict[str, float]:
+        """The level shares used at ``step`` (after renormalisation); {} when off."""
+        return dict(self._mixes[self._phase_index(step)]) if self.curriculum else {}
+
+    def _counts(self, mix: dict[str, float]) -> dict[str, int]:
+        counts = {lv: 0 for lv in self.levels}
+        active = [lv for lv in self.levels if mix[lv] > 0]
+        for _ in range(self.batch_size):
+            for lv in active:
+                self._credit[lv] += mix[lv]
+            best = max(active, key=lambda lv: self._credit[lv])  # first max wins ties
+            self._credit[best] -= 1.0
+            counts[best] += 1
+        return counts
+
+    def _draw(self, key: str, k: int) -> list[int]:
+        out: list[int] = []
+        pool = self._pools[key]
+        while len(out) < k:
+            if self._pos[key] >= len(pool):
+                self._rng.shuffle(pool)
+                self._pos[key] = 0
+            take = min(k - len(out), len(pool) - self._pos[key])
+            out += pool[self._pos[key]:self._pos[key] + take]
+            self._pos[key] += take
+        return out
+
+    def next_batch(self) -> list[int]:
+        """``batch_size`` row indices for the current step; advances the step."""
+        if not self.curriculum:
+            batch = self._draw(_ALL, self.batch_size)
+        else:
+            phase = self._phase_index(self.step)
+            if phase != self._phase:
+                self._phase = phase
+                self._credit = {lv: 0.0 for lv in self.levels}
+            counts = self._counts(self._mixes[phase])
+            batch = [i for lv in self.levels for i in self._draw(lv, counts[lv])]
+            self._rng.shuffle(batch)
+        self.step += 1
+        return batch
+
+    def describe(self) -> str:
+        """One line for logs: rows per level and the phase schedule."""
+        if not self.curriculum:
+            return f"curriculum off: shuffled epochs over {self.n_rows} rows"
+        rows = " ".join(f"{lv}={n}" for lv, n in self.level_counts.items())
+        starts = [0.0] + [e for e, _ in self.phases[:-1]]
+        sched = "; ".join(
+            f"[{s:.0%},{e:.0%}) " + "/".join(f"{mix[lv]:.2f}" for lv in self.levels)
+            for s, (e, _), mix in zip(starts, self.phases, self._mixes))
+        return (f"curriculum on: rows {rows}; {len(self.phases)} phases over {self.total_steps} "
+                f"steps, mix {'/'.join(self.levels)}: {sched}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: step, RNG, pools and positions, credits."""
+        version, internal, gauss = self._rng.getstate()
+        return {"step": self.step, "phase": self._phase, "n_rows": self.n_rows,
+                "curriculum": self.curriculum, "levels": list(self.levels),
+                "rng": [version, list(internal), gauss],
+                "pools": {k: list(v) for k, v in self._pools.items()},
+                "pos": dict(self._pos), "credit": dict(self._credit)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state_dict; the batches continue as if never interrupted."""
+        if state.get("n_rows") != self.n_rows or state.get("curriculum") != self.curriculum \
+                or list(state.get("levels", [])) != list(self.levels):
+            raise ValueError(
+                f"sampler state does not match this dataset (state: {state.get('n_rows')} rows, "
+                f"curriculum {state.get('curriculum')}, levels {state.get('levels')}; here: "
+                f"{self.n_rows} rows, curriculum {self.curriculum}, levels {list(self.levels)})")
+        if set(state["pools"]) != set(self._pools) or any(
+                sorted(state["pools"][k]) != sorted(v) for k, v in self._pools.items()):
+            raise ValueError("sampler state does not match this dataset (rows per level differ)")
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self._pools = {k: list(v) for k, v in state["pools"].items()}
+        self._pos = {k: int(v) for k, v in state["pos"].items()}
+        self._credit = {k: float(v) for k, v in state["credit"].items()}
+        self._phase, self.step = int(state["phase"]), int(state["step"])
+

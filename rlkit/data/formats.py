@@ -1,0 +1,411 @@
+"""Load and validate training data: alpaca, chat messages, prompt/answer rows.
+
+Sources (detected from the path):
+
+- a ``.json`` file holding a list of rows, or a ``.jsonl`` file (one row per line);
+- a LLaMA-Factory ``dataset_info.json`` (the file, or a folder holding it) plus a
+  ``dataset`` name; its entry gives ``file_name``, ``formatting`` (alpaca | sharegpt),
+  ``columns`` and, for sharegpt, ``tags``;
+- a folder written by ``datasets`` ``save_to_disk`` (a Dataset or a DatasetDict; ``split``
+  picks one, default ``train`` or the only split).
+
+JSON and JSONL are parsed with the standard library, not ``datasets.load_dataset``: Arrow
+infers one type per column and would coerce or reject a bad row without saying which one,
+while here every error names the file and the row (for JSONL, the line number; for a JSON
+list or a saved dataset, the 1-based position).
+
+Row schemas (``fmt``): ``alpaca`` (instruction/input/output/system/history), ``messages``
+(list of {role, content}), ``sharegpt`` (``conversations`` of {from, value}); ``auto`` picks
+from the first row. Rows are normalised; columns the schema does not name are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+log = logging.getLogger("rlkit")
+
+ROLES = ("system", "user", "assistant")
+ROW_FORMATS = ("auto", "alpaca", "messages", "sharegpt")
+ALPACA_COLUMNS = {"instruction": "instruction", "input": "input", "output": "output",
+                  "system": "system", "history": "history"}
+# LLaMA-Factory `columns` keys -> our alpaca field names.
+_LF_ALPACA_KEYS = {"prompt": "instruction", "query": "input", "response": "output",
+                   "system": "system", "history": "history"}
+_SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human",
+                  "assistant_tag": "gpt", "system_tag": "system"}
+
+
+class DataError(ValueError):
+    """A user-data problem; the message is one line naming the file (and row)."""
+
+
+@dataclass(frozen=True)
+class LoadedRows:
+    """Validated rows. kind: 'alpaca' | 'messages' | 'prompts'; skipped: bad rows dropped."""
+
+    rows: list[dict[str, Any]]
+    kind: str
+    skipped: int
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+class _RowError(Exception):
+    """A problem with one row; the caller adds file and row number."""
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """How to read one row: alpaca column names, or messages column + role tags."""
+
+    kind: str  # "alpaca" | "messages"
+    columns: dict[str, str]  # our field -> source column
+    tags: dict[str, str] | None = None  # role_tag, content_tag, source role -> our role
+
+
+def _messages_schema(fmt: str, columns: dict[str, str] | None = None,
+                     tags: dict[str, str] | None = None) -> _Schema:
+    if fmt == "messages":
+        return _Schema("messages", {"messages": "messages", "system": "system"},
+                       {"role_tag": "role", "content_tag": "content",
+                        **{r: r for r in ROLES}})
+    t = {**_SHAREGPT_TAGS, **(tags or {})}
+    cols = {"messages": "conversations", "system": "system", **(columns or {})}
+    return _Schema("messages", cols, {
+        "role_tag": t["role_tag"], "content_tag": t["content_tag"],
+        t["user_tag"]: "user", t["assistant_tag"]: "assistant", t["system_tag"]: "system"})
+
+
+# ---------------------------------------------------------------- reading containers
+
+def _read_json_file(path: str) -> Iterator[tuple[int, Any]]:
+    """Yield (row number, parsed row). JSONL row numbers are line numbers."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read file ({e})") from None
+    if path.endswith(".json") and not text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
+        yield from enumerate(data, start=1)
+        return
+    # JSONL (a .json file starting with '{' is read as JSONL too).
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            if lineno == 1 and path.endswith(".json"):  # a single pretty-printed object
+                raise DataError(f"{path}: expected a JSON list of rows or JSON lines") from None
+            raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
+
+
+def _is_saved_dataset(path: str) -> bool:
+    return os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, n)) for n in ("state.json", "dataset_dict.json"))
+
+
+def _read_saved_dataset(path: str, split: str | None) -> Iterator[tuple[int, Any]]:
+    import datasets  # lazy: heavy import
+
+    try:
+        ds = datasets.load_from_disk(path)
+    except Exception as e:  # noqa: BLE001 - any failure is a user-data problem here
+        raise DataError(f"{path}: cannot load saved dataset ({type(e).__name__}: {e})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        names = list(ds)
+        if split is None:
+            split = "train" if "train" in ds else (names[0] if len(names) == 1 else None)
+        if split not in ds:
+            raise DataError(f"{path}: split {split!r} not found (available: {', '.join(names)}); "
+                            "set split")
+        ds = ds[split]
+    elif split not in (None, "train"):
+        raise DataError(f"{path}: is a single Dataset, it has no split {split!r}")
+    yield from enumerate(ds.to_list(), start=1)
+
+
+def _read_dataset_info(path: str, dataset: str | None, split: str | None,
+                       fmt: str) -> tuple[Iterator[tuple[int, Any]], str, _Schema]:
+    info_path = os.path.join(path, "dataset_info.json") if os.path.isdir(path) else path
+    try:
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{info_path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(info, dict):
+        raise DataError(f"{info_path}: expected a JSON object of dataset entries")
+    if dataset is None:
+        raise DataError(f"{info_path}: name the dataset to use (available: {', '.join(info)})")
+    if dataset not in info:
+        raise DataError(f"{info_path}: dataset {dataset!r} not found "
+                        f"(available: {', '.join(info) or 'none'})")
+    entry = info[dataset]
+    where = f"{info_path}: dataset {dataset!r}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
+        raise DataError(f"{where}: needs a 'file_name' (only local files are supported)")
+    formatting = entry.get("formatting", "alpaca")
+    if formatting not in ("alpaca", "sharegpt"):
+        raise DataError(f"{where}: formatting {formatting!r} not supported "
+                        "(expected alpaca or sharegpt)")
+    columns = entry.get("columns") or {}
+    if formatting == "alpaca":
+        bad = sorted(set(columns) - set(_LF_ALPACA_KEYS))
+        if bad:
+            raise DataError(f"{where}: unknown column key {bad[0]!r} "
+                            f"(expected {', '.join(_LF_ALPACA_KEYS)})")
+        schema = _Schema("alpaca", {**ALPACA_COLUMNS,
+                                    **{_LF_ALPACA_KEYS[k]: v for k, v in columns.items()}})
+    else:
+        schema = _messages_schema("sharegpt", {k: v for k, v in columns.items()
+                                               if k in ("messages", "system")},
+                                  entry.get("tags"))
+    if fmt not in ("auto", "sharegpt" if formatting == "sharegpt" else "alpaca"):
+        raise DataError(f"{where}: formatting is {formatting!r} but fmt={fmt!r} was asked for")
+    file_path = os.path.join(os.path.dirname(info_path), entry["file_name"])
+    records, source = _read_container(file_path, split)
+    return records, source, schema
+
+
+def _read_container(path: str, split: str | None) -> tuple[Iterator[tuple[int, Any]], str]:
+    if _is_saved_dataset(path):
+        return _read_saved_dataset(path, split), path
+    if os.path.isdir(path):
+        raise DataError(f"{path}: folder is neither a saved dataset (save_to_disk) "
+                        "nor holds a dataset_info.json")
+    if not os.path.exists(path):
+        raise DataError(f"{path}: file not found")
+    if not path.endswith((".json", ".jsonl")):
+        raise DataError(f"{path}: unsupported file type (expected .json, .jsonl, a "
+                        "dataset_info.json, or a folder saved with datasets save_to_disk)")
+    return _read_json_file(path), path
+
+
+def _open(path: str, fmt: str, dataset: str | None,
+          split: str | None) -> tuple[list[tuple[int, Any]], str, _Schema | None]:
+    """Read all records; the schema is known for dataset_info entries, else None."""
+    if fmt not in ROW_FORMATS:
+        raise DataError(f"{path}: unknown format {fmt!r} (expected one of {', '.join(ROW_FORMATS)})")
+    path = os.fspath(path)
+    is_info = os.path.basename(path) == "dataset_info.json" and os.path.isfile(path)
+    if is_info or (os.path.isdir(path) and not _is_saved_dataset(path)
+                   and os.path.isfile(os.path.join(path, "dataset_info.json"))):
+        records, source, schema = _read_dataset_info(path, dataset, split, fmt)
+        return list(records), source, schema
+    records, source = _read_container(path, split)
+    return list(records), source, None
+
+
+def _detect_schema(records: list[tuple[int, Any]], fmt: str, source: str) -> _Schema:
+    if fmt == "alpaca":
+        return _Schema("alpaca", dict(ALPACA_COLUMNS))
+    if fmt in ("messages", "sharegpt"):
+        return _messages_schema(fmt)
+    first = next((r for _, r in records if isinstance(r, dict)), None)
+    if first is None:
+        raise DataError(f"{source}: no rows")
+    if "messages" in first:
+        return _messages_schema("messages")
+    if "conversations" in first:
+        return _messages_schema("sharegpt")
+    if "instruction" in first or "output" in first:
+        return _Schema("alpaca", dict(ALPACA_COLUMNS))
+    raise DataError(f"{source}: row {records[0][0]}: cannot tell the format (expected "
+                    "'instruction'/'output', 'messages' or 'conversations'; set fmt)")
+
+
+# ---------------------------------------------------------------- row validation
+
+def _opt_str(row: dict, col: str) -> str:
+    v = row.get(col)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise _RowError(f"field {col!r} is {type(v).__name__} (expected a string)")
+    return v
+
+
+def _req_str(row: dict, col: str) -> str:
+    if row.get(col) is None:
+        raise _RowError(f"field {col!r} is missing (expected a non-empty string)")
+    v = _opt_str(row, col)
+    if not v.strip():
+        raise _RowError(f"field {col!r} is empty (expected a non-empty string)")
+    return v
+
+
+def _difficulty(row: dict) -> str | None:
+    v = row.get("difficulty")
+    if v is not None and not isinstance(v, str):
+        raise _RowError(f"field 'difficulty' is {type(v).__name__} (expected a string)")
+    return v
+
+
+def _alpaca_row(row: dict, schema: _Schema) -> dict[str, Any]:
+    c = schema.columns
+    history = row.get(c["history"]) or []
+    if not isinstance(history, list) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2
+            and all(isinstance(s, str) for s in p) for p in history):
+        raise _RowError(f"field {c['history']!r} must be a list of [question, answer] "
+                        "string pairs")
+    instruction, input_ = _opt_str(row, c["instruction"]), _opt_str(row, c["input"])
+    if c["instruction"] not in row:
+        raise _RowError(f"field {c['instruction']!r} is missing (expected a non-empty string)")
+    if not (instruction.strip() or input_.strip()):
+        raise _RowError(f"field {c['instruction']!r} is empty (expected a non-empty string)")
+    out = {k: v for k, v in row.items() if k not in c.values()}
+    out.update(instruction=instruction, input=input_, output=_req_str(row, c["output"]),
+               system=_opt_str(row, c["system"]), history=[list(p) for p in history],
+               difficulty=_difficulty(row))
+    return out
+
+
+def _messages(value: Any, col: str, tags: dict[str, str]) -> list[dict[str, str]]:
+    """Validate a list of chat turns and map its role tags to ROLES."""
+    if not isinstance(value, list) or not value:
+        raise _RowError(f"field {col!r} must be a non-empty list of messages")
+    rt, ct = tags["role_tag"], tags["content_tag"]
+    known = [k for k in tags if k not in ("role_tag", "content_tag")]
+    msgs = []
+    for i, m in enumerate(value, start=1):
+        if not isinstance(m, dict) or not isinstance(m.get(rt), str) or not isinstance(m.get(ct), str):
+            raise _RowError(f"field {col!r} item {i} must be an object with string "
+                            f"{rt!r} and {ct!r}")
+        if m[rt] not in known:
+            raise _RowError(f"field {col!r} item {i}: unknown role {m[rt]!r} "
+                            f"(expected one of {', '.join(known)})")
+        role = tags[m[rt]]
+        if role == "system" and i != 1:
+            raise _RowError(f"field {col!r} item {i}: a system message may only come first")
+        msgs.append({"role": role, "content": m[ct]})
+    return msgs
+
+
+def _messages_row(row: dict, schema: _Schema) -> dict[str, Any]:
+    col, scol = schema.columns["messages"], schema.columns["system"]
+    if col not in row:
+        raise _RowError(f"field {col!r} is missing (expected a list of messages)")
+    msgs = _messages(row[col], col, schema.tags or {})
+    system = _opt_str(row, scol)
+    if system and msgs[0]["role"] != "system":
+        msgs.insert(0, {"role": "system", "content": system})
+    if msgs[-1]["role"] != "assistant" or not msgs[-1]["content"].strip():
+        raise _RowError(f"field {col!r}: the last message must be a non-empty 'assistant' "
+                        "message (the response to train on)")
+    if not any(m["role"] == "user" for m in msgs):
+        raise _RowError(f"field {col!r} has no 'user' message")
+    out = {k: v for k, v in row.items() if k not in (col, scol)}
+    out.update(messages=msgs, difficulty=_difficulty(row))
+    return out
+
+
+def _validate(records: list[tuple[int, Any]], source: str, skip_bad_rows: bool,
+              convert) -> tuple[list[dict[str, Any]], int]:
+    rows, skipped, first_err = [], 0, None
+    for n, rec in records:
+        try:
+            if not isinstance(rec, dict):
+                raise _RowError(f"expected a JSON object, got {type(rec).__name__}")
+            rows.append(convert(rec))
+        except _RowError as e:
+            msg = f"{source}: row {n}: {e}"
+            if not skip_bad_rows:
+                raise DataError(msg) from None
+            skipped += 1
+            first_err = first_err or msg
+    if skipped:
+        log.warning("skipped %d bad row(s); first: %s", skipped, first_err)
+    if not rows:
+        raise DataError(f"{source}: no usable rows" + (f" ({skipped} skipped)" if skipped else ""))
+    return rows, skipped
+
+
+def load_rows(path: str, fmt: str = "auto", dataset: str | None = None,
+              skip_bad_rows: bool = False, split: str | None = None) -> LoadedRows:
+    """Load SFT rows, normalised to alpaca fields or to ``messages``.
+
+    Alpaca rows get instruction, input, output, system (str, '' when absent), history
+    (list of [q, a]) and difficulty (str | None). Messages rows get ``messages`` (list of
+    {role, content}, roles in ROLES, ending with a non-empty assistant turn) and difficulty.
+    Raises DataError (one line: file, row, field) on the first bad row, unless
+    ``skip_bad_rows`` (then counted in ``skipped``).
+    """
+    records, source, schema = _open(path, fmt, dataset, split)
+    schema = schema or _detect_schema(records, fmt, source)
+    convert = (lambda r: _alpaca_row(r, schema)) if schema.kind == "alpaca" else (
+        lambda r: _messages_row(r, schema))
+    rows, skipped = _validate(records, source, skip_bad_rows, convert)
+    return LoadedRows(rows, schema.kind, skipped, source)
+
+
+def _prompt_row(row: dict) -> dict[str, Any]:
+    p = row.get("prompt")
+    if isinstance(p, list):
+        p = _messages(p, "prompt", {"role_tag": "role", "content_tag": "content",
+                                    **{r: r for r in ROLES}})
+        if p[-1]["role"] != "user":
+            raise _RowError("field 'prompt': the last message must be a 'user' message")
+    else:
+        p = _req_str(row, "prompt")
+    out = dict(row)
+    out.update(prompt=p, answer=_answer(row, "answer"), difficulty=_difficulty(row))
+    return out
+
+
+def _answer(row: dict, col: str) -> str:
+    v = row.get(col)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return str(v)  # numeric answers (math sets) are kept as their text
+    return _req_str(row, col)
+
+
+def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
+                 skip_bad_rows: bool = False, split: str | None = None) -> LoadedRows:
+    """Load GRPO prompt rows: ``prompt`` (str or messages ending with a user turn) and
+    ``answer`` (str; numbers become their text), other columns kept (reward kwargs).
+
+    Also accepts alpaca rows (answer = output; prompt = the alpaca-template text; the
+    instruction/input/system/history fields stay so ``render_prompt`` can re-render them
+    with the chat template) and messages rows (prompt = all turns before the last
+    assistant turn, answer = its content).
+    """
+    records, source, schema = _open(path, fmt, dataset, split)
+    first = next((r for _, r in records if isinstance(r, dict)), {})
+    if schema is None and fmt == "auto" and "prompt" in first:
+        convert = _prompt_row
+    else:
+        schema = schema or _detect_schema(records, fmt, source)
+        convert = (lambda r: _alpaca_prompt(_alpaca_row(r, schema))) if schema.kind == "alpaca" \
+            else (lambda r: _messages_prompt(_messages_row(r, schema)))
+    rows, skipped = _validate(records, source, skip_bad_rows, convert)
+    return LoadedRows(rows, "prompts", skipped, source)
+
+
+def _alpaca_prompt(row: dict[str, Any]) -> dict[str, Any]:
+    from rlkit.data.templates import render_alpaca  # templates imports this module
+
+    row["answer"] = row.pop("output")
+    row["prompt"] = render_alpaca(row["instruction"], row["input"], row["system"], row["history"])
+    return row
+
+
+def _messages_prompt(row: dict[str, Any]) -> dict[str, Any]:
+    msgs = row.pop("messages")
+    row.update(prompt=msgs[:-1], answer=msgs[-1]["content"])
+    return row

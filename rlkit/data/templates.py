@@ -1,0 +1,131 @@
+"""Prompt templates: the seeds' alpaca template and the tokenizer's chat template.
+
+alpaca (from the seed guides)::
+
+    {system}\\n\\n                                  only when system is non-empty
+    ### 指令:\\n{q}\\n\\n### 回答:\\n{a}\\n\\n         one block per history pair [q, a]
+    ### 指令:\\n{instruction}\\n\\n### 输入:\\n{input}\\n\\n### 回答:\\n
+                                                  (the 输入 block only when input is non-empty)
+
+chat: ``tokenizer.apply_chat_template``; the prompt is rendered with
+``add_generation_prompt=True``, the response is the rest of the full conversation.
+
+Any row shape works with either template: alpaca rows become messages (system, history
+turns, user = instruction + "\\n\\n" + input) and messages become alpaca fields (system,
+user/assistant pairs as history, last user turn as instruction).
+Only the final assistant turn is a training target; earlier turns are prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlkit.data.formats import DataError
+
+TEMPLATES = ("alpaca", "chat")
+
+
+def render_alpaca(instruction: str, input: str = "", system: str = "",  # noqa: A002
+                  history: list[list[str]] | tuple = ()) -> str:
+    """The alpaca prompt text, ending with '### 回答:\\n' (the response follows directly)."""
+    parts = [f"{system}\n\n"] if system else []
+    parts += [f"### 指令:\n{q}\n\n### 回答:\n{a}\n\n" for q, a in history]
+    if input:
+        parts.append(f"### 指令:\n{instruction}\n\n### 输入:\n{input}\n\n### 回答:\n")
+    else:
+        parts.append(f"### 指令:\n{instruction}\n\n### 回答:\n")
+    return "".join(parts)
+
+
+def alpaca_to_messages(row: dict[str, Any], with_output: bool) -> list[dict[str, str]]:
+    """Chat turns for an alpaca row; the output becomes the last assistant turn if asked."""
+    msgs = [{"role": "system", "content": row["system"]}] if row.get("system") else []
+    for q, a in row.get("history") or []:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    user = row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
+    msgs.append({"role": "user", "content": user})
+    if with_output:
+        msgs.append({"role": "assistant", "content": row["output"]})
+    return msgs
+
+
+def messages_to_alpaca(msgs: list[dict[str, str]]) -> dict[str, Any]:
+    """Alpaca fields from turns [system?] (user, assistant)* user [assistant?]."""
+    system = msgs[0]["content"] if msgs and msgs[0]["role"] == "system" else ""
+    turns = msgs[1:] if msgs and msgs[0]["role"] == "system" else list(msgs)
+    output = turns.pop()["content"] if turns and turns[-1]["role"] == "assistant" else None
+    roles = [m["role"] for m in turns]
+    if not turns or roles != ["user", "assistant"] * (len(turns) // 2) + ["user"]:
+        raise DataError("the alpaca template needs alternating user/assistant turns ending "
+                        f"with a user turn, got roles {roles}; use template: chat")
+    history = [[turns[i]["content"], turns[i + 1]["content"]] for i in range(0, len(turns) - 1, 2)]
+    return {"instruction": turns[-1]["content"], "input": "", "system": system,
+            "history": history, "output": output}
+
+
+def _check(template: str, tokenizer: Any) -> None:
+    if template not in TEMPLATES:
+        raise DataError(f"unknown template {template!r} (expected one of {', '.join(TEMPLATES)})")
+    if template == "chat" and not getattr(tokenizer, "chat_template", None):
+        raise DataError("template 'chat' needs a tokenizer with a chat_template; "
+                        "use template: alpaca or a chat model's tokenizer")
+
+
+def _chat(tokenizer: Any, msgs: list[dict[str, str]], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(msgs, tokenize=False,
+                                         add_generation_prompt=generation_prompt)
+
+
+def _prompt_messages(row: dict[str, Any]) -> list[dict[str, str]]:
+    """Prompt turns (ending with a user turn) for any row shape."""
+    if "instruction" in row:
+        return alpaca_to_messages(row, with_output=False)
+    if "messages" in row:
+        msgs = row["messages"]
+        return msgs[:-1] if msgs[-1]["role"] == "assistant" else msgs
+    p = row["prompt"]
+    return [{"role": "user", "content": p}] if isinstance(p, str) else p
+
+
+def render_prompt(row: dict[str, Any], template: str, tokenizer: Any = None) -> str:
+    """Prompt text for a row (alpaca, messages or prompt row), ready for generation.
+
+    The tokenizer is only needed for the chat template.
+    """
+    _check(template, tokenizer)
+    if template == "chat":
+        return _chat(tokenizer, _prompt_messages(row), True)
+    if "instruction" in row:
+        f = row
+    elif "messages" in row or isinstance(row["prompt"], list):
+        f = messages_to_alpaca(_prompt_messages(row))
+    else:
+        f = {"instruction": row["prompt"]}
+    return render_alpaca(f["instruction"], f.get("input", ""), f.get("system", ""),
+                         f.get("history") or ())
+
+
+def render_sft(row: dict[str, Any], template: str, tokenizer: Any = None) -> tuple[str, str]:
+    """(prompt_text, response_text) for an SFT row; the response excludes the eos token.
+
+    For the chat template the response is the full rendering minus the prompt rendering
+    (so it carries the template's end-of-turn text); an eos token at its end, with
+    trailing whitespace after it, is cut, since encode_sft appends eos.
+    """
+    _check(template, tokenizer)
+    if template == "alpaca":
+        f = row if "instruction" in row else messages_to_alpaca(row["messages"])
+        if not f.get("output"):
+            raise DataError("render_sft needs a row with a response (output)")
+        return render_prompt(f, "alpaca"), f["output"]
+    msgs = alpaca_to_messages(row, with_output=True) if "instruction" in row else row["messages"]
+    prompt = _chat(tokenizer, msgs[:-1], True)
+    full = _chat(tokenizer, msgs, False)
+    if not full.startswith(prompt):
+        raise DataError("the chat template renders the prompt differently inside the full "
+                        "conversation; cannot split prompt and response")
+    response = full[len(prompt):]
+    eos = tokenizer.eos_token
+    if eos and response.rstrip().endswith(eos):
+        response = response.rstrip()[: -len(eos)]
+    return prompt, response

@@ -1,0 +1,40 @@
+"""The embedded default: build the tiny model and task offline, then run every stage that exists."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def run_demo(out_dir: str | Path = "runs/demo", stages: list[str] | None = None) -> Iterator[str]:
+    """Yield one line per finished step, naming where its outputs are."""
+    from rlkit.tiny import build_tiny_model, write_task_data
+
+    out = Path(out_dir)
+    model_dir = out / "tiny-model"
+    data_dir = out / "data"
+    if not (model_dir / "config.json").exists():
+        build_tiny_model(model_dir, "tiny")
+    paths = write_task_data(data_dir, seed=0)
+    yield f"tiny model: {model_dir}"
+    yield f"synthetic data: {', '.join(str(p) for p in paths.values())}"
+    wanted = stages or ["sft", "grpo"]
+    if "sft" in wanted and importlib.util.find_spec("rlkit.sft.run") is not None:
+        from rlkit import config
+        from rlkit.sft.run import run_sft
+
+        cfg = config.load("sft", RECIPES / "tiny-sft.yaml", [
+            f"model.path={model_dir}", f"data.train={data_dir / 'sft_train.jsonl'}",
+            f"data.eval={data_dir / 'sft_eval.jsonl'}", f"output_dir={out / 'sft'}"])
+        yield f"sft: final model in {run_sft(cfg, recipe_path=RECIPES / 'tiny-sft.yaml')}"
+    if "grpo" in wanted and importlib.util.find_spec("rlkit.grpo.run") is not None:
+        from rlkit import config
+        from rlkit.grpo.run import run_grpo
+
+        cfg = config.load("grpo", RECIPES / "tiny-grpo.yaml", [
+            f"model.path={out / 'sft' / 'final'}", f"data.train={data_dir / 'grpo_train.jsonl'}",
+            f"data.eval={data_dir / 'grpo_eval.jsonl'}", f"output_dir={out / 'grpo'}"])
+        yield f"grpo: final policy in {run_grpo(cfg, recipe_path=RECIPES / 'tiny-grpo.yaml')}"

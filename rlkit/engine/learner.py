@@ -1,0 +1,217 @@
+"""The policy learner: one DeepSpeed engine per rank, run inside a Ray actor (see `group.py`).
+
+SFT and GRPO share it. Ranks form a torch.distributed group (gloo on CPU, nccl/hccl on
+accelerators, from the device layer). Batches arrive as dicts of CPU tensors per micro-batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkit.config import DeepSpeedConfig, LoraConfig, ModelConfig, OptimConfig, QuantConfig
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    """Everything a rank needs to build its engine (sent once to each actor)."""
+
+    model: ModelConfig
+    finetuning: str
+    lora: LoraConfig | None
+    qlora: QuantConfig | None
+    optim: OptimConfig
+    deepspeed: DeepSpeedConfig
+    micro_batch_size: int
+    grad_accum: int
+    total_steps: int  # optimizer steps, for the lr schedule
+    seed: int
+    device: str = "auto"
+
+
+def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token NLL over labels != -100 and the token count. logits [B,T,V], labels [B,T]."""
+    shift_logits = logits[:, :-1].float()
+    shift_labels = labels[:, 1:]
+    n = (shift_labels != -100).sum()
+    loss = torch.nn.functional.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1), ignore_index=-100, reduction="sum")
+    return loss, n
+
+
+class Learner:
+    """One rank. Create, then `init_process_group` on every rank at once, then `build`."""
+
+    def __init__(self, spec: LearnerSpec, rank: int, world_size: int):
+        from rlkit.accel import apply_env, configure_cpu_threads, detect
+
+        self.spec, self.rank, self.world_size = spec, rank, world_size
+        self.device_info = detect(spec.device if spec.device != "rocm" else "auto")
+        apply_env(self.device_info)
+        if not self.device_info.is_accelerator:
+            configure_cpu_threads()
+        self.engine: Any = None
+        self._ds_hf_config: Any = None  # keeps HfDeepSpeedConfig alive for ZeRO-3 loading
+
+    # ------------------------------------------------------------------ setup
+
+    def address(self) -> tuple[str, int]:
+        """(ip, free port) of this actor, for rank 0 to host the process group."""
+        import socket
+
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ip, s.getsockname()[1]
+
+    def init_process_group(self, master_addr: str, master_port: int) -> None:
+        import deepspeed
+
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        deepspeed.init_distributed(dist_backend=self.device_info.dist_backend, auto_mpi_discovery=False,
+                                   timeout=datetime.timedelta(seconds=self.spec.deepspeed.dist_timeout_s))
+
+    def build(self) -> dict[str, Any]:
+        """Load the model, wrap it (LoRA/QLoRA), create the DeepSpeed engine. Returns a summary."""
+        import deepspeed
+
+        from rlkit import models
+        from rlkit.engine.ds_config import deepspeed_config, lr_lambda
+
+        spec = self.spec
+        self.seed_everything(spec.seed)
+        dtype = models.resolve_dtype(spec.model.dtype, self.device_info.bf16 and self.device_info.is_accelerator)
+        precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+        ds_cfg = deepspeed_config(spec.deepspeed, spec.optim, precision, spec.micro_batch_size,
+                                  spec.grad_accum, self.world_size)
+        if spec.deepspeed.zero_stage == 3 and spec.finetuning == "full":
+            from transformers.integrations import HfDeepSpeedConfig
+
+            self._ds_hf_config = HfDeepSpeedConfig(ds_cfg)  # every rank loads: partitioned on load
+        load_dtype = torch.float32 if precision != "fp32" and spec.finetuning == "full" else dtype
+        model = models.load_model(spec.model, load_dtype, spec.qlora if spec.finetuning == "qlora" else None)
+        model = models.wrap_for_training(model, spec.finetuning, spec.lora)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = None
+        if spec.deepspeed.torch_adam:
+            optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, betas=spec.optim.betas, eps=spec.optim.eps,
+                                          weight_decay=spec.optim.weight_decay)
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer,
+                                                       config=ds_cfg)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.optim, spec.total_steps))
+        engine.lr_scheduler = scheduler  # DeepSpeed steps it at each boundary and checkpoints it
+        self.engine = engine
+        from rlkit.models import trainable_summary
+
+        trainable, total = trainable_summary(model)
+        return {"trainable_params": trainable, "total_params": total, "precision": precision,
+                "device": self.device_info.kind, "zero_stage": spec.deepspeed.zero_stage}
+
+    @staticmethod
+    def seed_everything(seed: int) -> None:
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            import numpy as np
+
+            np.random.seed(seed % (2**32))
+        except ImportError:
+            pass
+
+    # ------------------------------------------------------------------ SFT
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.engine.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
+        if "position_ids" in batch:
+            kwargs["position_ids"] = batch["position_ids"]
+        return self.engine(**kwargs, use_cache=False).logits
+
+    def sft_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """One optimizer step over `grad_accum` micro-batches (token-mean loss per micro-batch)."""
+        assert len(micro_batches) == self.spec.grad_accum, "driver must send grad_accum micro-batches"
+        self.engine.train()
+        loss_sum, tokens = 0.0, 0
+        for mb in micro_batches:
+            mb = self._to_device(mb)
+            nll, n = token_nll(self._forward(mb), mb["labels"])
+            loss = nll / n.clamp(min=1)
+            self.engine.backward(loss)
+            self.engine.step()
+            loss_sum += float(nll.detach())
+            tokens += int(n)
+        norm = self.engine.get_global_grad_norm()
+        return {"loss_sum": loss_sum, "tokens": tokens, "grad_norm": float(norm) if norm is not None else float("nan"),
+                "lr": float(self.engine.lr_scheduler.get_last_lr()[0])}
+
+    @torch.no_grad()
+    def eval_nll(self, micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, int]:
+        """(summed NLL, tokens) over this rank's eval shard."""
+        self.engine.eval()
+        total, count = 0.0, 0
+        for mb in micro_batches:
+            mb = self._to_device(mb)
+            nll, n = token_nll(self._forward(mb), mb["labels"])
+            total += float(nll)
+            count += int(n)
+        return total, count
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, ckpt_dir: str) -> None:
+        """All ranks: engine (weights/adapter, optimizer, scheduler) + this rank's RNG states."""
+        self.engine.save_checkpoint(ckpt_dir, tag="engine", save_latest=False,
+                                    exclude_frozen_parameters=self.spec.finetuning != "full")
+        rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        torch.save(rng, Path(ckpt_dir) / f"rng_rank{self.rank}.pt")
+
+    def load_checkpoint(self, ckpt_dir: str) -> None:
+        path, _ = self.engine.load_checkpoint(ckpt_dir, tag="engine", load_module_strict=self.spec.finetuning == "full")
+        if path is None:
+            raise RuntimeError(f"{ckpt_dir}: DeepSpeed found no engine checkpoint to load")
+        rng = torch.load(Path(ckpt_dir) / f"rng_rank{self.rank}.pt", weights_only=False)
+        random.setstate(rng["python"])
+        torch.set_rng_state(rng["torch"])
+
+    def save_model(self, out_dir: str, tokenizer_dir: str) -> str | None:
+        """Final output on rank 0: a HF model dir (full), or `adapter/` + the merged model (LoRA)."""
+        import deepspeed
+        from transformers import AutoTokenizer
+
+        from rlkit import models
+        from rlkit.engine.weight_sync import iter_named_weights
+
+        out, module = Path(out_dir), self.engine.module
+        if self.spec.finetuning == "full":
+            state = dict(iter_named_weights(module, self.spec.deepspeed.zero_stage, lora_merge=False))
+            if self.rank == 0:
+                module.save_pretrained(out, state_dict=state, safe_serialization=True)
+        else:
+            trainable = [p for p in module.parameters() if p.requires_grad]
+            gather = self.spec.deepspeed.zero_stage == 3
+            with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None, enabled=gather):
+                if self.rank == 0:
+                    module.save_pretrained(out / "adapter", safe_serialization=True)
+            if self.rank == 0:  # QLoRA: merged onto the full-precision base, as peft does
+                models.merge_adapter(out / "adapter", self.spec.model.path, out)
+        if self.rank != 0:
+            return None
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+        return str(out)
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) of the current policy with LoRA merged; only rank 0 returns tensors."""
+        from rlkit.engine.weight_sync import iter_named_weights
+
+        return list(iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage, lora_merge=True))

@@ -1,0 +1,143 @@
+"""vLLM worker extension: in-place weight updates for a running engine.
+
+Passed to vLLM by name (`worker_extension_cls="rlkit.engine.vllm_ext.WeightSyncExtension"`);
+vLLM mixes it into its worker class, so `self` below is the vLLM worker (`self.model_runner`,
+`self.device`, `self.rank`). Methods are called from the engine owner through
+`llm.collective_rpc("<method>", args=...)` and run on every worker (each TP rank).
+
+All loads go through `worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)`:
+it takes HF checkpoint names, fuses q/k/v and gate/up itself, and re-runs the per-layer
+post-load processing. On CPU the plain `model.load_weights` fails because linear weights are
+pre-packed for oneDNN. Tied embeddings are re-packed separately (`_repack_tied_lm_head`).
+The caller must reset the engine's prefix cache afterwards (`LLM.reset_prefix_cache()`);
+that lives in the engine core, not in the worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+
+class WeightSyncExtension:
+    """Methods added to the vLLM worker for weight sync and debugging."""
+
+    # ------------------------------------------------------------------ loading
+
+    def load_weights_from_iter(self, named_tensors: NamedTensors) -> int:
+        """Load HF-named tensors in place; returns the number of tensors loaded.
+
+        `named_tensors` may be a list (sent over RPC) or, in-process, any iterable; all weights
+        of one fused vLLM layer (q/k/v, gate/up) must arrive within the same call.
+        """
+        count = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for name, tensor in named_tensors:
+                count += 1
+                yield name, tensor
+
+        self._rlkit_reload(counted())
+        return count
+
+    def load_weights_from_refs(self, bucket_refs: list[Any]) -> int:
+        """Load weights stored as buckets in the Ray object store, one bucket in memory at a time.
+
+        `bucket_refs` is a list of `ray.ObjectRef`, each resolving to `list[(name, tensor)]`.
+        All buckets feed a single reload, so buckets may split fused layers. Needs the worker to
+        run in a Ray-connected process (in-process engine or the Ray executor backend).
+        """
+        import ray
+
+        def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            for ref in bucket_refs:
+                bucket = ray.get(ref)
+                yield from bucket
+                del bucket
+
+        return self.load_weights_from_iter(stream())
+
+    def _rlkit_reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        self._rlkit_repack_tied_lm_head()
+
+    def _rlkit_repack_tied_lm_head(self) -> None:
+        """With tied embeddings vLLM's `lm_head` shares `embed_tokens.weight` but keeps its own
+        packed GEMM copy on CPU; re-run its post-load processing so logits use the new weight."""
+        model = self.model_runner.get_model()
+        config = getattr(model, "config", None)
+        lm_head = getattr(model, "lm_head", None)
+        if not getattr(config, "tie_word_embeddings", False) or lm_head is None:
+            return
+        quant_method = getattr(lm_head, "quant_method", None)
+        if quant_method is not None and hasattr(lm_head, "weight"):
+            quant_method.process_weights_after_loading(lm_head)
+
+    # ------------------------------------------------------------------ broadcast (GPU)
+
+    def init_weight_update_group(self, master_addr: str, master_port: int, rank_offset: int,
+                                 world_size: int, backend: str = "nccl") -> None:
+        """Join a stateless NCCL group with the learner (rank 0); this worker is
+        `rank_offset + self.rank`. Needs a CUDA device (HCCL: vllm-ascend's communicator).
+
+        Unverified on CPU (no NCCL); follows vLLM's RLHF example.
+        """
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        if backend == "nccl":
+            from vllm.distributed.device_communicators.pynccl import (
+                PyNcclCommunicator as Communicator,
+            )
+        elif backend == "hccl":
+            from vllm_ascend.distributed.device_communicators.pyhccl import (  # type: ignore
+                PyHcclCommunicator as Communicator,
+            )
+        else:
+            raise ValueError(f"weight broadcast backend must be 'nccl' or 'hccl', got {backend!r}")
+        group = StatelessProcessGroup.create(host=master_addr, port=master_port,
+                                             rank=rank_offset + self.rank, world_size=world_size)
+        self._rlkit_comm = Communicator(group, device=self.device)
+
+    def update_weights_broadcast(self, specs: list[tuple[str, str, tuple[int, ...]]]) -> int:
+        """Receive tensors `(name, dtype name e.g. "bfloat16", shape)` broadcast from rank 0,
+        in this order, and load them in one reload. Unverified on CPU (needs a GPU check)."""
+
+        def received() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, dtype, shape in specs:
+                tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+                self._rlkit_comm.broadcast(tensor, src=0)
+                yield name, tensor
+
+        return self.load_weights_from_iter(received())
+
+    def close_weight_update_group(self) -> None:
+        """Drop the broadcast communicator."""
+        self._rlkit_comm = None
+
+    # ------------------------------------------------------------------ debugging
+
+    def weights_checksum(self) -> dict[str, Any]:
+        """sha256 over (name, shape, fp32 bytes) of every vLLM parameter, and their sum."""
+        model = self.model_runner.get_model()
+        digest = hashlib.sha256()
+        total = 0.0
+        for name, param in sorted(model.named_parameters()):
+            data = param.detach().float().cpu().contiguous()
+            digest.update(name.encode())
+            digest.update(str(tuple(data.shape)).encode())
+            digest.update(data.numpy().tobytes())
+            total += float(data.double().sum())
+        return {"sha256": digest.hexdigest(), "sum": total}
+
+    def get_param(self, name: str) -> torch.Tensor:
+        """A CPU copy of one vLLM parameter, by vLLM name (e.g. `model.layers.0.mlp.gate_up_proj.weight`)."""
+        params = dict(self.model_runner.get_model().named_parameters())
+        if name not in params:
+            raise KeyError(f"vLLM model has no parameter {name!r}; some are {sorted(params)[:8]}")
+        return params[name].detach().cpu().clone()

@@ -1,0 +1,243 @@
+"""GRPO policy loss, KL estimators and token-level helpers (pure tensor math, torch only).
+
+Shapes: B completions, T completion positions (right-padded), V vocabulary.
+``logp``, ``old_logp``, ``ref_logp``, ``mask``: [B, T]; ``mask`` is 1 on completion tokens
+that count in the loss, 0 on padding (and on masked/truncated completions). ``advantages``: [B]
+(or [B, T] for per-token advantages). Log-probs are natural logs (nats).
+
+The per-token objective and the four aggregations equal TRL 1.16
+(``trl/trainer/grpo_trainer.py``, ``GRPOTrainer._compute_loss``, token-level importance
+sampling) *except* that :func:`policy_loss` applies no gradient-accumulation / world-size
+scaling. TRL hands the HF Trainer a pre-scaled loss; to reproduce TRL's number:
+
+* ``grpo`` / ``bnpo`` / ``dr_grpo``: ``trl_loss = ours / gradient_accumulation_steps``.
+* ``dapo``: TRL divides by ``num_items_in_batch_gen / num_processes * GA / steps_per_generation``
+  where ``num_items_in_batch_gen`` is the loss-token count of the whole generation batch summed
+  over ranks; pass that expression as ``num_items_in_batch`` here.
+
+To get a *global token mean* for ``dapo`` under an engine that averages gradients over P ranks
+and divides the loss by GA (DeepSpeed's default), pass
+``num_items_in_batch = tokens_in_optimizer_step_all_ranks / (P * GA)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+KLKind = Literal["k1", "k2", "k3"]
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """``loss``: scalar with grad. Metrics: detached 0-dim tensors, token means over ``mask``.
+
+    clip_frac_low: ratio < 1 - epsilon_low and A < 0; clip_frac_high: ratio > 1 + epsilon_high
+    and A > 0; clip_frac: either (TRL ``clip_ratio/{low,high,region}_mean``). kl_mean is None
+    without ``ref_logp``; entropy is None without ``entropies``.
+    """
+
+    loss: Tensor
+    clip_frac_low: Tensor
+    clip_frac_high: Tensor
+    clip_frac: Tensor
+    ratio_mean: Tensor
+    kl_mean: Tensor | None = None
+    entropy: Tensor | None = None
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLKind = "k3") -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1/k2/k3).
+
+    With ``d = ref_logp - logp``: k1 = -d; k2 = d**2 / 2; k3 = exp(d) - d - 1 (>= 0, TRL's).
+    Shapes broadcast; returns ``logp``'s shape, in nats.
+    """
+    d = ref_logp - logp
+    if kind == "k1":
+        return -d
+    if kind == "k2":
+        return 0.5 * d.square()
+    if kind == "k3":
+        return torch.exp(d) - d - 1
+    raise ValueError(f"kl kind must be one of {KL_KINDS}, got {kind!r}")
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def _check_shapes(logp: Tensor, mask: Tensor, advantages: Tensor, **others: Tensor | None) -> None:
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    if mask.shape != logp.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(logp.shape)}")
+    for name, t in others.items():
+        if t is not None and t.shape != logp.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != logp shape {tuple(logp.shape)}")
+    if advantages.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(
+            f"advantages must be [B]={tuple(logp.shape[:1])} or [B, T]={tuple(logp.shape)}, "
+            f"got {tuple(advantages.shape)}"
+        )
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    ref_logp: Tensor | None = None,
+    beta: float = 0.0,
+    kl: KLKind = "k3",
+    loss_type: LossType = "grpo",
+    max_completion_length: int | None = None,
+    delta: float | None = None,
+    num_items_in_batch: float | Tensor | None = None,
+    entropies: Tensor | None = None,
+) -> LossOutput:
+    """Clipped-surrogate GRPO loss (to minimise) with optional KL penalty.
+
+    Per token, with ratio r = exp(logp - old_logp) and A the advantage:
+    ``l = -min(r' * A, clip(r, 1 - epsilon_low, 1 + epsilon_high) * A) + beta * KL_kind``,
+    where r' = min(r, delta) if ``delta`` is set (INTELLECT-2 two-sided clipping, TRL ``delta``;
+    use delta > 1 + epsilon_high), else r. ``old_logp=None`` means on-policy (``logp.detach()``).
+
+    Aggregation of ``l * mask`` (S = its sum):
+        grpo:    mean over tokens per sequence, then mean over the B sequences;
+        bnpo:    S / (number of mask tokens in this batch);
+        dr_grpo: S / (B * max_completion_length)  (``max_completion_length`` required);
+        dapo:    S / num_items_in_batch  (default: mask tokens in this batch, i.e. = bnpo).
+    Denominators are clamped to >= 1 as in TRL. No grad-accumulation scaling: see module doc.
+
+    ``entropies`` [B, T] (optional) is only reported, not added to the loss.
+    """
+    _check_shapes(logp, mask, advantages, old_logp=old_logp, ref_logp=ref_logp, entropies=entropies)
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if beta != 0.0 and ref_logp is None:
+        raise ValueError(f"beta={beta} needs ref_logp (reference-model log-probs)")
+    if loss_type == "dr_grpo" and max_completion_length is None:
+        raise ValueError("loss_type='dr_grpo' needs max_completion_length (its fixed normaliser)")
+    if delta is not None and delta <= 1.0 + epsilon_high:
+        raise ValueError(f"delta={delta} must be > 1 + epsilon_high = {1.0 + epsilon_high}")
+
+    mask = mask.to(logp.dtype)
+    if old_logp is None:
+        old_logp = logp.detach()
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    adv = adv.to(logp.dtype)
+
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
+    per_token = -torch.min(unclipped * adv, clipped * adv)
+
+    per_token_kl = None
+    if ref_logp is not None:
+        per_token_kl = kl_penalty(logp, ref_logp, kl)
+        if beta != 0.0:
+            per_token = per_token + beta * per_token_kl
+
+    masked = per_token * mask
+    if loss_type == "grpo":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = masked.sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        loss = masked.sum() / (logp.shape[0] * max_completion_length)
+    else:  # dapo
+        n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=logp.dtype)
+        loss = masked.sum() / n.clamp(min=1.0)
+
+    with torch.no_grad():
+        low = ((ratio < 1 - epsilon_low) & (adv < 0)).to(logp.dtype)
+        high = ((ratio > 1 + epsilon_high) & (adv > 0)).to(logp.dtype)
+        return LossOutput(
+            loss=loss,
+            clip_frac_low=_masked_mean(low, mask),
+            clip_frac_high=_masked_mean(high, mask),
+            clip_frac=_masked_mean(torch.maximum(low, high), mask),
+            ratio_mean=_masked_mean(ratio, mask),
+            kl_mean=None if per_token_kl is None else _masked_mean(per_token_kl, mask),
+            entropy=None if entropies is None else _masked_mean(entropies, mask),
+        )
+
+
+# --- masks and reward shaping ---------------------------------------------------------
+
+
+def is_truncated(completion_ids: Sequence[Sequence[int]], stop_token_ids: Iterable[int]) -> Tensor:
+    """Bool [B]: True where a completion's last token is not a stop token (it hit max_tokens).
+
+    ``completion_ids`` are unpadded token lists; ``stop_token_ids`` are EOS (and pad) ids, as in
+    TRL's ``mask_truncated_completions``. An empty completion counts as not truncated.
+    """
+    stops = set(stop_token_ids)
+    return torch.tensor([len(ids) > 0 and ids[-1] not in stops for ids in completion_ids], dtype=torch.bool)
+
+
+def truncation_mask(mask: Tensor, truncated: Tensor) -> Tensor:
+    """[B, T] loss mask with every token of truncated completions (``truncated`` bool [B]) zeroed."""
+    if truncated.shape != mask.shape[:1]:
+        raise ValueError(f"truncated must be [B]={tuple(mask.shape[:1])}, got {tuple(truncated.shape)}")
+    return mask * (~truncated.to(mask.device)).unsqueeze(1).to(mask.dtype)
+
+
+def soft_overlong_penalty(
+    lengths: Tensor, max_len: int, buffer_len: int, penalty_factor: float = 1.0
+) -> Tensor:
+    """DAPO soft overlong punishment (Eq. 13), float [B] from completion lengths [B] (tokens).
+
+    0 if len <= max_len - buffer_len; ``(max_len - buffer_len - len) / buffer_len * factor``
+    (linear from 0 to -factor) up to max_len; -factor beyond. Equals TRL's
+    ``get_soft_overlong_punishment(max_len, buffer_len)`` for factor 1.
+    """
+    if not 0 < buffer_len <= max_len:
+        raise ValueError(f"need 0 < buffer_len <= max_len, got buffer_len={buffer_len}, max_len={max_len}")
+    start = max_len - buffer_len
+    lengths = lengths.to(torch.get_default_dtype())
+    ramp = (start - lengths) / buffer_len
+    out = torch.where(lengths <= start, torch.zeros_like(ramp), ramp)
+    out = torch.where(lengths > max_len, torch.full_like(ramp, -1.0), out)
+    return out * penalty_factor
+
+
+# --- logits helpers -------------------------------------------------------------------
+
+
+def selective_log_softmax(logits: Tensor, ids: Tensor) -> Tensor:
+    """log_softmax(logits)[..., ids]: [B, T, V] x long [B, T] -> [B, T], without a [B, T, V] copy.
+
+    fp32/fp64: gathered logit minus a per-row logsumexp; bf16/fp16: per-row log_softmax (the
+    logsumexp form is inaccurate in half precision). Matches TRL's ``selective_log_softmax``.
+    """
+    if logits.shape[:-1] != ids.shape:
+        raise ValueError(f"ids shape {tuple(ids.shape)} != logits leading shape {tuple(logits.shape[:-1])}")
+    if logits.dtype in (torch.float32, torch.float64):
+        picked = torch.gather(logits, -1, ids.unsqueeze(-1)).squeeze(-1)
+        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
+        return picked - lse
+    return torch.stack(
+        [F.log_softmax(row, dim=-1).gather(-1, r_ids.unsqueeze(-1)).squeeze(-1) for row, r_ids in zip(logits, ids)]
+    )
+
+
+def entropy_from_logits(logits: Tensor, chunk_size: int = 128) -> Tensor:
+    """Shannon entropy in nats over the last axis: [..., V] -> [...], ``chunk_size`` rows at a time."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = []
+    for chunk in flat.split(chunk_size, dim=0):
+        logps = F.log_softmax(chunk, dim=-1)
+        parts.append(-(logps.exp() * logps).sum(-1))
+    return torch.cat(parts).reshape(logits.shape[:-1])

@@ -1,0 +1,117 @@
+"""Load a causal LM and its tokenizer; wrap it for full, LoRA or QLoRA training; merge adapters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkit.config import LoraConfig, ModelConfig, QuantConfig
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str, bf16_ok: bool) -> torch.dtype:
+    """`auto` -> bf16 where supported on an accelerator, fp32 on CPU (CPU bf16 is emulated, slow)."""
+    if name == "auto":
+        return torch.bfloat16 if bf16_ok else torch.float32
+    return DTYPES[name]
+
+
+def ensure_tiny_model(cfg: ModelConfig) -> None:
+    """Build the offline tiny model at `cfg.path` if the recipe asks for it and it is missing."""
+    if cfg.tiny and not (Path(cfg.path) / "config.json").exists():
+        from rlkit.tiny import build_tiny_model
+
+        build_tiny_model(cfg.path, cfg.tiny)
+
+
+def load_tokenizer(cfg: ModelConfig):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.path, trust_remote_code=cfg.trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None = None) -> Any:
+    """A `AutoModelForCausalLM` in `dtype`; 4-bit bitsandbytes weights when `quant` is given."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    if quant is not None:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type=quant.quant_type,
+            bnb_4bit_use_double_quant=quant.double_quant, bnb_4bit_compute_dtype=DTYPES[quant.compute_dtype])
+    model = AutoModelForCausalLM.from_pretrained(cfg.path, **kwargs)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model
+
+
+def keep_4bit_weights_trainable(model: Any) -> int:
+    """Stop bitsandbytes repacking 4-bit weights for AVX512-BF16 on CPU.
+
+    On CPU, the first eval-mode no-grad forward of a `Linear4bit` repacks its weight in place
+    for the AVX512-BF16 kernel, and any later training step fails ("a view of a leaf Variable
+    ... in-place operation"). The per-layer flag `support_avx512bf16_for_cpu = False` keeps the
+    trainable layout. Returns how many layers were set. A no-op off CPU or without 4-bit layers.
+    """
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return 0
+    count = 0
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit) and hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+            count += 1
+    return count
+
+
+def wrap_for_training(model: Any, finetuning: str, lora: LoraConfig | None) -> Any:
+    """Full: the model itself. LoRA/QLoRA: a peft model with only the adapters trainable."""
+    if finetuning == "full":
+        return model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    assert lora is not None  # the recipe checks this at load
+    if finetuning == "qlora":
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=bool(getattr(model, "is_gradient_checkpointing", False)))
+        keep_4bit_weights_trainable(model)
+    peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                              target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, peft_cfg)
+    if finetuning == "qlora":
+        keep_4bit_weights_trainable(peft_model)
+    return peft_model
+
+
+def trainable_summary(model: Any) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return trainable, total
+
+
+def merge_adapter(adapter_dir: str | Path, base: str | Path, out_dir: str | Path, dtype: str = "fp32") -> Path:
+    """Merge a peft LoRA adapter into its base model and save a plain HF model directory."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_model = AutoModelForCausalLM.from_pretrained(base, dtype=DTYPES.get(dtype, torch.float32))
+    merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
+    out = Path(out_dir)
+    merged.save_pretrained(out, safe_serialization=True)
+    tok_src = adapter_dir if (Path(adapter_dir) / "tokenizer_config.json").exists() else base
+    AutoTokenizer.from_pretrained(tok_src).save_pretrained(out)
+    return out

@@ -1,0 +1,219 @@
+"""Load YAML recipes into frozen dataclasses: typed, unknown keys rejected, overrides applied.
+
+Every user mistake becomes a `ConfigError` whose one-line message names the file and the key,
+e.g. `recipes/x.yaml: train.micro_batch_sz: unknown key (did you mean 'micro_batch_size'?)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A recipe problem; the message is one line that names the file and the key."""
+
+
+class Invalid(ValueError):
+    """Raised by a dataclass `__post_init__`: `key` is relative to that dataclass."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`["train.lr=1e-4", "lora.r=8"]` -> nested dict; values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected key.sub=value")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is set twice as value and section")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return out
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """Deep-merge `extra` into a copy of `base` (dicts merge, everything else replaces)."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: recipe file not found")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} not valid YAML ({getattr(e, 'problem', e)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    return data
+
+
+def build(cls: type[T], data: Any, source: str, key: str = "") -> T:
+    """Convert plain YAML data to `cls`, checking keys and types; errors name `source` and key."""
+    try:
+        return _convert(cls, data, key)
+    except Invalid as e:
+        raise ConfigError(f"{source}: {e.key or '<top>'}: {e.message}") from None
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass tree -> plain data (for printing and saving the resolved config)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def _join(key: str, sub: str | int) -> str:
+    if isinstance(sub, int):
+        return f"{key}[{sub}]"
+    return f"{key}.{sub}" if key else sub
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _convert_dataclass(tp, value, key)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        candidates = [a for a in args if a is not type(None)]
+        if len(candidates) == 1:  # Optional[X]: X's own, more precise error
+            return _convert(candidates[0], value, key)
+        for arg in candidates:
+            try:
+                return _convert(arg, value, key)
+            except Invalid:
+                continue
+        raise Invalid(key, f"expected {_type_name(tp)}, got {_describe(value)}")
+    if origin is Literal:
+        if value in get_args(tp) and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in get_args(tp))):
+            return value
+        raise Invalid(key, f"expected one of {_type_name(tp)}, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            if isinstance(value, str) and get_args(tp) and get_args(tp)[0] is str:
+                value = [v.strip() for v in value.split(",") if v.strip()]  # "q_proj,v_proj"
+            else:
+                raise Invalid(key, f"expected a list, got {_describe(value)}")
+        args = get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise Invalid(key, f"expected a list of {len(args)} items, got {len(value)}")
+            return tuple(_convert(a, v, _join(key, i)) for i, (a, v) in enumerate(zip(args, value)))
+        item = args[0] if args else Any
+        return tuple(_convert(item, v, _join(key, i)) for i, v in enumerate(value))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise Invalid(key, f"expected a mapping, got {_describe(value)}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise Invalid(key, f"expected true or false, got {_describe(value)}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise Invalid(key, f"expected an integer, got {_describe(value)}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise Invalid(key, f"expected a number, got {_describe(value)}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise Invalid(key, f"expected a string, got {_describe(value)}")
+    raise TypeError(f"recipe type {tp!r} at {key} is not supported")  # a bug in rlkit's schema
+
+
+def _convert_dataclass(cls: Any, value: Any, key: str) -> Any:
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise Invalid(key, f"expected a mapping, got {_describe(value)}")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for name in value:
+        if name not in fields:
+            near = difflib.get_close_matches(str(name), list(fields), n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]!r}?)" if near else f" (valid keys: {', '.join(fields)})"
+            raise Invalid(_join(key, str(name)), f"unknown key{hint}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in value:
+            kwargs[name] = _convert(hints[name], value[name], _join(key, name))
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise Invalid(_join(key, name), f"required key is missing (expected {_type_name(hints[name])})")
+    try:
+        return cls(**kwargs)
+    except Invalid as e:
+        raise Invalid(_join(key, e.key), e.message) from None
+
+
+def check(cond: bool, key: str, message: str) -> None:
+    """Cross-field rule helper for `__post_init__`."""
+    if not cond:
+        raise Invalid(key, message)
+

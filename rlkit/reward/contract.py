@@ -1,0 +1,147 @@
+"""The reward contract: spec, errors, result, and text helpers.
+
+Contract (TRL's, so a reward written for TRL or open-r1 runs unchanged)::
+
+    fn(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]
+
+* ``prompts`` / ``completions``: one entry per sample; strings, or message lists
+  (``[{"role": "assistant", "content": ...}]``) for chat data.
+* ``completion_ids``: token ids per completion (``list[list[int]]``) or ``None``.
+* ``kwargs``: the dataset columns of each sample (as lists, same length) plus the recipe
+  spec's ``args``. Only the names the signature accepts are passed (all of them when it has
+  ``**kwargs``).
+* Returns one float per sample; ``None`` means "not applicable to this sample".
+* ``def`` or ``async def``. A class is accepted too: the spec's ``args`` go to its
+  constructor, the instance's ``__call__`` follows the contract above (columns only), and an
+  optional ``setup()`` runs once before the first call (load a model there, not in
+  ``__init__``).
+
+Recipe: ``rewards: [{fn: "module.path:function", weight: 1.0, args: {...}}]``; ``fn`` may
+also be ``path/to/file.py:function`` relative to the recipe's folder, or TRL's dotted
+``module.function``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+FIXED_PARAMS = ("prompts", "completions", "completion_ids")
+_PREVIEW = 200
+
+
+class RewardError(ValueError):
+    """A reward is misconfigured or failed; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One entry of the recipe's ``rewards`` list.
+
+    fn: ``package.module:function``, ``path/to/file.py:function`` or ``module.function``.
+    weight: multiplier in the weighted sum. args: extra kwargs for every call (for a class:
+    constructor kwargs). name: metric name (default: the function/class name).
+    timeout_s: wall-clock limit of one call on a batch (None: no limit).
+    on_error: ``{"default": x}`` fills x for samples whose call raised or timed out (counted
+    in metrics) instead of stopping the run.
+    """
+
+    fn: str
+    weight: float = 1.0
+    args: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
+    timeout_s: float | None = 30.0
+    on_error: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fn, str) or not self.fn.strip():
+            raise RewardError(f"fn: expected 'module:function', got {self.fn!r}")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
+            raise RewardError(f"weight: expected a finite number, got {self.weight!r}")
+        if not isinstance(self.args, dict):
+            raise RewardError(f"args: expected a mapping, got {type(self.args).__name__}")
+        if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
+            raise RewardError(f"timeout_s: expected a positive number or null, got {self.timeout_s!r}")
+        if self.on_error is not None:
+            if not isinstance(self.on_error, dict) or set(self.on_error) != {"default"}:
+                raise RewardError(f"on_error: expected {{default: <number>}}, got {self.on_error!r}")
+            d = self.on_error["default"]
+            if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
+                raise RewardError(f"on_error.default: expected a finite number, got {d!r}")
+
+
+def completion_text(c: Any) -> str:
+    """The text of one completion: a string, or the concatenated contents of a message list."""
+    if isinstance(c, str):
+        return c
+    if isinstance(c, dict):
+        return str(c.get("content") or "")
+    if isinstance(c, (list, tuple)):
+        return "".join(completion_text(m) for m in c)
+    return "" if c is None else str(c)
+
+
+def prompt_text(p: Any) -> str:
+    """The text of one prompt; for a message list, the messages joined by newlines."""
+    if isinstance(p, (list, tuple)):
+        return "\n".join(completion_text(m) for m in p)
+    return completion_text(p)
+
+
+def preview(s: str, n: int = _PREVIEW) -> str:
+    """``s`` on one line, cut to ``n`` characters."""
+    s = s.replace("\n", "\\n")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def did_you_mean(name: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass
+class RewardResult:
+    """Scores of one batch.
+
+    total: weighted sum per sample over functions that returned non-None.
+    per_fn: raw values per function (None = not applicable or failed without default).
+    errors: calls that raised / timed out and got the on_error default, per function.
+    seconds: wall time of each function's call(s).
+    failures: (sample index, one-line message) per function; filled only in
+    ``collect_errors`` mode (the ``rlkit reward test`` tool), otherwise failures raise.
+    """
+
+    total: list[float]
+    per_fn: dict[str, list[float | None]]
+    errors: dict[str, int]
+    seconds: dict[str, float]
+    failures: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+
+    def metrics(self, prefix: str = "reward") -> dict[str, float]:
+        """Flat metrics: ``{prefix}/mean|std`` of the total and ``{prefix}/{fn}/mean|std|none|errors|seconds``.
+
+        Means/stds are over non-None values, std is the population std (ddof=0); NaN when a
+        function returned no value.
+        """
+        out = {f"{prefix}/mean": _mean(self.total), f"{prefix}/std": _std(self.total)}
+        for name, vals in self.per_fn.items():
+            xs = [v for v in vals if v is not None]
+            out[f"{prefix}/{name}/mean"] = _mean(xs)
+            out[f"{prefix}/{name}/std"] = _std(xs)
+            out[f"{prefix}/{name}/none"] = float(len(vals) - len(xs))
+            out[f"{prefix}/{name}/errors"] = float(self.errors.get(name, 0))
+            out[f"{prefix}/{name}/seconds"] = float(self.seconds.get(name, 0.0))
+        return out
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _std(xs: Sequence[float]) -> float:
+    if not xs:
+        return float("nan")
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))

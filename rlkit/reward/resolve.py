@@ -1,0 +1,199 @@
+"""Resolve a RewardSpec to a checked callable: import by path, bind args, check columns."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import threading
+import zlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+from rlkit.reward.contract import FIXED_PARAMS, RewardError, RewardSpec, did_you_mean
+
+
+@dataclass
+class ResolvedReward:
+    """A spec whose callable was imported and checked against the contract."""
+
+    spec: RewardSpec
+    key: str                    # recipe key, e.g. "rewards[1]"
+    name: str
+    fn: Callable[..., Any]      # the function, or the instance for a class
+    accepts: frozenset[str]     # keyword names the callable takes
+    var_kw: bool                # has **kwargs
+    setup: Callable[[], Any] | None = None
+    _ready: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def ensure_setup(self) -> None:
+        """Run the class's ``setup()`` once (thread-safe)."""
+        with self._lock:
+            if not self._ready and self.setup is not None:
+                self.setup()
+            self._ready = True
+
+    def call_kwargs(self, prompts: list, completions: list, completion_ids: list | None,
+                    columns: dict[str, list]) -> dict[str, Any]:
+        """The keyword arguments one call gets under the contract."""
+        extra = dict(columns)
+        if not isinstance(self.fn, _Instance):
+            extra.update(self.spec.args)
+        full = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **extra}
+        return full if self.var_kw else {k: v for k, v in full.items() if k in self.accepts}
+
+    def __call__(self, prompts: list, completions: list, completion_ids: list | None,
+                 columns: dict[str, list]) -> Any:
+        self.ensure_setup()
+        target = self.fn.obj if isinstance(self.fn, _Instance) else self.fn
+        out = target(**self.call_kwargs(prompts, completions, completion_ids, columns))
+        if inspect.isawaitable(out):
+            out = asyncio.run(_await(out))
+        return out
+
+
+async def _await(aw: Any) -> Any:
+    return await aw
+
+
+@dataclass
+class _Instance:
+    obj: Any
+
+
+def _err(key: str, spec: RewardSpec, msg: str) -> RewardError:
+    return RewardError(f"{key}.fn: {spec.fn!r} — {msg}")
+
+
+def _load_module(key: str, spec: RewardSpec, mod: str, base_dir: str | None) -> ModuleType:
+    if mod.endswith(".py") or "/" in mod or os.sep in mod:
+        path = mod if os.path.isabs(mod) else os.path.join(base_dir or os.getcwd(), mod)
+        path = os.path.abspath(path)
+        if not os.path.isfile(path):
+            raise _err(key, spec, f"file {path} not found (paths are relative to the recipe's folder)")
+        modname = f"_rlkit_reward_{zlib.crc32(path.encode()):08x}_{os.path.splitext(os.path.basename(path))[0]}"
+        if modname in sys.modules:
+            return sys.modules[modname]
+        ispec = importlib.util.spec_from_file_location(modname, path)
+        module = importlib.util.module_from_spec(ispec)
+        sys.modules[modname] = module
+        try:
+            ispec.loader.exec_module(module)
+        except Exception as e:  # the user's module failed at import
+            del sys.modules[modname]
+            raise _err(key, spec, f"importing {path} failed: {type(e).__name__}: {e}{_where(e, path)}") from None
+        return module
+    extra = [os.path.abspath(d) for d in (base_dir, os.getcwd()) if d]
+    try:
+        return importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (mod == e.name or mod.startswith(e.name + ".")):
+            raise _err(key, spec, f"importing {mod!r} failed: {e}") from None
+        on_path = {os.path.abspath(p or os.curdir) for p in sys.path}
+        top = mod.split(".")[0]
+        for d in extra:  # `my_rewards:fn` next to the recipe or in the working directory
+            if d in on_path or not (os.path.isfile(os.path.join(d, top + ".py"))
+                                    or os.path.isdir(os.path.join(d, top))):
+                continue
+            sys.path.insert(0, d)
+            return _load_module(key, spec, mod, None)
+        looked = ", ".join(["the Python path", *extra])
+        raise _err(key, spec, f"no module {mod!r} (looked in {looked}); "
+                              "write 'package.module:function' or 'path/to/file.py:function'") from None
+    except RewardError:
+        raise
+    except Exception as e:
+        raise _err(key, spec, f"importing {mod!r} failed: {type(e).__name__}: {e}{_where(e)}") from None
+
+
+def _where(e: BaseException, path: str | None = None) -> str:
+    tb = e.__traceback__
+    last = None
+    while tb is not None:
+        if path is None or tb.tb_frame.f_code.co_filename == path:
+            last = tb
+        tb = tb.tb_next
+    if last is None:
+        return ""
+    return f" ({os.path.basename(last.tb_frame.f_code.co_filename)}, line {last.tb_lineno})"
+
+
+def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | None = None,
+            *, key: str = "rewards[0]") -> ResolvedReward:
+    """Import ``spec.fn`` and check it against the contract, before any run.
+
+    Checks: importable, attribute exists, callable, ``args`` bind to the signature, and
+    every parameter without a default (other than prompts/completions/completion_ids) is a
+    dataset column (skipped when ``columns`` is None) or an arg. A class is instantiated with
+    ``args``; its ``setup()`` is deferred to the first call. Raises RewardError (one line,
+    prefixed with ``key``).
+    """
+    ref = spec.fn.strip()
+    if ":" in ref:
+        mod, _, attr = ref.rpartition(":")
+    elif "." in ref:
+        mod, _, attr = ref.rpartition(".")
+    else:
+        raise _err(key, spec, "expected 'module:function' or 'path/to/file.py:function'")
+    if not mod or not attr:
+        raise _err(key, spec, "expected 'module:function' or 'path/to/file.py:function'")
+    module = _load_module(key, spec, mod, base_dir)
+    if not hasattr(module, attr):
+        public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        raise _err(key, spec, f"module {mod!r} has no function {attr!r}{did_you_mean(attr, public)}")
+    obj = getattr(module, attr)
+    if not callable(obj):
+        raise _err(key, spec, f"{attr!r} is a {type(obj).__name__}, not a function or class")
+    setup = None
+    if inspect.isclass(obj):
+        try:
+            inspect.signature(obj).bind(**spec.args)
+        except TypeError as e:
+            raise RewardError(f"{key}.args: {attr}({_fmt_args(spec.args)}) — {e}") from None
+        try:
+            inst = obj(**spec.args)
+        except Exception as e:
+            raise RewardError(f"{key}.args: constructing {attr} failed: {type(e).__name__}: {e}") from None
+        setup = getattr(inst, "setup", None)
+        call, target, ctor_args = _Instance(inst), inst.__call__, {}
+    else:
+        call, target, ctor_args = obj, obj, spec.args
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        raise _err(key, spec, f"cannot read the signature of {attr!r}") from None
+    params = sig.parameters.values()
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    named = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    posonly = [p.name for p in params if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if posonly:
+        raise _err(key, spec, f"parameters {posonly} are positional-only; rewards are called with keywords")
+    if "completions" not in named and not var_kw:
+        raise _err(key, spec, f"{attr}{sig} does not take `completions`; "
+                              "the contract is fn(prompts, completions, completion_ids=None, **kwargs)")
+    if not var_kw:
+        for a in ctor_args:
+            if a not in named:
+                raise RewardError(f"{key}.args: {a!r} is not a parameter of {attr}{did_you_mean(a, list(named))}; "
+                                  f"it takes {', '.join(named) or 'nothing'}")
+    clash = sorted(set(ctor_args) & (columns or set()))
+    if clash:
+        raise RewardError(f"{key}.args: {clash[0]!r} is also a dataset column; rename the arg")
+    available = set(FIXED_PARAMS) | set(ctor_args) | (columns if columns is not None else set(named))
+    missing = [n for n, p in named.items() if p.default is p.empty and n not in available]
+    if missing:
+        have = ", ".join(sorted(columns or ())) or "none"
+        raise RewardError(f"{key}: {attr} needs {', '.join(repr(m) for m in missing)} — not a dataset column "
+                          f"(columns: {have}) nor in args")
+    name = spec.name or getattr(obj, "__name__", attr)
+    return ResolvedReward(spec=spec, key=key, name=name, fn=call, accepts=frozenset(named),
+                          var_kw=var_kw, setup=setup if callable(setup) else None)
+
+
+def _fmt_args(args: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in args.items())

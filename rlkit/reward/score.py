@@ -1,0 +1,306 @@
+"""Score a batch with several reward functions concurrently; weighted sum; loud failures."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from numbers import Real
+from typing import Any, Callable, Literal, Sequence
+
+from rlkit.reward.contract import RewardError, RewardResult, RewardSpec, preview, prompt_text, completion_text
+from rlkit.reward.resolve import ResolvedReward, resolve
+
+Parallel = Literal["thread", "process", "none"]
+_Batch = tuple[list, list, "list | None", dict]
+
+
+class _Timeout(Exception):
+    pass
+
+
+class RewardScorer:
+    """Resolve the recipe's rewards once, then score batches.
+
+    specs: the recipe's ``rewards`` list. base_dir: the recipe's folder (for
+    ``file.py:function``). columns: the dataset's column names (checked against required
+    parameters; None skips the check). default: total for a sample where every function
+    returned None (None: such a sample is an error). parallel: ``"thread"`` runs each
+    function's call in its own thread (I/O, async and GIL-releasing rewards),
+    ``"process"`` in a spawned process pool (CPU-bound pure-Python rewards; the function
+    is re-imported there by its path), ``"none"`` one after another in the caller's thread.
+    collect_errors: record failures in ``RewardResult.failures`` instead of raising (for
+    ``rlkit reward test``).
+
+    A call that outlives ``timeout_s`` is abandoned (a thread cannot be killed; a process
+    pool is restarted) and fails like an exception would.
+    """
+
+    def __init__(self, specs: Sequence[RewardSpec], base_dir: str | None = None,
+                 columns: set[str] | None = None, default: float | None = None,
+                 parallel: Parallel = "thread", collect_errors: bool = False) -> None:
+        if parallel not in ("thread", "process", "none"):
+            raise RewardError(f"parallel: expected 'thread', 'process' or 'none', got {parallel!r}")
+        if not specs:
+            raise RewardError("rewards: the list is empty; name at least one reward function")
+        self.rewards: list[ResolvedReward] = [
+            resolve(s, base_dir, columns, key=f"rewards[{i}]") for i, s in enumerate(specs)]
+        seen: dict[str, str] = {}
+        for r in self.rewards:
+            if r.name in seen:
+                raise RewardError(f"{r.key}.name: {r.name!r} is also the name of {seen[r.name]}; "
+                                  "set a distinct `name:`")
+            seen[r.name] = r.key
+        self.base_dir, self.default, self.parallel = base_dir, default, parallel
+        self.collect_errors = collect_errors
+        self._pool: ProcessPoolExecutor | None = None
+        self._ready = False
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.rewards]
+
+    def setup(self) -> None:
+        """Run every class reward's ``setup()`` (concurrently, no timeout). Idempotent."""
+        if self._ready:
+            return
+        errs: list[BaseException] = []
+
+        def one(r: ResolvedReward) -> None:
+            try:
+                r.ensure_setup()
+            except Exception as e:  # noqa: BLE001 — reported below with the reward's key
+                errs.append(RewardError(f"{r.key}: {r.name}.setup() failed: {type(e).__name__}: {e}"))
+        threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in self.rewards]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errs:
+            raise errs[0]
+        self._ready = True
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "RewardScorer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def score(self, prompts: Sequence, completions: Sequence, completion_ids: Sequence | None = None,
+              columns: dict[str, Sequence] | None = None) -> RewardResult:
+        """Score one batch: every function on all samples, concurrently.
+
+        columns: dataset column -> one value per sample. Raises RewardError naming the
+        function and the sample when a call fails (unless its spec has ``on_error``).
+        """
+        batch = _check_batch(prompts, completions, completion_ids, columns or {})
+        n = len(batch[1])
+        self.setup()
+        runs = [self._start(r, batch) for r in self.rewards]
+        per_fn: dict[str, list[float | None]] = {}
+        errors: dict[str, int] = {}
+        seconds: dict[str, float] = {}
+        failures: dict[str, list[tuple[int, str]]] = {}
+        for r, wait in zip(self.rewards, runs):
+            t0 = time.perf_counter()
+            try:
+                out, secs = wait(r.spec.timeout_s)
+                vals = _validate(r, out, n)
+            except RewardError as e:  # wrong shape/type: a bug in the function, never defaulted
+                if not self.collect_errors:
+                    raise
+                vals, secs = [None] * n, time.perf_counter() - t0
+                failures[r.name] = [(-1, str(e))]
+            except Exception as e:  # noqa: BLE001 — the user's reward raised or timed out
+                vals, bad = self._isolate(r, batch, e)
+                secs = time.perf_counter() - t0
+                errors[r.name] = len(bad)
+                if bad and self.collect_errors:
+                    failures[r.name] = bad
+            per_fn[r.name], seconds[r.name] = vals, secs
+        total = self._total(per_fn, batch, failures)
+        return RewardResult(total=total, per_fn=per_fn, errors=errors, seconds=seconds, failures=failures)
+
+    # -- running calls -------------------------------------------------------------------
+
+    def _start(self, r: ResolvedReward, batch: _Batch) -> Callable[[float | None], tuple[Any, float]]:
+        """Start one call; returns ``wait(timeout) -> (output, seconds)``."""
+        if self.parallel == "process":
+            fut = self._process_pool().submit(_process_call, r.spec, self.base_dir, r.key, batch)
+
+            def wait_proc(timeout: float | None) -> tuple[Any, float]:
+                try:
+                    return fut.result(timeout=timeout)
+                except FutureTimeout:
+                    self._kill_pool()
+                    raise _Timeout(f"timed out after {timeout:g} s") from None
+            return wait_proc
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            t0 = time.perf_counter()
+            try:
+                box["out"] = r(*batch)
+            except BaseException as e:  # noqa: BLE001 — re-raised in the caller's thread
+                box["exc"] = e
+            box["secs"] = time.perf_counter() - t0
+        if self.parallel == "none":
+            target()
+            th = None
+        else:
+            th = threading.Thread(target=target, name=f"reward-{r.name}", daemon=True)
+            th.start()
+
+        def wait_thread(timeout: float | None) -> tuple[Any, float]:
+            if th is not None:
+                th.join(timeout)
+                if th.is_alive():
+                    raise _Timeout(f"timed out after {timeout:g} s")
+            if "exc" in box:
+                raise box["exc"]
+            return box["out"], box["secs"]
+        return wait_thread
+
+    def _process_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=len(self.rewards), mp_context=ctx)
+        return self._pool
+
+    def _kill_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            for p in list(getattr(pool, "_processes", {}).values()):
+                p.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _isolate(self, r: ResolvedReward, batch: _Batch, exc: BaseException
+                 ) -> tuple[list[float | None], list[tuple[int, str]]]:
+        """After a failed batch call: find the failing samples by calling one at a time.
+
+        Without on_error (and not collecting) raises at the first failing sample. With
+        on_error, failing samples get the default and the rest their single-sample value.
+        A timeout is not retried per sample: every sample counts as failed.
+        """
+        prompts, completions, ids, cols = batch
+        n = len(completions)
+        default = r.spec.on_error["default"] if r.spec.on_error else None
+        lenient = r.spec.on_error is not None or self.collect_errors
+        if isinstance(exc, _Timeout):
+            msg = f"{r.key} {r.name!r} {exc} on a batch of {n} samples (raise `timeout_s:` or speed it up)"
+            if not lenient:
+                raise RewardError(f"{msg}; first sample {_sample(batch, 0)}") from None
+            return [default] * n, [(i, msg) for i in range(n)]
+        vals: list[float | None] = []
+        bad: list[tuple[int, str]] = []
+        for i in range(n):
+            one = ([prompts[i]], [completions[i]], None if ids is None else [ids[i]],
+                   {k: [v[i]] for k, v in cols.items()})
+            try:
+                out, _ = self._start(r, one)(r.spec.timeout_s)
+                vals.append(_validate(r, out, 1)[0])
+            except Exception as e:  # noqa: BLE001
+                msg = _failure(r, e, batch, i)
+                if not lenient:
+                    raise RewardError(msg) from None
+                vals.append(default)
+                bad.append((i, msg))
+        if not bad:  # only the batch call fails: blame the batch
+            msg = _failure(r, exc, batch, None)
+            if not lenient:
+                raise RewardError(msg) from None
+            return [default] * n, [(i, msg) for i in range(n)]
+        return vals, bad
+
+    def _total(self, per_fn: dict[str, list[float | None]], batch: _Batch,
+               failures: dict[str, list[tuple[int, str]]]) -> list[float]:
+        n = len(batch[1])
+        total: list[float] = []
+        for i in range(n):
+            got = [(r.spec.weight, per_fn[r.name][i]) for r in self.rewards if per_fn[r.name][i] is not None]
+            if got:
+                total.append(float(sum(w * v for w, v in got)))
+            elif self.default is not None:
+                total.append(float(self.default))
+            else:
+                msg = (f"every reward returned None for sample {i} ({', '.join(self.names)}) "
+                       f"{_sample(batch, i)}; set a default reward for such samples in the recipe")
+                if not self.collect_errors:
+                    raise RewardError(msg)
+                failures.setdefault("<total>", []).append((i, msg))
+                total.append(float("nan"))
+        return total
+
+
+def _check_batch(prompts: Sequence, completions: Sequence, completion_ids: Sequence | None,
+                 columns: dict[str, Sequence]) -> _Batch:
+    n = len(completions)
+    if len(prompts) != n:
+        raise RewardError(f"score(): {len(prompts)} prompts for {n} completions")
+    if completion_ids is not None and len(completion_ids) != n:
+        raise RewardError(f"score(): {len(completion_ids)} completion_ids for {n} completions")
+    for k, v in columns.items():
+        if len(v) != n:
+            raise RewardError(f"score(): column {k!r} has {len(v)} values for {n} completions")
+    return (list(prompts), list(completions), None if completion_ids is None else list(completion_ids),
+            {k: list(v) for k, v in columns.items()})
+
+
+def _validate(r: ResolvedReward, out: Any, n: int) -> list[float | None]:
+    """The call's output as floats/None, or RewardError naming the function."""
+    who = f"{r.key} {r.name!r}"
+    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__") or not hasattr(out, "__iter__"):
+        raise RewardError(f"{who} returned {type(out).__name__}; expected a list of {n} floats (None = n/a)")
+    if len(out) != n:
+        raise RewardError(f"{who} returned {len(out)} values for {n} completions")
+    vals: list[float | None] = []
+    for i, v in enumerate(out):
+        if v is None:
+            vals.append(None)
+            continue
+        if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:  # numpy / torch scalars
+            v = v.item()
+        if not isinstance(v, Real):
+            raise RewardError(f"{who} returned {type(v).__name__} {preview(repr(v), 40)} at index {i}; "
+                              "expected a float or None")
+        if not math.isfinite(float(v)):
+            raise RewardError(f"{who} returned {float(v)} at index {i}; rewards must be finite")
+        vals.append(float(v))
+    return vals
+
+
+def _sample(batch: _Batch, i: int) -> str:
+    return (f"(prompt={preview(prompt_text(batch[0][i]))!r}, "
+            f"completion={preview(completion_text(batch[1][i]))!r})")
+
+
+def _failure(r: ResolvedReward, e: BaseException, batch: _Batch, i: int | None) -> str:
+    what = f"{type(e).__name__}: {preview(str(e), 300)}"
+    where = (f"on sample {i} {_sample(batch, i)}" if i is not None else
+             f"on the whole batch of {len(batch[1])} (each sample alone passes)")
+    hint = "" if r.spec.on_error else "; fix it or set `on_error: {default: 0.0}` on this reward"
+    return f"{r.key} {r.name!r} raised {what} {where}{hint}"
+
+
+_PROCESS_CACHE: dict[tuple, ResolvedReward] = {}
+
+
+def _process_call(spec: RewardSpec, base_dir: str | None, key: str, batch: _Batch) -> tuple[Any, float]:
+    """Worker side of ``parallel="process"``: resolve once per process, call, time."""
+    ck = (repr(spec), base_dir, key)
+    if ck not in _PROCESS_CACHE:
+        _PROCESS_CACHE[ck] = resolve(spec, base_dir, None, key=key)
+    r = _PROCESS_CACHE[ck]
+    t0 = time.perf_counter()
+    out = r(*batch)
+    if not isinstance(out, list):
+        out = list(out)
+    return out, time.perf_counter() - t0

@@ -1,0 +1,247 @@
+"""``rlkit reward test``: run reward functions over sample rows before a training run.
+
+    rlkit reward test module:function --data samples.jsonl [--recipe recipe.yaml]
+                      [--model DIR] [--arg k=v ...]
+
+Rows: ``prompt``, ``completion`` (optional with ``--model``) and any dataset columns.
+Prints per-function statistics, failures with the offending sample, the slowest
+functions, and reward-hacking probes. Exit status: 0 ok, 1 a call failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+from rlkit.reward.contract import RewardError, RewardResult, RewardSpec, preview
+from rlkit.reward.score import RewardScorer
+
+_ANSWER_COLUMNS = ("answer", "solution", "ground_truth", "target", "reference")
+
+
+class _BadInput(Exception):
+    pass
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``reward test`` to an argparse subparsers object; returns the ``reward`` parser."""
+    p = subparsers.add_parser("reward", help="reward-function tools")
+    sub = p.add_subparsers(dest="reward_command", required=True)
+    t = sub.add_parser("test", help="run rewards over sample rows and probe for reward hacking")
+    t.add_argument("fn", nargs="?", help="module:function or path/to/file.py:function "
+                                         "(default: every reward of --recipe)")
+    t.add_argument("--data", required=True, help="JSONL rows with prompt, completion and dataset columns")
+    t.add_argument("--recipe", help="recipe YAML; its `rewards:` list is used")
+    t.add_argument("--model", help="model directory: generate the completions from the prompts")
+    t.add_argument("--arg", action="append", default=[], metavar="K=V",
+                   help="argument for the function (value parsed as YAML), repeatable")
+    t.add_argument("--max-new-tokens", type=int, default=64, help="with --model (default 64)")
+    t.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point; returns the exit status."""
+    from rich.console import Console
+
+    console = Console(width=max(120, Console().width), soft_wrap=False)
+    try:
+        specs, base_dir = _specs(args)
+        rows = _rows(args.data, need_completion=not args.model)
+        columns = sorted({k for r in rows for k in r} - {"prompt", "completion", "completion_ids"})
+        prompts = [r["prompt"] for r in rows]
+        if args.model:
+            completions, ids = _generate(args.model, prompts, args.max_new_tokens)
+        else:
+            completions = [r["completion"] for r in rows]
+            ids = [r["completion_ids"] for r in rows] if all("completion_ids" in r for r in rows) else None
+        cols = {c: [r.get(c) for r in rows] for c in columns}
+        scorer = RewardScorer(specs, base_dir, set(columns), collect_errors=True)
+        result = scorer.score(prompts, completions, ids, cols)
+        probes = _probes(scorer, rows[0], completions[0], columns, ids is not None)
+    except (RewardError, _BadInput) as e:
+        print(f"rlkit reward test: {e}", file=sys.stderr)
+        return 2
+    _print_stats(console, scorer, result, prompts, completions)
+    bad = _print_probes(console, scorer, result, probes)
+    failed = any(result.failures.values()) or bad
+    console.print("[red]FAILED[/red]: a reward call failed (see above)" if failed else "[green]OK[/green]")
+    return 1 if failed else 0
+
+
+def _specs(args: argparse.Namespace) -> tuple[list[RewardSpec], str]:
+    extra = {}
+    for kv in args.arg:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise _BadInput(f"--arg {kv!r}: expected key=value")
+        extra[k] = _yaml().safe_load(v)
+    if not args.recipe:
+        if not args.fn:
+            raise _BadInput("name a reward (module:function) or pass --recipe")
+        return [RewardSpec(fn=args.fn, args=extra)], os.getcwd()
+    try:
+        with open(args.recipe, encoding="utf-8") as f:
+            recipe = _yaml().safe_load(f) or {}
+    except OSError as e:
+        raise _BadInput(f"--recipe: cannot read {args.recipe}: {e.strerror}") from None
+    except Exception as e:  # yaml.YAMLError
+        raise _BadInput(f"--recipe: {args.recipe} is not valid YAML: {preview(str(e), 200)}") from None
+    entries = recipe.get("rewards") if isinstance(recipe, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise _BadInput(f"--recipe: {args.recipe} has no `rewards:` list")
+    specs = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or "fn" not in e:
+            raise _BadInput(f"{args.recipe}: rewards[{i}]: expected a mapping with `fn:`")
+        if args.fn and e["fn"] != args.fn:
+            continue
+        try:
+            specs.append(RewardSpec(**{**e, "args": {**(e.get("args") or {}), **extra}}))
+        except TypeError as err:
+            raise _BadInput(f"{args.recipe}: rewards[{i}]: {err}") from None
+        except RewardError as err:
+            raise _BadInput(f"{args.recipe}: rewards[{i}].{err}") from None
+    if not specs:
+        raise _BadInput(f"--recipe: no reward with fn {args.fn!r} in {args.recipe}")
+    return specs, os.path.dirname(os.path.abspath(args.recipe))
+
+
+def _yaml() -> Any:
+    import yaml
+
+    return yaml
+
+
+def _rows(path: str, need_completion: bool) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except OSError as e:
+        raise _BadInput(f"--data: cannot read {path}: {e.strerror}") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise _BadInput(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict) or "prompt" not in row:
+            raise _BadInput(f"{path}:{n}: each row needs a `prompt`")
+        if need_completion and "completion" not in row:
+            raise _BadInput(f"{path}:{n}: no `completion` (add it, or pass --model to generate)")
+        rows.append(row)
+    if not rows:
+        raise _BadInput(f"{path}: no rows")
+    return rows
+
+
+def _generate(model_dir: str, prompts: list, max_new_tokens: int) -> tuple[list, list]:
+    """Greedy completions from a local HF causal LM (chat template for message prompts)."""
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    except (OSError, ValueError) as e:
+        raise _BadInput(f"--model: cannot load {model_dir}: {preview(str(e), 200)}") from None
+    import torch
+
+    completions, ids = [], []
+    for p in prompts:
+        if isinstance(p, list):
+            enc = tok.apply_chat_template(p, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        else:
+            enc = tok(p, return_tensors="pt")
+        with torch.inference_mode():
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        new = out[0, enc["input_ids"].shape[1]:].tolist()
+        text = tok.decode(new, skip_special_tokens=True)
+        completions.append([{"role": "assistant", "content": text}] if isinstance(p, list) else text)
+        ids.append(new)
+    return completions, ids
+
+
+def _probes(scorer: RewardScorer, row: dict, completion: Any, columns: list[str],
+            with_ids: bool) -> list[tuple[str, Any, RewardResult]]:
+    """Score degenerate completions for the first row: what does an exploit earn?
+
+    With token ids in the data, a probe's ``completion_ids`` has one id per character.
+    """
+    text = completion if isinstance(completion, str) else json.dumps(completion, ensure_ascii=False)
+    as_msg = (lambda s: s) if isinstance(completion, str) else (lambda s: [{"role": "assistant", "content": s}])
+    base = text if isinstance(completion, str) else (completion[-1].get("content", "") if completion else "")
+    ans_col = next((c for c in _ANSWER_COLUMNS if c in columns), None)
+    cases = [("empty completion", ""), ("repeated text (x8)", base * 8)]
+    if ans_col is not None:
+        cases.append((f"{ans_col} repeated x50", " ".join([str(row[ans_col])] * 50)))
+    cases.append(("overlong (10k chars)", (base or "x") * (10_000 // max(1, len(base or "x")) + 1)))
+    out = []
+    cols = {c: [row.get(c)] for c in columns}
+    for label, c in cases:
+        ids = [[0] * len(c)] if with_ids else None
+        out.append((label, c, scorer.score([row["prompt"]], [as_msg(c)], ids, cols)))
+    return out
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def _print_stats(console: Any, scorer: RewardScorer, result: RewardResult, prompts: list, completions: list) -> None:
+    from rich.table import Table
+
+    n = len(completions)
+    t = Table(title=f"rewards over {n} rows")
+    for col in ("function", "weight", "mean", "std", "min", "max", "None", "errors", "seconds", "ms/row"):
+        t.add_column(col, justify="left" if col == "function" else "right")
+    m = result.metrics()
+    for r in scorer.rewards:
+        vals = [v for v in result.per_fn[r.name] if v is not None]
+        fails = len(result.failures.get(r.name, []))
+        t.add_row(r.name, f"{r.spec.weight:g}", _fmt(m[f"reward/{r.name}/mean"]), _fmt(m[f"reward/{r.name}/std"]),
+                  _fmt(min(vals) if vals else None), _fmt(max(vals) if vals else None),
+                  str(n - len(vals) - fails), str(fails), f"{result.seconds[r.name]:.3f}",
+                  f"{1000 * result.seconds[r.name] / n:.1f}")
+    t.add_row("[bold]total[/bold]", "", _fmt(m["reward/mean"]), _fmt(m["reward/std"]),
+              _fmt(min(result.total)), _fmt(max(result.total)), "", "", "", "")
+    console.print(t)
+    slow = sorted(result.seconds.items(), key=lambda kv: -kv[1])
+    console.print("slowest: " + ", ".join(f"{k} {v:.3f} s" for k, v in slow))
+    for name, fails in result.failures.items():
+        console.print(f"[red]{name}: {len(fails)} failed[/red]")
+        for i, msg in fails[:3]:
+            console.print(f"  row {i}: {msg}" if i >= 0 else f"  {msg}", markup=False, highlight=False)
+
+
+def _print_probes(console: Any, scorer: RewardScorer, result: RewardResult,
+                  probes: list[tuple[str, Any, RewardResult]]) -> bool:
+    from rich.table import Table
+
+    t = Table(title="reward-hacking probes (row 0); flagged when a probe scores >= the data mean")
+    t.add_column("probe")
+    t.add_column("completion")
+    for name in scorer.names:
+        t.add_column(name, justify="right")
+    t.add_column("total", justify="right")
+    t.add_column("flag")
+    data_mean = result.metrics()["reward/mean"]
+    failed = False
+    for label, c, res in probes:
+        failed |= any(res.failures.values())
+        cells = ["error" if res.failures.get(n) else _fmt(res.per_fn[n][0]) for n in scorer.names]
+        tot = res.total[0]
+        flag = "[yellow]⚠ scores like real data[/yellow]" if not math.isnan(tot) and not math.isnan(data_mean) \
+            and tot >= data_mean and tot > 0 else ""
+        t.add_row(label, preview(c, 30) or "''", *cells, _fmt(tot), flag)
+    console.print(t)
+    for label, _, res in probes:
+        for name, fails in res.failures.items():
+            console.print(f"probe {label!r}: {fails[0][1]}", markup=False, highlight=False)
+    return failed

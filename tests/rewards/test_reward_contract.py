@@ -1,0 +1,247 @@
+"""The reward contract: resolution checks, weighted scoring, failures, timeouts, concurrency."""
+
+import math
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rlkit.reward import RewardError, RewardScorer, RewardSpec, resolve
+
+MODULE = '''
+import asyncio, time
+
+def exact(completions, answer, **kwargs):            # written the TRL way
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+def length(completions, scale=1.0):
+    return [scale * len(c) for c in completions]
+
+def maybe(completions, **kwargs):
+    return [None if c == "" else 1.0 for c in completions]
+
+def needs_col(prompts, completions, difficulty):
+    return [float(d) for d in difficulty]
+
+async def async_len(completions, **kwargs):
+    await asyncio.sleep(0)
+    return [float(len(c)) for c in completions]
+
+def boom(completions, **kwargs):
+    return [1.0 / (len(c) - 3) for c in completions]   # raises on a 3-char completion
+
+def batch_boom(completions, **kwargs):
+    if len(completions) > 1:
+        raise RuntimeError("batch only")
+    return [1.0]
+
+def short(completions, **kwargs):
+    return [1.0]
+
+def text(completions, **kwargs):
+    return ["high" for _ in completions]
+
+def nan(completions, **kwargs):
+    return [float("nan") for _ in completions]
+
+def sleepy(completions, seconds=1.0, **kwargs):
+    time.sleep(seconds)
+    return [1.0 for _ in completions]
+
+def chat(completions, **kwargs):
+    return [float(len(c[0]["content"])) for c in completions]
+
+class Scaled:
+    def __init__(self, factor):
+        self.factor = factor
+        self.ready = False
+    def setup(self):
+        self.ready = True
+    def __call__(self, prompts, completions, **kwargs):
+        assert self.ready
+        return [self.factor * len(c) for c in completions]
+
+NOT_CALLABLE = 3
+'''
+
+
+@pytest.fixture
+def mod(tmp_path):
+    (tmp_path / "my_rewards.py").write_text(MODULE)
+    return tmp_path
+
+
+def spec(mod, fn_name, **kw):
+    return RewardSpec(fn=f"{mod / 'my_rewards.py'}:{fn_name}", **kw)
+
+
+def test_trl_style_reward_scores_with_dataset_column(mod):
+    s = RewardScorer([spec(mod, "exact")], columns={"answer"})
+    r = s.score(["1+1=", "2+2="], ["2", "5"], None, {"answer": ["2", "4"]})
+    assert r.total == [1.0, 0.0]
+    assert r.per_fn == {"exact": [1.0, 0.0]}
+    assert r.errors == {}
+
+
+def test_weighted_sum_skips_none_and_args_bind(mod):
+    s = RewardScorer([spec(mod, "length", weight=0.5, args={"scale": 2.0}), spec(mod, "maybe", weight=3.0)])
+    r = s.score(["p", "p"], ["abcd", ""], None, {})
+    # sample 0: 0.5 * (2*4) + 3 * 1 = 7 ; sample 1: 0.5 * 0 + (maybe -> None) = 0
+    assert r.total == [7.0, 0.0]
+    assert r.per_fn["maybe"] == [1.0, None]
+    m = r.metrics()
+    assert m["reward/maybe/none"] == 1.0 and m["reward/maybe/mean"] == 1.0
+    assert m["reward/length/mean"] == 4.0 and m["reward/length/std"] == 4.0  # population std of [8, 0]
+    assert m["reward/mean"] == 3.5
+
+
+def test_all_none_is_an_error_unless_default(mod):
+    with pytest.raises(RewardError, match=r"every reward returned None for sample 0"):
+        RewardScorer([spec(mod, "maybe")]).score(["p"], [""], None, {})
+    assert RewardScorer([spec(mod, "maybe")], default=-1.0).score(["p"], [""], None, {}).total == [-1.0]
+
+
+def test_async_class_and_chat_completions(mod):
+    s = RewardScorer([spec(mod, "async_len"), spec(mod, "Scaled", args={"factor": 10.0}, weight=0.1)])
+    assert s.score(["p"], ["abc"], None, {}).per_fn == {"async_len": [3.0], "Scaled": [30.0]}
+    chat = RewardScorer([spec(mod, "chat")]).score([[{"role": "user", "content": "hi"}]],
+                                                   [[{"role": "assistant", "content": "hello"}]], None, {})
+    assert chat.total == [5.0]
+
+
+def test_module_path_next_to_recipe(tmp_path, monkeypatch):
+    d = tmp_path / "recipe_dir"
+    d.mkdir()
+    (d / "rlkit_test_rewards_mod_a.py").write_text(MODULE)
+    r = resolve(RewardSpec(fn="rlkit_test_rewards_mod_a:exact"), base_dir=str(d), columns={"answer"})
+    assert r.name == "exact"
+    dotted = resolve(RewardSpec(fn="rlkit_test_rewards_mod_a.length"), base_dir=str(d))  # TRL's dotted form
+    assert dotted.name == "length"
+
+
+@pytest.mark.parametrize("fn, args, columns, message", [
+    ("nope_mod_xyz:f", {}, None, r"^rewards\[0\]\.fn: 'nope_mod_xyz:f' — no module 'nope_mod_xyz'"),
+    ("{f}:exactt", {}, None, r"has no function 'exactt' \(did you mean 'exact'\?\)"),
+    ("{f}:NOT_CALLABLE", {}, None, r"'NOT_CALLABLE' is a int, not a function"),
+    ("{f}:length", {"scael": 2}, None, r"rewards\[0\]\.args: 'scael' is not a parameter of length \(did you mean 'scale'\?\)"),
+    ("{f}:needs_col", {}, {"answer"}, r"needs_col needs 'difficulty' — not a dataset column \(columns: answer\)"),
+    ("{f}:Scaled", {}, None, r"rewards\[0\]\.args: Scaled\(\) — missing a required argument: 'factor'"),
+    ("{f}:exact", {"answer": "x"}, {"answer"}, r"'answer' is also a dataset column"),
+    ("missing.py:f", {}, None, r"file .*missing.py not found"),
+    ("nocolon", {}, None, r"expected 'module:function'"),
+])
+def test_resolve_errors_are_one_line_naming_the_key(mod, fn, args, columns, message):
+    with pytest.raises(RewardError, match=message) as e:
+        resolve(RewardSpec(fn=fn.format(f=mod / "my_rewards.py"), args=args), str(mod), columns)
+    assert "\n" not in str(e.value)
+
+
+def test_column_check_passes_when_column_or_arg_present(mod):
+    resolve(spec(mod, "needs_col"), None, {"difficulty"})
+    resolve(spec(mod, "needs_col", args={"difficulty": [1]}), None, set())
+
+
+def test_spec_validation():
+    with pytest.raises(RewardError, match="on_error: expected"):
+        RewardSpec(fn="a:b", on_error={"defualt": 0})
+    with pytest.raises(RewardError, match="weight: expected a finite number"):
+        RewardSpec(fn="a:b", weight=float("nan"))
+
+
+def test_import_failure_names_the_line(tmp_path):
+    (tmp_path / "broken.py").write_text("x = 1\nundefined_name\n")
+    with pytest.raises(RewardError, match=r"importing .*broken.py failed: NameError: .* \(broken.py, line 2\)"):
+        resolve(RewardSpec(fn=f"{tmp_path}/broken.py:f"), None, None, key="rewards[3]")
+
+
+def test_duplicate_names_rejected(mod):
+    with pytest.raises(RewardError, match=r"rewards\[1\]\.name: 'length' is also the name of rewards\[0\]"):
+        RewardScorer([spec(mod, "length"), spec(mod, "length", args={"scale": 2})])
+    RewardScorer([spec(mod, "length"), spec(mod, "length", args={"scale": 2}, name="length2")])
+
+
+def test_exception_names_function_and_offending_sample(mod):
+    s = RewardScorer([spec(mod, "boom")])
+    with pytest.raises(RewardError) as e:
+        s.score(["q0", "q1", "what is 1+2?"], ["abcd", "abcde", "xyz"], None, {})
+    msg = str(e.value)
+    assert "rewards[0] 'boom' raised ZeroDivisionError" in msg
+    assert "sample 2" in msg and "'what is 1+2?'" in msg and "'xyz'" in msg
+    assert "on_error" in msg and "\n" not in msg
+
+
+def test_on_error_default_fills_and_counts(mod):
+    s = RewardScorer([spec(mod, "boom", on_error={"default": -1.0})])
+    r = s.score(["q"] * 3, ["abcd", "xyz", "abcde"], None, {})
+    assert r.per_fn["boom"] == [1.0, -1.0, 0.5]
+    assert r.errors == {"boom": 1}
+    assert r.metrics()["reward/boom/errors"] == 1.0
+
+
+def test_batch_only_failure_blames_the_batch(mod):
+    with pytest.raises(RewardError, match="on the whole batch of 2"):
+        RewardScorer([spec(mod, "batch_boom")]).score(["a", "b"], ["x", "y"], None, {})
+
+
+@pytest.mark.parametrize("name, message", [
+    ("short", r"rewards\[0\] 'short' returned 1 values for 2 completions"),
+    ("text", r"'text' returned str 'high' at index 0; expected a float or None"),
+    ("nan", r"'nan' returned nan at index 0; rewards must be finite"),
+])
+def test_bad_returns_name_the_function(mod, name, message):
+    with pytest.raises(RewardError, match=message):
+        RewardScorer([spec(mod, name, on_error={"default": 0.0})]).score(["a", "b"], ["x", "y"], None, {})
+
+
+def test_length_mismatch_in_inputs(mod):
+    with pytest.raises(RewardError, match="column 'answer' has 1 values for 2 completions"):
+        RewardScorer([spec(mod, "exact")]).score(["a", "b"], ["x", "y"], None, {"answer": ["x"]})
+
+
+def test_rewards_run_concurrently(mod):
+    specs = [spec(mod, "sleepy", name=f"s{i}") for i in range(3)]
+    s = RewardScorer(specs)
+    t0 = time.perf_counter()
+    r = s.score(["p"], ["c"], None, {})
+    elapsed = time.perf_counter() - t0
+    assert r.total == [3.0]
+    assert elapsed < 2.0, elapsed  # three 1 s rewards, not serialised
+    assert all(0.9 < v < 2.0 for v in r.seconds.values())
+
+
+def test_timeout_stops_or_defaults(mod):
+    slow = spec(mod, "sleepy", args={"seconds": 3.0}, timeout_s=0.3)
+    t0 = time.perf_counter()
+    with pytest.raises(RewardError, match=r"'sleepy' timed out after 0.3 s on a batch of 1 samples"):
+        RewardScorer([slow]).score(["p"], ["c"], None, {})
+    assert time.perf_counter() - t0 < 1.5
+    lenient = spec(mod, "sleepy", args={"seconds": 3.0}, timeout_s=0.3, on_error={"default": 0.0})
+    r = RewardScorer([lenient]).score(["p", "q"], ["c", "d"], None, {})
+    assert r.total == [0.0, 0.0] and r.errors == {"sleepy": 2}
+
+
+def test_process_pool_mode(mod):
+    with RewardScorer([spec(mod, "length"), spec(mod, "exact")], parallel="process") as s:
+        r = s.score(["p", "q"], ["ab", "c"], None, {"answer": ["ab", "x"]})
+    assert r.per_fn == {"length": [2.0, 1.0], "exact": [1.0, 0.0]}
+
+
+def test_serial_mode_and_collect_errors(mod):
+    s = RewardScorer([spec(mod, "boom"), spec(mod, "length")], parallel="none", collect_errors=True)
+    r = s.score(["p", "q"], ["xyz", "abcd"], None, {})
+    assert r.per_fn["boom"] == [None, 1.0]
+    assert [i for i, _ in r.failures["boom"]] == [0]
+    assert r.total == [3.0, 5.0]
+
+
+def test_core_modules_do_not_import_ray_or_vllm():
+    code = textwrap.dedent("""
+        import sys
+        import rlkit.reward, rlkit.reward_cli
+        import rewards.math, rewards.format, rewards.length, rewards.exact, rewards.code, rewards.model
+        bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'deepspeed', 'torch')]
+        assert not bad, bad
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
