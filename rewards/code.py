@@ -12,7 +12,8 @@ Containment, in layers (each is tested in ``tests/rewards/test_reward_code.py``)
 * wall-clock limit (the whole session is killed), RLIMIT_CPU, RLIMIT_AS (memory),
   RLIMIT_FSIZE (file size), RLIMIT_NOFILE, no core dumps;
 * as root: a fresh network namespace (``unshare(CLONE_NEWNET)``: no interface but a down
-  loopback, so nothing is reachable), and a throwaway uid (with RLIMIT_NPROC, which the
+  loopback, so nothing is reachable), a fresh PID namespace (the runner is its pid 1; when
+  it exits the kernel kills and reaps all its descendants, so no zombies), and a throwaway uid (with RLIMIT_NPROC, which the
   kernel does not enforce for uid 0: fork bombs stop at ``max_procs``). That uid owns only
   the workdir, so writing elsewhere fails with EACCES, except world-writable dirs, which
   are swept of its files afterwards. It keeps CAP_DAC_READ_SEARCH (read-only) so it can
@@ -60,7 +61,15 @@ libc = ctypes.CDLL(None, use_errno=True)
 for name, v in c["limits"].items():
     resource.setrlimit(getattr(resource, name), (v, v))
 if c["root"]:
-    libc.unshare(0x40000000)  # CLONE_NEWNET; best effort (the audit hook also blocks sockets)
+    # CLONE_NEWNET (no reachable network) | CLONE_NEWPID: the runner becomes pid 1 of its own
+    # namespace, so when it ends the kernel kills and reaps everything it spawned.
+    if libc.unshare(0x40000000 | 0x20000000) != 0:
+        libc.unshare(0x40000000)  # best effort; the audit hook also blocks sockets
+    else:
+        pid = os.fork()
+        if pid:
+            _, status = os.waitpid(pid, 0)
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     uid = c["uid"]
     libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS
     os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)
@@ -247,13 +256,20 @@ def run_tests(code: str, tests: list, *, timeout_s: float = 5.0, memory_mb: int 
         out, _ = proc.communicate(payload.encode(), timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _killpg(proc.pid)
-        out, _ = proc.communicate()
+        # Kill the sandbox uid first so the root launcher reaps its child (killing both at
+        # once would orphan the child to an init that may never reap it), then the session.
+        if root:
+            _kill_uid(uid)
+        try:
+            out, _ = proc.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)
+            out, _ = proc.communicate()
     finally:
-        _killpg(proc.pid)
         if root:
             _kill_uid(uid)
             _sweep(uid)
+        _killpg(proc.pid)
         shutil.rmtree(work, ignore_errors=True)
     passed = set()
     for line in out.decode("utf-8", "replace").splitlines():

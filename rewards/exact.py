@@ -14,7 +14,7 @@ from rlkit.reward.contract import completion_text
 
 _TRAILING = ".。!！?？;；,，、 \t\n"
 # A number: optional sign, digits with optional thousands commas, decimals, or a fraction a/b.
-_NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 
 
 def normalize_text(text: str) -> str:

@@ -1,7 +1,7 @@
 """Math accuracy with ``math-verify``: LaTeX, ``\\boxed{}``, fractions, plain numbers.
 
 The prediction is taken from the last ``<answer>…</answer>`` if there is one, else from
-the whole completion (math-verify prefers the last ``\\boxed{}``), else the last number.
+the last ``\\boxed{}``, else the whole completion as math-verify reads it, else the last number.
 """
 
 from __future__ import annotations
@@ -32,10 +32,22 @@ def _parse(text: str) -> list:
 def parse_gold(answer: Any) -> list:
     """The gold answer as math-verify expressions ([] when unparseable)."""
     s = unicodedata.normalize("NFKC", str(answer)).strip()
-    got = _parse(s)
-    if not got and "$" not in s:
-        got = _parse(f"${s}$")
-    return got
+    if "$" in s or "\\boxed" in s:
+        return _parse(s)
+    return _parse(f"${s}$") or _parse(s)  # a bare gold is read as LaTeX first ("x^2 + 1")
+
+
+def last_boxed(text: str) -> str | None:
+    """``\\boxed{...}`` (balanced braces) of the last ``\\boxed`` in ``text``, or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth = 0
+    for j in range(start + len("\\boxed"), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[start:j + 1]
+    return None
 
 
 def parse_prediction(completion: Any) -> list:
@@ -44,6 +56,8 @@ def parse_prediction(completion: Any) -> list:
     tagged = _ANSWER.findall(text)
     if tagged:
         text = tagged[-1].strip()
+    else:
+        text = last_boxed(text) or text
     got = _parse(text)
     if not got and tagged and "$" not in text:
         got = _parse(f"${text}$")
@@ -62,7 +76,7 @@ def accuracy(completions: list, answer: list, **kwargs: Any) -> list[float | Non
     out: list[float | None] = []
     for c, a in zip(completions, answer):
         gold = parse_gold(a) if a is not None else []
-        if not gold:
+        if not any(not isinstance(g, str) for g in gold):  # only the raw string: unparseable
             out.append(None)
             continue
         pred = parse_prediction(c)

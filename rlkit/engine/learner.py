@@ -105,11 +105,12 @@ class Learner:
         if spec.deepspeed.torch_adam:
             optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, betas=spec.optim.betas, eps=spec.optim.eps,
                                           weight_decay=spec.optim.weight_decay)
-        engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer,
-                                                       config=ds_cfg)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.optim, spec.total_steps))
-        engine.lr_scheduler = scheduler  # DeepSpeed steps it at each boundary and checkpoints it
-        self.engine = engine
+        schedule = lr_lambda(spec.optim, spec.total_steps)
+        # A callable: DeepSpeed builds it on the unwrapped optimizer, steps it at each accumulation
+        # boundary and saves it in checkpoints.
+        self.engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=params, optimizer=optimizer, config=ds_cfg,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
         from rlkit.models import trainable_summary
 
         trainable, total = trainable_summary(model)
@@ -142,18 +143,27 @@ class Learner:
         """One optimizer step over `grad_accum` micro-batches (token-mean loss per micro-batch)."""
         assert len(micro_batches) == self.spec.grad_accum, "driver must send grad_accum micro-batches"
         self.engine.train()
-        loss_sum, tokens = 0.0, 0
-        for mb in micro_batches:
+        loss_sum, tokens, norm = 0.0, 0, None
+        for i, mb in enumerate(micro_batches):
             mb = self._to_device(mb)
             nll, n = token_nll(self._forward(mb), mb["labels"])
             loss = nll / n.clamp(min=1)
             self.engine.backward(loss)
+            if i == len(micro_batches) - 1:
+                norm = self._grad_norm_before_step()
             self.engine.step()
             loss_sum += float(nll.detach())
             tokens += int(n)
-        norm = self.engine.get_global_grad_norm()
+        norm = self.engine.get_global_grad_norm() if norm is None else norm
         return {"loss_sum": loss_sum, "tokens": tokens, "grad_norm": float(norm) if norm is not None else float("nan"),
                 "lr": float(self.engine.lr_scheduler.get_last_lr()[0])}
+
+    def _grad_norm_before_step(self) -> float | None:
+        """Global grad norm at stage 0 in fp32, where DeepSpeed clips without reporting it."""
+        if self.spec.deepspeed.zero_stage != 0 or self.engine.bfloat16_enabled() or self.engine.fp16_enabled():
+            return None
+        grads = [p.grad.detach().float().norm() ** 2 for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.stack(grads).sum().sqrt()) if grads else 0.0
 
     @torch.no_grad()
     def eval_nll(self, micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, int]:

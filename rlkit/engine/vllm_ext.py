@@ -16,12 +16,31 @@ that lives in the engine core, not in the worker.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
+# vLLM warns once per layer it did not get ("Failed to load weights") and lists every missing
+# name; a bucketed sync loads a few layers per call, so those warnings are expected there.
+_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
+                   "vllm.model_executor.model_loader.reload.inplace")
+
+
+@contextmanager
+def _quiet_partial_reload():
+    loggers = [logging.getLogger(name) for name in _RELOAD_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 class WeightSyncExtension:
@@ -46,25 +65,9 @@ class WeightSyncExtension:
         self._rlkit_reload(counted())
         return count
 
-    def load_weights_from_refs(self, bucket_refs: list[Any]) -> int:
-        """Load weights stored as buckets in the Ray object store, one bucket in memory at a time.
-
-        `bucket_refs` is a list of `ray.ObjectRef`, each resolving to `list[(name, tensor)]`.
-        All buckets feed a single reload, so buckets may split fused layers. Needs the worker to
-        run in a Ray-connected process (in-process engine or the Ray executor backend).
-        """
-        import ray
-
-        def stream() -> Iterator[tuple[str, torch.Tensor]]:
-            for ref in bucket_refs:
-                bucket = ray.get(ref)
-                yield from bucket
-                del bucket
-
-        return self.load_weights_from_iter(stream())
-
     def _rlkit_reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        with _quiet_partial_reload():
+            self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
         self._rlkit_repack_tied_lm_head()
 
     def _rlkit_repack_tied_lm_head(self) -> None:

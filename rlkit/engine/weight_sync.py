@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +31,7 @@ from torch import nn
 
 NamedTensor = tuple[str, torch.Tensor]
 _PREFIXES = ("module.", "base_model.model.", "_orig_mod.")
+_WRAPPERS = ("DeepSpeedEngine", "PipelineEngine", "DistributedDataParallel")
 _LAYER_KEY = re.compile(r"^(.*?\.layers\.\d+)\.")
 
 
@@ -137,12 +139,11 @@ def _units(model: nn.Module, lora_merge: bool) -> Iterator[tuple[str, nn.Module,
 
 
 def _gathered(params: list[nn.Parameter]):
+    """Gather ZeRO-3 partitioned params for reading (all ranks must enter); else a no-op."""
     if any(hasattr(p, "ds_id") for p in params):
         import deepspeed
 
         return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-    from contextlib import nullcontext
-
     return nullcontext()
 
 
@@ -158,7 +159,9 @@ def iter_named_weights(module: nn.Module, zero_stage: int = 0,
     `lora_merge`: for peft LoRA layers yield `W + scale * B @ A` under the base name and skip
     `lora_` parameters; the model is not modified.
     """
-    model = getattr(module, "module", module) if hasattr(module, "optimizer") else module
+    model = module
+    while type(model).__name__ in _WRAPPERS:
+        model = model.module
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     gather = zero_stage == 3
     seen: set[int] = set()
@@ -166,7 +169,7 @@ def iter_named_weights(module: nn.Module, zero_stage: int = 0,
         params = list(unit.parameters() if is_lora else unit.parameters(recurse=False))
         if not params:
             continue
-        with _gathered(params) if gather else _nullctx():
+        with _gathered(params) if gather else nullcontext():
             if rank != 0:
                 continue
             if is_lora:
@@ -181,12 +184,6 @@ def iter_named_weights(module: nn.Module, zero_stage: int = 0,
                                   p.detach().clone() if gather else p.detach()))
             for full_name, tensor in items:
                 yield hf_name(full_name), tensor
-
-
-def _nullctx():
-    from contextlib import nullcontext
-
-    return nullcontext()
 
 
 # ---------------------------------------------------------------- strategies

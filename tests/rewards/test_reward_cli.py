@@ -1,0 +1,93 @@
+"""`rlkit reward test`: a TRL-style reward module, a recipe, failures, bad input, --model."""
+
+import argparse
+import json
+
+import pytest
+
+from rlkit import reward_cli
+
+TRL_STYLE = '''
+def exact(completions, answer, **kwargs):
+    return [1.0 if c.strip() == str(a) else 0.0 for c, a in zip(completions, answer)]
+
+def fragile(completions, **kwargs):
+    return [1.0 / len(c) for c in completions]
+'''
+
+
+def cli(*argv):
+    p = argparse.ArgumentParser(prog="rlkit")
+    reward_cli.add_parser(p.add_subparsers(dest="command"))
+    args = p.parse_args(["reward", "test", *argv])
+    return args.func(args)
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(TRL_STYLE)
+    rows = [{"prompt": "12+7=", "completion": "19", "answer": "19"},
+            {"prompt": "3+4=", "completion": "8", "answer": "7"},
+            {"prompt": "答案？", "completion": "五", "answer": "五"}]
+    (tmp_path / "samples.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_trl_style_module_runs_unchanged(work, capsys):
+    assert cli("my_rewards:exact", "--data", "samples.jsonl") == 0
+    out = capsys.readouterr().out
+    assert "rewards over 3 rows" in out
+    row = next(line for line in out.splitlines() if line.strip("│ ").startswith("exact"))
+    assert "0.667" in row                              # mean of [1, 0, 1]
+    for probe in ("empty completion", "repeated text (x8)", "answer repeated x50", "overlong (10k chars)"):
+        assert probe in out
+    assert "OK" in out
+
+
+def test_recipe_rewards_with_args(work, capsys):
+    (work / "recipe.yaml").write_text(
+        "model: x\nrewards:\n"
+        "  - {fn: 'my_rewards.py:exact', weight: 2.0}\n"
+        "  - {fn: 'rewards.exact:number_match', args: {position: last}}\n"
+        "  - {fn: 'rewards.format:reasoning_steps'}\n")
+    assert cli("--data", "samples.jsonl", "--recipe", "recipe.yaml") == 0
+    out = capsys.readouterr().out
+    assert "number_match" in out and "reasoning_steps" in out
+
+
+def test_probe_flags_a_hackable_reward(work, capsys):
+    (work / "hack.py").write_text("def longer(completions, **kw):\n    return [min(1.0, len(c) / 10) for c in completions]\n")
+    assert cli("hack.py:longer", "--data", "samples.jsonl") == 0
+    out = capsys.readouterr().out
+    assert "scores like real data" in out
+
+
+def test_failing_call_exits_1_with_the_sample(work, capsys):
+    (work / "samples.jsonl").write_text('{"prompt": "说点什么", "completion": ""}\n{"prompt": "p", "completion": "ok"}\n')
+    assert cli("my_rewards:fragile", "--data", "samples.jsonl") == 1
+    out = capsys.readouterr().out
+    assert "ZeroDivisionError" in out and "说点什么" in out and "FAILED" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["my_rewards:exact", "--data", "missing.jsonl"], "--data: cannot read missing.jsonl"),
+    (["my_rewards:exactt", "--data", "samples.jsonl"], "has no function 'exactt' (did you mean 'exact'?)"),
+    (["my_rewards:exact", "--data", "bad.jsonl"], "bad.jsonl:2: not valid JSON"),
+    (["my_rewards:exact", "--data", "samples.jsonl", "--arg", "noequals"], "--arg 'noequals': expected key=value"),
+    (["--data", "samples.jsonl"], "name a reward (module:function) or pass --recipe"),
+    (["my_rewards:exact", "--data", "nocompl.jsonl"], "nocompl.jsonl:1: no `completion`"),
+])
+def test_bad_input_exits_2_with_one_line(work, capsys, argv, message):
+    (work / "bad.jsonl").write_text('{"prompt": "a", "completion": "b"}\n{oops\n')
+    (work / "nocompl.jsonl").write_text('{"prompt": "a"}\n')
+    assert cli(*argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_generate_with_model(work, capsys, tiny_lm):
+    (work / "prompts.jsonl").write_text('{"prompt": "1 + 1 =", "answer": "2"}\n{"prompt": "hello", "answer": "world"}\n')
+    assert cli("rewards.exact:exact_match", "--data", "prompts.jsonl", "--model", tiny_lm,
+               "--max-new-tokens", "4") == 0
+    assert "exact_match" in capsys.readouterr().out

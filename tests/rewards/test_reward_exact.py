@@ -1,0 +1,42 @@
+"""rewards.exact: normalised string match and number match (hand-computed)."""
+
+from rewards.exact import exact_match, normalize_text, number_match, parse_number
+from fractions import Fraction
+
+
+def test_normalize_text():
+    assert normalize_text("  Hello   World. ") == "hello world"
+    assert normalize_text("北京。") == "北京"
+    assert normalize_text("ＡＢＣ　１２３！") == "abc 123"   # full-width letters, space, digits, "！"
+
+
+def test_exact_match_normalised_and_raw():
+    completions = ["Paris.", "  北京。", "１９", "london", "Rome"]
+    answer = ["paris", "北京", "19", ["London", "Londres"], None]
+    assert exact_match(completions, answer) == [1.0, 1.0, 1.0, 1.0, None]
+    assert exact_match(completions, answer, normalize=False) == [0.0, 0.0, 0.0, 0.0, None]
+
+
+def test_exact_match_chat_completions():
+    c = [[{"role": "assistant", "content": "答案是五"}]]
+    assert exact_match(c, ["答案是五"]) == [1.0]
+
+
+def test_parse_number():
+    assert parse_number("19") == 19
+    assert parse_number("答案：－３") == -3
+    assert parse_number("about 1,000 apples, 2.5 kg") == 1000
+    assert parse_number("2.50 then 7", "last") == 7
+    assert parse_number("3/4 of it") == Fraction(3, 4)
+    assert parse_number("no digits") is None
+    assert parse_number("x2 is not a number; 5 is") == 5
+
+
+def test_number_match_arithmetic_task():
+    # tiny task: prompt "12+7=", completion starts with the answer
+    completions = ["19", "19 because 12+7", "18", "答案是１９。", "", "2.0"]
+    answer = ["19", 19, "19", "19", "19", "2"]
+    assert number_match(completions, answer) == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    assert number_match(["12+7=19"], ["19"], position="last") == [1.0]
+    assert number_match(["12+7=19"], ["19"]) == [0.0]
+    assert number_match(["5"], ["no number"]) == [None]

@@ -1,0 +1,35 @@
+"""SFT end-to-end helpers: one local Ray instance for the whole module set, tiny runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield
+    ray.shutdown()
+
+
+def sft_overrides(tiny_model, task_data, out_dir, *extra: str) -> list[str]:
+    return [f"model.path={tiny_model}", "model.tiny=null", f"data.train={task_data['sft_train']}",
+            f"data.eval={task_data['sft_eval']}", "data.synthetic_seed=null", f"output_dir={out_dir}",
+            "logging.progress=none", "logging.tensorboard=false", *extra]
+
+
+def read_metrics(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def eval_losses(run_dir) -> list[float]:
+    return [r["eval_loss"] for r in read_metrics(run_dir) if r.get("eval_loss") is not None]

@@ -1,0 +1,70 @@
+"""`rlkit sft` on the tiny model, for real: Ray actors, DeepSpeed on gloo, peft, bitsandbytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkit import config
+from rlkit.sft.run import run_sft
+from tests.sft.conftest import ROOT, eval_losses, sft_overrides
+
+pytestmark = pytest.mark.slow
+RECIPE = ROOT / "recipes" / "tiny-sft.yaml"
+
+
+def _run(tiny_model, task_data, out, *extra):
+    cfg = config.load("sft", RECIPE, sft_overrides(tiny_model, task_data, out, *extra))
+    return run_sft(cfg), out
+
+
+def _generate(model_dir, prompt="### 指令:\n计算\n\n### 输入:\n3+4=\n\n### 回答:\n"):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    ids = tok(prompt, return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=4, do_sample=False)
+    return tok.decode(out[0, ids.input_ids.shape[1]:])
+
+
+def test_full_sft_learns_and_output_loads(ray_local, tiny_model, task_data, tmp_path):
+    final, out = _run(tiny_model, task_data, tmp_path / "full", "train.max_steps=60", "eval.every=30",
+                      "checkpoint.every=30")
+    losses = eval_losses(out)
+    assert losses[-1] < 0.5 * losses[0], f"eval loss did not fall enough: {losses}"
+    assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
+    assert isinstance(_generate(final), str)
+
+
+@pytest.mark.parametrize("mode", ["lora", "qlora"])
+def test_adapter_sft_learns_and_merges(ray_local, tiny_model, task_data, tmp_path, mode):
+    extra = [f"finetuning={mode}", "lora.r=16", "lora.alpha=32", "lora.dropout=0.0",
+             "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+             "train.max_steps=40", "eval.every=20", "optim.lr=1e-2"]
+    if mode == "qlora":
+        extra += ["qlora.compute_dtype=fp32", "eval.every=10"]  # evals between steps: the bnb CPU trap
+    final, out = _run(tiny_model, task_data, tmp_path / mode, *extra)
+    losses = eval_losses(out)
+    assert losses[-1] < 0.85 * losses[0], f"{mode}: eval loss did not fall: {losses}"
+    assert (final / "adapter" / "adapter_config.json").exists()
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    adapted = PeftModel.from_pretrained(base, final / "adapter")
+    merged = AutoModelForCausalLM.from_pretrained(final)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        a, m = adapted(ids).logits, merged(ids).logits
+    assert torch.allclose(a, m, atol=1e-4), float((a - m).abs().max())
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_learners_zero(ray_local, tiny_model, task_data, tmp_path, stage):
+    final, out = _run(tiny_model, task_data, tmp_path / f"z{stage}", "train.num_learners=2",
+                      f"deepspeed.zero_stage={stage}", "train.micro_batch_size=8", "train.max_steps=40",
+                      "eval.every=20")
+    losses = eval_losses(out)
+    assert losses[-1] < 0.6 * losses[0], f"zero{stage}: {losses}"
+    assert isinstance(_generate(final), str)
