@@ -82,3 +82,21 @@ def number_match(completions: list, answer: list, position: str = "first", **kwa
         got = parse_number(completion_text(c), position)
         out.append(float(got is not None and got == gold))
     return out
+
+
+def number_close(completions: list, answer: list, position: str = "first", **kwargs: Any) -> list[float | None]:
+    """Partial credit by relative error: ``max(0, 1 - |got - gold| / max(|gold|, 1))`` for the
+    first (or last) number in the completion; 0.0 when it has none; None when ``answer`` holds
+    no number. E.g. gold 20: 20 → 1.0, 15 → 0.75, 40 → 0.0. A dense signal for small models
+    that cannot yet hit the exact answer (the tiny GRPO recipe pairs it with number_match)."""
+    if position not in ("first", "last"):
+        raise ValueError(f"position must be 'first' or 'last', got {position!r}")
+    out: list[float | None] = []
+    for c, a in zip(completions, answer):
+        gold = None if a is None else parse_number(str(a))
+        if gold is None:
+            out.append(None)
+            continue
+        got = parse_number(completion_text(c), position)
+        out.append(0.0 if got is None else max(0.0, 1.0 - float(abs(got - gold)) / max(abs(float(gold)), 1.0)))
+    return out

@@ -9,19 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rlkit.errors import UserError
 from rlkit.recipe import ConfigError
 
 EXIT_USER_ERROR = 2
 
 
-class UserError(Exception):
-    """Any error the user can fix; its message is one line."""
-
-
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Error types whose message is for the user (imported lazily: they live in heavier modules)."""
     kinds: list[type[BaseException]] = [ConfigError, UserError]
-    for mod, name in (("rlkit.data.formats", "DataError"), ("rlkit.rewards", "RewardError")):
+    for mod, name in (("rlkit.data.formats", "DataError"), ("rlkit.reward.contract", "RewardError")):
         module = sys.modules.get(mod)
         if module is not None and hasattr(module, name):
             kinds.append(getattr(module, name))
@@ -131,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = getattr(args, "handler", None)
+    handler = getattr(args, "handler", None) or getattr(args, "func", None)
     if handler is None:
         parser.print_help()
         return EXIT_USER_ERROR

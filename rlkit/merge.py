@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlkit.cli import UserError
+    from rlkit.errors import UserError
     from rlkit.models import merge_adapter
 
     if not (Path(args.adapter) / "adapter_config.json").exists():

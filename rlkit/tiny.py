@@ -2,7 +2,7 @@
 
 `build_tiny_model(out_dir, size)` trains a byte-level BPE tokenizer on generated text and
 random-initialises a `Qwen2ForCausalLM`; `write_task_data(out_dir, seed)` writes alpaca SFT
-rows with a `difficulty` field and prompt/answer rows for GRPO, train and held-out splits.
+rows with a `difficulty` field (SFT, and GRPO prompts whose answer is `output`), train and held-out splits.
 """
 
 from __future__ import annotations
@@ -67,9 +67,6 @@ def _alpaca_row(rng: random.Random, level: str) -> dict:
     return {"instruction": instruction, "input": f"{expr}=", "output": ans, "difficulty": level}
 
 
-def _prompt_row(rng: random.Random, level: str) -> dict:
-    expr, ans = make_problem(rng, level)
-    return {"prompt": f"{expr}=", "answer": ans, "difficulty": level}
 
 
 def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 600, n_eval: int = 64,
@@ -87,7 +84,7 @@ def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 600, n_ev
         result = []
         while len(result) < n:
             row = make(rng, LEVELS[len(result) % len(LEVELS)])
-            key = row.get("input") or row["prompt"]
+            key = row["input"]
             if exclude is not None and key in exclude:
                 continue
             seen.add(key)
@@ -99,8 +96,9 @@ def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 600, n_ev
     files = {
         "sft_train": train,
         "sft_eval": rows(n_eval, _alpaca_row, train_keys),
-        "grpo_train": rows(n_prompts, _prompt_row, None),
-        "grpo_eval": rows(n_eval, _prompt_row, train_keys),
+        # GRPO prompts use the same alpaca rows: prompt = the rendered template, answer = output.
+        "grpo_train": rows(n_prompts, _alpaca_row, None),
+        "grpo_eval": rows(n_eval, _alpaca_row, train_keys),
     }
     paths = {}
     for name, data in files.items():

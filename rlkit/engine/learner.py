@@ -177,6 +177,74 @@ class Learner:
             count += int(n)
         return total, count
 
+    # ------------------------------------------------------------------ GRPO
+
+    def build_reference(self) -> None:
+        """Set up the frozen reference policy (only needed when beta > 0)."""
+        from rlkit import models
+        from rlkit.grpo.policy import Reference
+
+        dtype = self.engine.module.dtype if self.spec.finetuning == "full" else None
+        self.reference = Reference(self.engine.module, self.spec.finetuning,
+                                   lambda: models.load_model(self.spec.model, dtype).to(self.engine.device))
+
+    @torch.no_grad()
+    def rollout_logprobs(self, micro_batches: list[dict[str, torch.Tensor]], temperature: float,
+                         which: str = "policy") -> list[torch.Tensor]:
+        """logp [B, L-1] per micro-batch under the current policy ("policy") or the reference ("ref")."""
+        from rlkit.grpo.policy import completion_logprobs
+
+        self.engine.eval()
+        out = []
+        for mb in micro_batches:
+            mb = self._to_device(mb)
+            if which == "ref":
+                out.append(self.reference.logprobs(mb, temperature).cpu())
+            else:
+                out.append(completion_logprobs(self.engine, mb, temperature)[0].cpu())
+        return out
+
+    def grpo_step(self, micro_batches: list[dict[str, torch.Tensor]], temperature: float,
+                  loss_args: dict[str, Any]) -> dict[str, float]:
+        """One optimizer step of the clipped policy loss over `grad_accum` micro-batches."""
+        from rlkit.grpo.loss import policy_loss
+        from rlkit.grpo.policy import completion_logprobs
+
+        self.engine.train()
+        sums: dict[str, float] = {}
+        norm = None
+        for i, mb in enumerate(micro_batches):
+            mb = self._to_device(mb)
+            logp, entropy = completion_logprobs(self.engine, mb, temperature, with_entropy=True)
+            out = policy_loss(logp, mb.get("old_logp"), mb["advantages"], mb["completion_mask"][:, 1:].float(),
+                              ref_logp=mb.get("ref_logp"), entropies=entropy, **loss_args)
+            self.engine.backward(out.loss)
+            if i == len(micro_batches) - 1:
+                norm = self._grad_norm_before_step()
+            self.engine.step()
+            for k in ("loss", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "kl_mean", "entropy"):
+                v = getattr(out, k)
+                if v is not None:
+                    sums[k] = sums.get(k, 0.0) + float(v) / len(micro_batches)
+        norm = self.engine.get_global_grad_norm() if norm is None else norm
+        return {**sums, "grad_norm": float(norm) if norm is not None else float("nan"),
+                "lr": float(self.engine.lr_scheduler.get_last_lr()[0])}
+
+    def push_weights(self, engines: list[Any], bucket_mb: float) -> dict[str, float] | None:
+        """Send the current policy (LoRA merged) to the rollout engines; every rank must call
+        (ZeRO-3 gathers layer by layer), rank 0 sends through the Ray object store."""
+        from dataclasses import asdict
+
+        from rlkit.engine.weight_sync import ObjectStoreSync, iter_named_weights
+
+        named = iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage,
+                                   lora_merge=self.spec.finetuning != "full")
+        if self.rank != 0:
+            for _ in named:  # take part in the gathers
+                pass
+            return None
+        return asdict(ObjectStoreSync(engines, bucket_mb).push(named))
+
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, ckpt_dir: str) -> None:

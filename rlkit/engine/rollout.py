@@ -46,13 +46,16 @@ class Sample:
 
 def cpu_engine_env(kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB, omp_threads: int = 1) -> dict[str, str]:
     """Environment for a vLLM-CPU engine process: in-process engine core (fastest on few
-    cores), capped KV cache, no OpenMP thread binding, `omp_threads` threads."""
+    cores), capped KV cache, no OpenMP thread binding, `omp_threads` threads, and TorchDynamo
+    off: the engine runs eager on CPU, and vLLM's one `torch.compile`d sampler op (logprob
+    ranks) would otherwise cost ~6 s of inductor compile on the first generate."""
     return {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(omp_threads),
         "TOKENIZERS_PARALLELISM": "false",
+        "TORCHDYNAMO_DISABLE": "1",
     }
 
 
@@ -65,7 +68,7 @@ class RolloutWorker:
 
     def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
-                 gpu_memory_utilization: float = 0.5, kv_cache_gib: float | None = None,
+                 gpu_memory_utilization: float = 0.85, kv_cache_gib: float | None = None,
                  enforce_eager: bool | None = None, logprobs_mode: str = "processed_logprobs",
                  engine_kwargs: dict[str, Any] | None = None):
         start = time.perf_counter()
@@ -75,9 +78,11 @@ class RolloutWorker:
         self.on_cpu = current_platform.is_cpu()
         if self.on_cpu and kv_cache_gib is None:
             kv_cache_gib = DEFAULT_CPU_KV_CACHE_GIB
+        if enforce_eager is None:
+            enforce_eager = self.on_cpu
         kwargs: dict[str, Any] = dict(
             model=str(model), dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
-            max_model_len=max_model_len, enforce_eager=self.on_cpu if enforce_eager is None else enforce_eager,
+            max_model_len=max_model_len, enforce_eager=enforce_eager,
             worker_extension_cls=EXTENSION, logprobs_mode=logprobs_mode,
             gpu_memory_utilization=gpu_memory_utilization,
         )
@@ -139,7 +144,7 @@ class RolloutWorker:
         """
         if not (self.in_process or isinstance(named_tensors, (list, tuple))):
             named_tensors = list(named_tensors)
-        count = sum(self.llm.collective_rpc("load_weights_from_iter", args=(named_tensors,)))
+        count = self.llm.collective_rpc("load_weights_from_iter", args=(named_tensors,))[0]
         if reset_cache:
             self.reset_prefix_cache()
         return count

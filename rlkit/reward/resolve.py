@@ -25,11 +25,12 @@ class ResolvedReward:
     key: str                    # recipe key, e.g. "rewards[1]"
     name: str
     fn: Callable[..., Any]      # the function, or the instance for a class
+    is_instance: bool           # fn is a class instance: spec.args went to its constructor
     accepts: frozenset[str]     # keyword names the callable takes
     var_kw: bool                # has **kwargs
     setup: Callable[[], Any] | None = None
-    _ready: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _ready: bool = field(default=False, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def ensure_setup(self) -> None:
         """Run the class's ``setup()`` once (thread-safe)."""
@@ -40,18 +41,18 @@ class ResolvedReward:
 
     def call_kwargs(self, prompts: list, completions: list, completion_ids: list | None,
                     columns: dict[str, list]) -> dict[str, Any]:
-        """The keyword arguments one call gets under the contract."""
-        extra = dict(columns)
-        if not isinstance(self.fn, _Instance):
-            extra.update(self.spec.args)
-        full = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **extra}
+        """The keyword arguments one call gets: the fixed three, columns, then args."""
+        full = {k: v for k, v in columns.items() if k not in FIXED_PARAMS}
+        if not self.is_instance:
+            full.update(self.spec.args)
+        full.update(prompts=prompts, completions=completions, completion_ids=completion_ids)
         return full if self.var_kw else {k: v for k, v in full.items() if k in self.accepts}
 
     def __call__(self, prompts: list, completions: list, completion_ids: list | None,
                  columns: dict[str, list]) -> Any:
+        """One call under the contract; an ``async def`` is run to completion here."""
         self.ensure_setup()
-        target = self.fn.obj if isinstance(self.fn, _Instance) else self.fn
-        out = target(**self.call_kwargs(prompts, completions, completion_ids, columns))
+        out = self.fn(**self.call_kwargs(prompts, completions, completion_ids, columns))
         if inspect.isawaitable(out):
             out = asyncio.run(_await(out))
         return out
@@ -59,11 +60,6 @@ class ResolvedReward:
 
 async def _await(aw: Any) -> Any:
     return await aw
-
-
-@dataclass
-class _Instance:
-    obj: Any
 
 
 def _err(key: str, spec: RewardSpec, msg: str) -> RewardError:
@@ -160,9 +156,9 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
         except Exception as e:
             raise RewardError(f"{key}.args: constructing {attr} failed: {type(e).__name__}: {e}") from None
         setup = getattr(inst, "setup", None)
-        call, target, ctor_args = _Instance(inst), inst.__call__, {}
+        call, target, fn_args = inst, inst.__call__, {}
     else:
-        call, target, ctor_args = obj, obj, spec.args
+        call, target, fn_args = obj, obj, spec.args
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
@@ -177,21 +173,22 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
         raise _err(key, spec, f"{attr}{sig} does not take `completions`; "
                               "the contract is fn(prompts, completions, completion_ids=None, **kwargs)")
     if not var_kw:
-        for a in ctor_args:
+        for a in fn_args:
             if a not in named:
                 raise RewardError(f"{key}.args: {a!r} is not a parameter of {attr}{did_you_mean(a, list(named))}; "
                                   f"it takes {', '.join(named) or 'nothing'}")
-    clash = sorted(set(ctor_args) & (columns or set()))
+    clash = sorted(set(fn_args) & (columns or set()))
     if clash:
         raise RewardError(f"{key}.args: {clash[0]!r} is also a dataset column; rename the arg")
-    available = set(FIXED_PARAMS) | set(ctor_args) | (columns if columns is not None else set(named))
+    available = set(FIXED_PARAMS) | set(fn_args) | (columns if columns is not None else set(named))
     missing = [n for n, p in named.items() if p.default is p.empty and n not in available]
     if missing:
         have = ", ".join(sorted(columns or ())) or "none"
         raise RewardError(f"{key}: {attr} needs {', '.join(repr(m) for m in missing)} — not a dataset column "
                           f"(columns: {have}) nor in args")
     name = spec.name or getattr(obj, "__name__", attr)
-    return ResolvedReward(spec=spec, key=key, name=name, fn=call, accepts=frozenset(named),
+    return ResolvedReward(spec=spec, key=key, name=name, fn=call, is_instance=inspect.isclass(obj),
+                          accepts=frozenset(named),
                           var_kw=var_kw, setup=setup if callable(setup) else None)
 
 

@@ -31,7 +31,8 @@ class RewardScorer:
     returned None (None: such a sample is an error). parallel: ``"thread"`` runs each
     function's call in its own thread (I/O, async and GIL-releasing rewards),
     ``"process"`` in a spawned process pool (CPU-bound pure-Python rewards; the function
-    is re-imported there by its path), ``"none"`` one after another in the caller's thread.
+    is re-imported there by its path), ``"none"`` one after another in the caller's thread
+    (no timeouts; for debugging).
     collect_errors: record failures in ``RewardResult.failures`` instead of raising (for
     ``rlkit reward test``).
 

@@ -70,6 +70,8 @@ def evaluate(group: Any, samples: list[dict], world: int, mbs: int, pad_id: int,
     batches = micro_batches(samples, mbs, False, 0, pad_id)
     if max_batches:
         batches = batches[:max_batches]
+    # Every rank must run the same number of forwards (ZeRO-3 gathers are collective).
+    batches = batches[:max(world, len(batches) - len(batches) % world)]
     shards = [(batches[r::world],) for r in range(world)]
     results = group.call_each("eval_nll", shards)
     total, count = sum(r[0] for r in results), sum(r[1] for r in results)

@@ -11,6 +11,9 @@ from rlkit.engine.weight_sync import ObjectStoreSync, iter_named_weights
 
 from .conftest import hf_logprobs, load_hf, perturb
 
+# ~35 s on 2 cores, mostly Ray start and `import vllm` in the actor.
+pytestmark = pytest.mark.slow
+
 SEQ = [5, 17, 99, 230, 41, 7, 300, 12, 64, 128, 256, 3]
 PROMPTS = ["1+2=", "13*4+5="]
 

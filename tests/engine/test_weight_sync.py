@@ -3,7 +3,6 @@ sync into a real vLLM-CPU engine checked against transformers logprobs (tied and
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
@@ -107,11 +106,14 @@ def test_iter_named_weights_gathers_zero3(tiny_models, monkeypatch):
 def workers(tiny_models):
     from rlkit.engine.rollout import RolloutWorker
 
+    set_num_threads = torch.set_num_threads  # an in-process vLLM-CPU worker replaces it
     made = {size: RolloutWorker(str(path), dtype="float32", max_model_len=128, kv_cache_gib=0.0625)
             for size, path in tiny_models.items()}
-    yield made
+    with torch._dynamo.config.patch(disable=True):  # as cpu_engine_env() does for actors
+        yield made
     for worker in made.values():
         worker.shutdown()
+    torch.set_num_threads = set_num_threads
 
 
 @pytest.mark.parametrize("size", ["tiny", "tiny-untied"])

@@ -40,3 +40,13 @@ def test_number_match_arithmetic_task():
     assert number_match(["12+7=19"], ["19"], position="last") == [1.0]
     assert number_match(["12+7=19"], ["19"]) == [0.0]
     assert number_match(["5"], ["no number"]) == [None]
+
+
+def test_number_close_partial_credit_by_hand():
+    from rewards.exact import number_close
+
+    # gold 20: |15-20|/20 = 0.25 -> 0.75; 40 -> 1 - 20/20 = 0; 20 -> 1; no number -> 0.
+    got = number_close(["15", "40<|endoftext|>", "答案是 20。", "不知道"], ["20", "20", "20", "20"])
+    assert got == [0.75, 0.0, 1.0, 0.0]
+    # gold 0 uses the floor 1: 0.5 -> 0.5; answer without a number -> None.
+    assert number_close(["0.5", "3"], ["0", "n/a"]) == [0.5, None]

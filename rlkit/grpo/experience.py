@@ -1,0 +1,134 @@
+"""Rollout engines as a group, and one step's experience: generate -> score -> advantages."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlkit.accel import DeviceInfo
+from rlkit.config import GRPOConfig
+from rlkit.grpo.advantages import frac_zero_std, get_advantage, zero_std_mask
+from rlkit.grpo.batch import Rollout
+from rlkit.grpo.loss import soft_overlong_penalty
+
+
+class RolloutGroup:
+    """`rollout.num_engines` vLLM engines in Ray actors; prompts are split contiguously."""
+
+    def __init__(self, cfg: GRPOConfig, model_path: str, device: DeviceInfo):
+        import ray
+
+        from rlkit.engine.group import actor_resources, worker_env
+        from rlkit.engine.rollout import create_rollout_actor
+
+        r = cfg.rollout
+        opts = actor_resources(device, cfg.ray.cpus_per_actor)
+        resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
+                     **opts.get("resources", {})}
+        self.engines = [
+            create_rollout_actor(
+                model_path, resources=resources, env_vars=worker_env(device), seed=cfg.seed + i,
+                dtype="float32" if cfg.model.dtype == "fp32" else "auto", tensor_parallel_size=r.tensor_parallel_size,
+                max_model_len=r.max_model_len, gpu_memory_utilization=r.gpu_memory_utilization,
+                kv_cache_gib=None if device.is_accelerator else r.kv_cache_gb)
+            for i in range(r.num_engines)]
+        ray.get([e.ready.remote() for e in self.engines])
+
+    def generate(self, prompts: list[str], n: int, seed: int, cfg: GRPOConfig) -> list[Any]:
+        """`n` samples per prompt, prompt-major, reproducible for `seed`."""
+        import ray
+
+        r, k = cfg.rollout, len(self.engines)
+        size = -(-len(prompts) // k)
+        shards = [prompts[i * size:(i + 1) * size] for i in range(k)]
+        futures = [e.generate.remote(s, n=n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
+                                     stop=list(r.stop) or None, seed=seed * 131 + i)
+                   for i, (e, s) in enumerate(zip(self.engines, shards)) if s]
+        return [s for part in ray.get(futures) for s in part]
+
+    def shutdown(self) -> None:
+        import ray
+
+        for e in self.engines:
+            ray.kill(e)
+
+
+@dataclass
+class Experience:
+    rollouts: list[Rollout] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def score_samples(rows: list[dict], prompts: list[str], samples: list[Any], scorer: Any,
+                  cfg: GRPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """Rewards [N] (weighted sum, plus the soft overlong penalty when on) and reward metrics."""
+    G = cfg.grpo.group_size
+    expand = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731
+    columns = {k: expand([row.get(k) for row in rows]) for k in rows[0] if k not in ("prompt",)}
+    result = scorer.score(expand(prompts), [s.text for s in samples], [s.token_ids for s in samples], columns)
+    rewards = torch.tensor(result.total, dtype=torch.float32)
+    metrics = result.metrics("reward")
+    if cfg.grpo.overlong_buffer:
+        lengths = torch.tensor([len(s.token_ids) for s in samples], dtype=torch.float32)
+        penalty = soft_overlong_penalty(lengths, cfg.rollout.max_tokens, cfg.grpo.overlong_buffer,
+                                        cfg.grpo.overlong_penalty)
+        rewards = rewards + penalty
+        metrics["reward/overlong_penalty"] = float(penalty.mean())
+    return rewards, metrics
+
+
+def collect(rows_fn: Any, render: Any, engines: RolloutGroup, scorer: Any, cfg: GRPOConfig,
+            step: int) -> Experience:
+    """Generate and score `prompts_per_step` groups. With dynamic sampling (DAPO), groups whose
+    rewards are all equal are dropped and more prompts are drawn, up to `max_refill_rounds`;
+    if still short, dropped groups fill the gap (they carry zero advantage)."""
+    G, want = cfg.grpo.group_size, cfg.grpo.prompts_per_step
+    kept: list[tuple[list[Rollout], torch.Tensor]] = []
+    spare: list[tuple[list[Rollout], torch.Tensor]] = []
+    t_gen = t_rew = 0.0
+    first_metrics: dict[str, float] = {}
+    lengths: list[int] = []
+    truncated = 0
+    for attempt in range(1 + (cfg.grpo.max_refill_rounds if cfg.grpo.dynamic_sampling else 0)):
+        rows = rows_fn()
+        prompts = [render(r) for r in rows]
+        t0 = time.perf_counter()
+        samples = engines.generate(prompts, G, seed=step * 1000 + attempt, cfg=cfg)
+        t1 = time.perf_counter()
+        rewards, metrics = score_samples(rows, prompts, samples, scorer, cfg)
+        t_gen, t_rew = t_gen + t1 - t0, t_rew + time.perf_counter() - t1
+        if attempt == 0:
+            first_metrics = {**metrics, "frac_zero_std": frac_zero_std(rewards, G)}
+            lengths = [len(s.token_ids) for s in samples]
+            truncated = sum(s.finish_reason == "length" for s in samples)
+        zero = zero_std_mask(rewards, G)
+        for g in range(len(rows)):
+            group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length")
+                     for s in samples[g * G:(g + 1) * G]]
+            target = spare if (cfg.grpo.dynamic_sampling and bool(zero[g])) else kept
+            target.append((group, rewards[g * G:(g + 1) * G]))
+        if len(kept) >= want:
+            break
+    chosen = (kept + spare)[:want]
+    exp = Experience()
+    for group, r in chosen:
+        exp.rollouts.extend(group)
+        exp.rewards.extend(r.tolist())
+    n_tokens = sum(lengths)
+    exp.metrics = {**first_metrics, "completion/len_mean": n_tokens / max(len(lengths), 1),
+                   "completion/len_max": float(max(lengths, default=0)),
+                   "completion/truncated_frac": truncated / max(len(lengths), 1),
+                   "time/generate": t_gen, "time/reward": t_rew,
+                   "generate_tokens_per_s": n_tokens / max(t_gen, 1e-9),
+                   "dynamic_sampling/kept_groups": float(min(len(kept), want))}
+    return exp
+
+
+def advantages(rewards: list[float], cfg: GRPOConfig) -> torch.Tensor:
+    fn = get_advantage(cfg.grpo.advantage)
+    return fn(torch.tensor(rewards, dtype=torch.float32), cfg.grpo.group_size, eps=cfg.grpo.advantage_eps,
+              std="sample")

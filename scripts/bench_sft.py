@@ -1,0 +1,306 @@
+"""Throughput of `rlkit sft` against TRL's `SFTTrainer`: same model, rows, batch, precision.
+
+    python scripts/bench_sft.py                      # 25m model, 30 steps, micro batch 8, fp32
+    python scripts/bench_sft.py --size tiny --steps 3 --warmup 1 --micro-batch 2 --rows 32
+
+Both trainers run in this process, one after the other, for each mode (no packing, packing);
+the script prints a table of tokens/s and the ratio rlkit / TRL, and exits 0.
+
+What is compared
+  model   `rlkit.tiny.build_tiny_model(size)`, random init, fp32 on CPU (bf16 on neither side).
+  data    alpaca rows generated here: "add these numbers step by step", 1-14 terms with most
+          rows short, so lengths run from ~30 to ~250 tokens and padding is costly.  Rows are
+          encoded once with rlkit's `encode_sft` (alpaca template, eos, cutoff); TRL gets the
+          very same ids as a processed dataset (`input_ids` + `completion_mask`, loss on the
+          completion only), so both sides train on identical tokens.
+  batch   rlkit: `train.micro_batch_size` samples per step (grad_accum 1, one learner).
+          TRL, no packing: `per_device_train_batch_size` = the same number of samples, padded.
+          TRL, packing: its best CPU mode, `packing=True, packing_strategy="bfd"` (best-fit
+          packing of the whole dataset, padding-free: one flattened row, sequences kept apart
+          through `position_ids`, which sdpa honours).  Its batch counts packed rows, not
+          samples, so rows are sized to carry the same tokens per step as rlkit's
+          micro-batch: `bs = max(1, micro * mean_len // cutoff)` rows of
+          `max_length = max(cutoff, ceil(micro * mean_len / bs))` tokens.  rlkit packs each
+          micro-batch into rows of at most `cutoff` tokens (block-diagonal 4D mask).
+  optim   AdamW, same lr, weight decay 0, grad clip 1.0, cosine schedule with the same warm-up.
+
+How tokens/s is counted (the same on both sides)
+  tokens  = real (non-pad) input tokens of the samples trained on, prompt and response.
+  time    = wall time of steps warmup+1 .. steps (the first `--warmup` steps are dropped).
+  rlkit   The driver logs per step `tokens_per_s` = label tokens / step time, where the step
+          time runs from sampling the batch to the learners' reply (collate, Ray call,
+          forward, backward, optimizer step).  The bench replays rlkit's sampler (same seed,
+          curriculum off) to know each step's samples, so step time = label tokens /
+          tokens_per_s, and it sums the input tokens of those samples.
+  TRL     A callback stamps the end of every optimizer step; `training_step` counts the
+          tokens of each batch it receives (attention-mask sum, or the flattened length when
+          padding-free).  Time includes data loading, forward, backward, optimizer, callbacks.
+  Startup (Ray, DeepSpeed engine, TRL dataset preparation) is excluded on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RECIPE = ROOT / "recipes" / "tiny-sft.yaml"
+MODES = {"nopack": False, "pack": True}
+
+
+@dataclass(frozen=True)
+class Result:
+    """Steady-state throughput of one trainer in one mode."""
+
+    tokens: int  # real input tokens over the timed steps
+    seconds: float  # wall time of the timed steps
+    steps: int  # timed steps
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size", default="25m", help="rlkit.tiny model size (tiny, 25m)")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    p.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing (>= 1)")
+    p.add_argument("--micro-batch", type=int, default=8, help="samples per step (grad_accum 1)")
+    p.add_argument("--cutoff", type=int, default=256, help="data.cutoff_len / TRL max_length")
+    p.add_argument("--rows", type=int, default=512, help="training rows to generate")
+    p.add_argument("--modes", default="nopack,pack", help="comma list of: nopack, pack")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", help="keep model, data and runs here (default: a temp dir)")
+    p.add_argument("--json", help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        p.error(f"--modes: unknown {bad or modes}; choose from {', '.join(MODES)}")
+    if not 1 <= args.warmup < args.steps:
+        p.error(f"need 1 <= --warmup ({args.warmup}) < --steps ({args.steps})")
+    args.modes = modes
+    return args
+
+
+# ---------------------------------------------------------------- data
+
+
+def bench_rows(n: int, seed: int) -> list[dict[str, str]]:
+    """Alpaca rows 'add step by step': k terms (1..14, mostly few), one output line per term."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        k = 1 + int(14 * rng.random() ** 2)
+        xs = [rng.randint(1, 99) for _ in range(k)]
+        lines, total = [], 0
+        for x in xs:
+            lines.append(f"{total}+{x}={total + x}")
+            total += x
+        rows.append({"instruction": rng.choice(["Compute", "计算", "求值"]),
+                     "input": "+".join(map(str, xs)) + "=",
+                     "output": "\n".join(lines) + f"\n答案 {total}"})
+    return rows
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def encode(rows: list[dict], model_dir: Path, cutoff: int) -> list[dict[str, list[int]]]:
+    """rlkit's encoding of the rows (input_ids, labels with -100 on the prompt)."""
+    from transformers import AutoTokenizer
+
+    from rlkit.data.collate import encode_sft
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return [encode_sft(r, tok, "alpaca", cutoff) for r in rows]
+
+
+def label_tokens(sample: dict[str, list[int]]) -> int:
+    """Tokens rlkit's `token_nll` counts for one sample: shifted labels != -100."""
+    return sum(1 for x in sample["labels"][1:] if x != -100)
+
+
+# ---------------------------------------------------------------- rlkit
+
+
+def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], args: argparse.Namespace,
+                packing: bool, out: Path) -> Result:
+    """Run `run_sft`, then time the steady-state steps from its metrics.jsonl."""
+    from rlkit import config
+    from rlkit.data.curriculum import CurriculumSampler
+    from rlkit.metrics import read_jsonl
+    from rlkit.sft.run import run_sft
+
+    overrides = [
+        f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", "model.tiny=null",
+        "model.dtype=fp32", "device=cpu", f"data.train={data}", "data.eval=null", "data.synthetic_seed=null",
+        f"data.cutoff_len={args.cutoff}", f"data.packing={str(packing).lower()}", "curriculum.enabled=false",
+        f"train.micro_batch_size={args.micro_batch}", "train.grad_accum=1", "train.num_learners=1",
+        f"train.max_steps={args.steps}", f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}",
+        "eval.every=0", "checkpoint.every=0", "checkpoint.resume=never", "logging.tensorboard=false",
+        "logging.progress=none", "logging.every=1",
+    ]
+    cfg = config.load("sft", RECIPE, overrides)
+    run_sft(cfg)
+    records = [r for r in read_jsonl(out / "metrics.jsonl") if "tokens_per_s" in r]
+    if len(records) != args.steps:
+        raise RuntimeError(f"{out / 'metrics.jsonl'}: {len(records)} step records, expected {args.steps}")
+    # Replay the driver's sampler (curriculum off: shuffled epochs) to know each step's samples.
+    c = cfg.curriculum
+    sampler = CurriculumSampler([None] * len(samples), args.steps, args.micro_batch, cfg.seed, c.levels,
+                                [(p.until, p.mix) for p in c.phases], enabled=False)
+    tokens, seconds = 0, 0.0
+    for rec in records:
+        batch = [samples[i] for i in sampler.next_batch()]
+        if rec["step"] <= args.warmup:
+            continue
+        seconds += sum(label_tokens(s) for s in batch) / rec["tokens_per_s"]
+        tokens += sum(len(s["input_ids"]) for s in batch)
+    return Result(tokens, seconds, args.steps - args.warmup)
+
+
+# ---------------------------------------------------------------- TRL
+
+
+def trl_pack_shape(samples: list[dict], micro: int, cutoff: int) -> tuple[int, int]:
+    """(packed rows per step, row length) carrying about `micro` samples' tokens per step."""
+    mean_len = sum(len(s["input_ids"]) for s in samples) / len(samples)
+    rows = max(1, int(micro * mean_len // cutoff))
+    return rows, max(cutoff, math.ceil(micro * mean_len / rows))
+
+
+def bench_trl(model_dir: Path, samples: list[dict], args: argparse.Namespace, packing: bool,
+              out: Path) -> tuple[Result, int, int]:
+    """Train with `trl.SFTTrainer`; returns the result and the (batch, max_length) it used."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    stamps: list[tuple[float, int]] = []  # (time, tokens so far) at the end of each optimizer step
+    seen = [0]
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            stamps.append((time.perf_counter(), seen[0]))
+
+    class CountingTrainer(SFTTrainer):
+        def training_step(self, model: Any, inputs: dict, *rest: Any, **kw: Any) -> Any:
+            if "attention_mask" in inputs and inputs["attention_mask"].dim() == 2:
+                seen[0] += int(inputs["attention_mask"].sum())
+            else:  # padding-free: one flattened row, no padding
+                seen[0] += int(inputs["input_ids"].numel())
+            return super().training_step(model, inputs, *rest, **kw)
+
+    batch, max_length = trl_pack_shape(samples, args.micro_batch, args.cutoff) if packing \
+        else (args.micro_batch, args.cutoff)
+    dataset = Dataset.from_list([{"input_ids": s["input_ids"],
+                                  "completion_mask": [int(x != -100) for x in s["labels"]]} for s in samples])
+    sft_args = SFTConfig(
+        output_dir=str(out), per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+        max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=args.warmup,
+        weight_decay=0.0, max_grad_norm=1.0, bf16=False, fp16=False, packing=packing,
+        packing_strategy="bfd", max_length=max_length, completion_only_loss=True, report_to=[],
+        save_strategy="no", eval_strategy="no", logging_steps=args.steps, dataloader_num_workers=0,
+        use_cpu=True, seed=args.seed, disable_tqdm=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    trainer = CountingTrainer(model=model, args=sft_args, train_dataset=dataset,
+                              processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[Stamp()])
+    trainer.remove_callback(PrinterCallback)  # the table is the output
+    trainer.train()
+    if len(stamps) != args.steps:
+        raise RuntimeError(f"TRL ran {len(stamps)} steps, expected {args.steps}")
+    (t0, k0), (t1, k1) = stamps[args.warmup - 1], stamps[-1]
+    return Result(k1 - k0, t1 - t0, args.steps - args.warmup), batch, max_length
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import logging
+
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    logging.getLogger("rlkit").setLevel(logging.ERROR)
+    from rlkit.tiny import build_tiny_model
+
+    started = time.perf_counter()
+    tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-sft-")
+    work = Path(args.workdir or tmp.name)
+    try:
+        model_dir = work / "model"
+        if not (model_dir / "config.json").exists():
+            build_tiny_model(model_dir, args.size, seed=args.seed)
+        rows = bench_rows(args.rows, args.seed)
+        data = write_rows(work / "data" / "train.jsonl", rows)
+        samples = encode(rows, model_dir, args.cutoff)
+        lens = [len(s["input_ids"]) for s in samples]
+        results = {}
+        for mode in args.modes:
+            packing = MODES[mode]
+            ours = bench_rlkit(model_dir, data, samples, args, packing, work / f"rlkit-{mode}")
+            theirs, trl_batch, trl_len = bench_trl(model_dir, samples, args, packing, work / f"trl-{mode}")
+            results[mode] = {"rlkit_tokens_per_s": ours.tokens_per_s, "trl_tokens_per_s": theirs.tokens_per_s,
+                             "ratio": ours.tokens_per_s / theirs.tokens_per_s,
+                             "rlkit": vars(ours), "trl": vars(theirs),
+                             "trl_batch": trl_batch, "trl_max_length": trl_len}
+        elapsed = time.perf_counter() - started
+        print(f"model {args.size} ({_params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
+              f"micro batch {args.micro_batch}, grad_accum 1, steps {args.steps} (first {args.warmup} not timed), "
+              f"cutoff {args.cutoff}, {len(rows)} rows of {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f})")
+        print("tokens/s = real input tokens (prompt + response, no padding) / wall time of the timed steps")
+        print(f"{'mode':<12}{'rlkit tok/s':>14}{'TRL tok/s':>14}{'ratio':>9}   TRL batch")
+        for mode, r in results.items():
+            name = "packing" if MODES[mode] else "no packing"
+            print(f"{name:<12}{r['rlkit_tokens_per_s']:>14.1f}{r['trl_tokens_per_s']:>14.1f}"
+                  f"{r['ratio']:>8.2f}x   {r['trl_batch']} x {r['trl_max_length']}")
+        print(f"total time {elapsed:.0f} s")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()},
+                                                   "results": results, "seconds": elapsed}, indent=1))
+        return 0
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _params(model_dir: Path) -> str:
+    from safetensors import safe_open
+
+    n = 0
+    for f in model_dir.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
+    return f"{n / 1e6:.1f}M params"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

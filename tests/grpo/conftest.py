@@ -1,0 +1,32 @@
+"""GRPO end-to-end fixtures: a briefly SFT-trained tiny model to start from."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sft.conftest import ROOT, sft_overrides
+
+GRPO_RECIPE = ROOT / "recipes" / "tiny-grpo.yaml"
+
+
+@pytest.fixture(scope="session")
+def sft_model(tiny_model, task_data, tmp_path_factory):
+    """The tiny model after 80 SFT steps: it answers with a number and eos."""
+    import ray
+
+    from rlkit import config
+    from rlkit.sft.run import run_sft
+
+    out = tmp_path_factory.mktemp("sft-start")
+    cfg = config.load("sft", ROOT / "recipes" / "tiny-sft.yaml",
+                      sft_overrides(tiny_model, task_data, out, "train.max_steps=80", "eval.every=0",
+                                    "checkpoint.every=0"))
+    final = run_sft(cfg)
+    assert not ray.is_initialized()
+    return final
+
+
+def grpo_overrides(model, task_data, out, *extra: str) -> list[str]:
+    return [f"model.path={model}", f"data.train={task_data['grpo_train']}", f"data.eval={task_data['grpo_eval']}",
+            "data.synthetic_seed=null", f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false",
+            *extra]

@@ -1,0 +1,32 @@
+"""Rollouts -> learner tensors: padding, completion masks, micro-batch plans (hand-checked)."""
+
+import torch
+
+from rlkit.grpo.batch import Rollout, collate, completion_tokens, plan_micro_batches, slice_batch
+
+
+def test_collate_masks_completion_and_truncated():
+    rs = [Rollout([1, 2], [3, 4, 0], False), Rollout([5], [6], True)]
+    b = collate(rs, torch.tensor([0.5, -0.5]), pad_id=9, mask_truncated=True)
+    assert b["input_ids"].tolist() == [[1, 2, 3, 4, 0], [5, 6, 9, 9, 9]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert b["completion_mask"].tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 0]]  # truncated: no loss
+    b2 = collate(rs, torch.tensor([0.5, -0.5]), pad_id=9)
+    assert b2["completion_mask"][1].tolist() == [0, 1, 0, 0, 0]
+    assert completion_tokens(b2, [0, 1]) == 4  # shifted space: positions 1..L-1
+
+
+def test_slice_batch_trims_padding():
+    rs = [Rollout([1, 2], [3, 4, 5], False), Rollout([5], [6], False)]
+    b = collate(rs, torch.tensor([1.0, 2.0]), pad_id=0)
+    s = slice_batch(b, [1])
+    assert s["input_ids"].tolist() == [[5, 6]] and s["advantages"].tolist() == [2.0]
+
+
+def test_plan_covers_every_row_once_in_equal_shares():
+    plan = plan_micro_batches(32, mini_batches=2, world=2, micro=4, seed=0)
+    assert len(plan) == 2 and all(len(m) == 2 for m in plan)
+    assert all(len(mb) == 4 for m in plan for rank in m for mb in rank)
+    flat = sorted(i for m in plan for rank in m for mb in rank for i in mb)
+    assert flat == list(range(32))
+    assert plan == plan_micro_batches(32, 2, 2, 4, seed=0) != plan_micro_batches(32, 2, 2, 4, seed=1)
