@@ -25,3 +25,15 @@ def task_data(tmp_path_factory):
     from rlkit.tiny import write_task_data
 
     return write_task_data(tmp_path_factory.mktemp("task-data"), seed=0)
+
+
+@pytest.fixture()
+def ray_local():
+    """A local Ray instance for one test (rlkit's own runs start and stop their own otherwise)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield
+    ray.shutdown()

@@ -1,24 +1,11 @@
-"""SFT end-to-end helpers: one local Ray instance for the whole module set, tiny runs."""
+"""SFT end-to-end helpers: recipe overrides for tiny runs, metrics readers."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def ray_local():
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    yield
-    ray.shutdown()
 
 
 def sft_overrides(tiny_model, task_data, out_dir, *extra: str) -> list[str]:

@@ -1,0 +1,343 @@
+"""Throughput of `rlkit grpo` against TRL's `GRPOTrainer`, and rlkit's overhead over its parts.
+
+    python scripts/bench_grpo.py                     # 25m model, 4 prompts x 8, 32 tokens, fp32
+    python scripts/bench_grpo.py --size tiny --steps 3 --warmup 1 --prompts 2 --group 4 --max-tokens 8
+
+Four phases run one after another, each in a fresh (spawned) process so that no engine, Ray
+instance or thread setting leaks into the next; the script prints a table and exits 0.
+
+What is compared (same on every side)
+  model   `rlkit.tiny.build_tiny_model(size)`, random init, fp32 on CPU, OMP_NUM_THREADS threads
+          per process (1 by default; rlkit's learner and engine processes take turns).
+  prompts the synthetic arithmetic task (`rlkit.tiny.write_task_data`), alpaca template, taken
+          in file order (curriculum off); `--prompts` per step, `--group` completions each,
+          sampled at temperature 1, top_p 1, at most `--max-tokens` tokens. A random-init model
+          almost never emits eos, so completions run to max_tokens; the mean length of each
+          side is printed.
+  update  one optimizer step per generation batch (on-policy, no old/reference logprob pass,
+          beta 0), DAPO token-mean loss, clip 0.2 / 0.28, AdamW at `--lr`, constant schedule,
+          grad clip 1.0, `--micro-batch` completions per forward/backward.
+  reward  `rewards.exact:number_close` (cheap).
+
+Phases
+  rlkit   `run_grpo` with the recipe `recipes/tiny-grpo.yaml` and overrides (eval, checkpoints,
+          tensorboard off): vLLM engine actor -> rewards -> DeepSpeed learner actor -> weight
+          sync, all through Ray. Step time = `time/step` from metrics.jsonl, first `--warmup`
+          steps dropped. Startup (Ray, engine, DeepSpeed) is not timed.
+  bare generate  rlkit's `RolloutWorker` in this process (no Ray, in-process vLLM engine
+          core), `generate` of the same batch shape; one untimed call, then timed calls.
+  bare train  a plain torch loop, no Ray and no DeepSpeed: the same model, `torch.optim.AdamW`,
+          rlkit's `collate`/`completion_logprobs`/`policy_loss` on the bare-generated
+          completions, grad clip, step; one untimed step, then timed steps.
+  TRL     `trl.GRPOTrainer` on CPU, `use_vllm=False` (its vLLM modes need CUDA weight loading;
+          `--trl-mode colocate` tries it), per-device batch = micro-batch, gradient accumulation
+          = prompts*group / micro-batch, generation batch = prompts*group, so one optimizer step
+          generates and trains on the same number of completions as one rlkit step. A callback
+          stamps each step's end; steps after `--warmup` are timed.
+
+samples/s = prompts*group / mean step time.  overhead = rlkit step / (bare generate + bare
+train) - 1: what Ray calls, DeepSpeed, reward scoring, collation and weight sync add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RECIPE = ROOT / "recipes" / "tiny-grpo.yaml"
+REWARD = "rewards.exact:number_close"
+TRL_MODES = ("generate", "cb", "colocate")
+EPS_LOW, EPS_HIGH = 0.2, 0.28
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size", default="25m", help="rlkit.tiny model size (tiny, 25m)")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps per run (each side)")
+    p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing (>= 1)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    p.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
+    p.add_argument("--max-tokens", type=int, default=32, help="completion length cap")
+    p.add_argument("--micro-batch", type=int, default=16, help="completions per forward/backward")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trl-mode", default="generate", choices=TRL_MODES,
+                   help="TRL generation: generate (HF generate), cb (transformers continuous batching), "
+                        "colocate (vLLM in-process)")
+    p.add_argument("--skip-trl", action="store_true", help="only rlkit and its bare baselines")
+    p.add_argument("--workdir", help="keep model, data and runs here (default: a temp dir)")
+    p.add_argument("--json", help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    if not 1 <= args.warmup < args.steps:
+        p.error(f"need 1 <= --warmup ({args.warmup}) < --steps ({args.steps})")
+    if args.group < 2:
+        p.error("--group must be >= 2")
+    if (args.prompts * args.group) % args.micro_batch:
+        p.error(f"--micro-batch {args.micro_batch} must divide prompts x group = {args.prompts * args.group}")
+    return args
+
+
+def _mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def prompt_rows(data: Path, n: int) -> list[dict[str, Any]]:
+    """The first `n` prompt rows, rendered as rlkit renders them: {prompt, answer}."""
+    from rlkit.data.formats import load_prompts
+    from rlkit.data.templates import render_prompt
+
+    rows = load_prompts(str(data)).rows
+    return [{"prompt": render_prompt(r, "alpaca"), "answer": r["answer"]} for r in rows[:n]]
+
+
+def run_phase(fn: Any, *args: Any) -> Any:
+    """`fn(*args)` in a fresh spawned process (its own Ray / vLLM / threads); returns its result."""
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+# ---------------------------------------------------------------- rlkit
+
+
+def phase_rlkit(args: argparse.Namespace, model_dir: str, data: str, out: str) -> dict[str, Any]:
+    from rlkit import config
+    from rlkit.grpo.run import run_grpo
+    from rlkit.metrics import read_jsonl
+
+    overrides = [
+        f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", "model.tiny=null", "model.dtype=fp32",
+        "device=cpu", f"data.train={data}", "data.eval=null", "data.synthetic_seed=null", "curriculum.enabled=false",
+        f"rewards=[{{fn: '{REWARD}'}}]", f"grpo.steps={args.steps}", f"grpo.prompts_per_step={args.prompts}",
+        f"grpo.group_size={args.group}", f"grpo.micro_batch_size={args.micro_batch}", "grpo.num_learners=1",
+        "grpo.mini_batches=1", "grpo.epochs=1", "grpo.beta=0.0", "grpo.loss_type=dapo",
+        f"grpo.epsilon_low={EPS_LOW}", f"grpo.epsilon_high={EPS_HIGH}", "rollout.num_engines=1",
+        "rollout.temperature=1.0", "rollout.top_p=1.0", f"rollout.max_tokens={args.max_tokens}",
+        f"rollout.max_model_len={max(128, 64 + args.max_tokens)}", f"optim.lr={args.lr}", "optim.scheduler=constant",
+        "optim.max_grad_norm=1.0", "deepspeed.zero_stage=0", "eval.every=0", "checkpoint.every=0",
+        "checkpoint.resume=never", "logging.tensorboard=false", "logging.progress=none", "logging.every=1",
+    ]
+    cfg = config.load("grpo", RECIPE, overrides)
+    started = time.perf_counter()
+    run_grpo(cfg)
+    total = time.perf_counter() - started
+    records = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "time/step" in r]
+    if len(records) != args.steps:
+        raise RuntimeError(f"{out}/metrics.jsonl: {len(records)} step records, expected {args.steps}")
+    timed = records[args.warmup:]
+    keys = ("time/step", "time/generate", "time/reward", "time/ref", "time/train", "time/sync",
+            "completion/len_mean")
+    res = {k: _mean([r[k] for r in timed]) for k in keys}
+    res["time/other"] = res["time/step"] - sum(res[k] for k in keys[1:6])
+    res["wall_s"] = total
+    return res
+
+
+# ---------------------------------------------------------------- bare baselines
+
+
+def phase_bare_generate(args: argparse.Namespace, model_dir: str, data: str, samples_out: str) -> dict[str, Any]:
+    """Time `RolloutWorker.generate` in this process; save the completions for the bare train."""
+    from rlkit.engine.rollout import cpu_engine_env
+
+    os.environ.update(cpu_engine_env(1.0, int(os.environ["OMP_NUM_THREADS"])))  # before vLLM's import
+    from rlkit.engine.rollout import RolloutWorker
+
+    rows = prompt_rows(Path(data), args.prompts * args.steps)
+    worker = RolloutWorker(model_dir, dtype="float32", seed=args.seed, max_model_len=max(128, 64 + args.max_tokens),
+                           kv_cache_gib=1.0)
+    times, lengths, batches = [], [], []
+    for step in range(args.steps):
+        prompts = [r["prompt"] for r in rows[step * args.prompts:(step + 1) * args.prompts]]
+        t0 = time.perf_counter()
+        samples = worker.generate(prompts, n=args.group, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens,
+                                  seed=step)
+        dt = time.perf_counter() - t0
+        if step >= args.warmup:
+            times.append(dt)
+            lengths += [len(s.token_ids) for s in samples]
+        batches.append([[s.prompt_token_ids, s.token_ids] for s in samples])
+    worker.shutdown()
+    Path(samples_out).write_text(json.dumps(batches))
+    return {"time/generate": _mean(times), "completion/len_mean": _mean(lengths)}
+
+
+def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str) -> dict[str, Any]:
+    """Time plain-torch GRPO optimizer steps (no Ray, no DeepSpeed) on the bare completions."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlkit.grpo.batch import Rollout, collate, plan_micro_batches, slice_batch
+    from rlkit.grpo.loss import policy_loss
+    from rlkit.grpo.policy import completion_logprobs
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    torch.manual_seed(args.seed)
+    pad = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    batches = json.loads(Path(samples_in).read_text())
+    times = []
+    for step, samples in enumerate(batches):
+        t0 = time.perf_counter()
+        rollouts = [Rollout(p, c, False) for p, c in samples]
+        batch = collate(rollouts, torch.randn(len(rollouts)), pad)
+        tokens = max(int(batch["completion_mask"][:, 1:].sum()), 1)
+        index = plan_micro_batches(len(rollouts), 1, 1, args.micro_batch, args.seed + step)[0][0]
+        for rows in index:
+            mb = slice_batch(batch, rows)
+            logp, entropy = completion_logprobs(model, mb, 1.0, with_entropy=True)
+            out = policy_loss(logp, None, mb["advantages"], mb["completion_mask"][:, 1:].float(),
+                              epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_type="dapo",
+                              num_items_in_batch=tokens, entropies=entropy)
+            out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    return {"time/train": _mean(times)}
+
+
+# ---------------------------------------------------------------- TRL
+
+
+def phase_trl(args: argparse.Namespace, model_dir: str, data: str, out: str) -> dict[str, Any]:
+    import logging
+
+    import torch
+    import transformers
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+
+    transformers.logging.set_verbosity_error()
+    logging.getLogger("trl").setLevel(logging.ERROR)
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rewards.exact import number_close
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    stamps: list[float] = []
+    logs: list[dict[str, float]] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            stamps.append(time.perf_counter())
+
+        def on_log(self, _args: Any, _state: Any, _control: Any, logs_: dict | None = None, **kw: Any) -> None:
+            logs.append(dict(kw.get("logs") or logs_ or {}))
+
+    rows = args.prompts * args.group
+    mode = args.trl_mode
+    extra: dict[str, Any] = {}
+    if mode == "cb":
+        extra["use_transformers_continuous_batching"] = True
+    elif mode == "colocate":
+        extra.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=max(128, 64 + args.max_tokens),
+                     vllm_gpu_memory_utilization=0.1)
+    trl_args = GRPOConfig(
+        output_dir=out, per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=rows // args.micro_batch, generation_batch_size=rows,
+        num_generations=args.group, max_completion_length=args.max_tokens, temperature=1.0, top_p=1.0,
+        max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", weight_decay=0.0,
+        max_grad_norm=1.0, beta=0.0, loss_type="dapo", epsilon=EPS_LOW, epsilon_high=EPS_HIGH,
+        bf16=False, fp16=False, use_cpu=True, report_to=[], logging_steps=1, save_strategy="no",
+        dataloader_num_workers=0, seed=args.seed, disable_tqdm=True, shuffle_dataset=False, **extra)
+    dataset = Dataset.from_list(prompt_rows(Path(data), args.prompts * args.steps))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=number_close, args=trl_args, train_dataset=dataset,
+                          processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[Stamp()])
+    trainer.remove_callback(PrinterCallback)
+    started = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - started
+    if len(stamps) != args.steps:
+        raise RuntimeError(f"TRL ran {len(stamps)} steps, expected {args.steps}")
+    step_logs = [r for r in logs if "completions/mean_length" in r]
+    return {"time/step": (stamps[-1] - stamps[args.warmup - 1]) / (args.steps - args.warmup),
+            "completion/len_mean": _mean([r["completions/mean_length"] for r in step_logs[args.warmup:]]),
+            "wall_s": total, "mode": mode}
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from rlkit.tiny import build_tiny_model, write_task_data
+
+    started = time.perf_counter()
+    tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-grpo-")
+    work = Path(args.workdir or tmp.name)
+    try:
+        model_dir = work / f"model-{args.size}"
+        if not (model_dir / "config.json").exists():
+            build_tiny_model(model_dir, args.size, seed=args.seed)
+        data = write_task_data(work / "data", seed=args.seed)["grpo_train"]
+        m, d = str(model_dir), str(data)
+        ours = run_phase(phase_rlkit, args, m, d, str(work / "rlkit"))
+        gen = run_phase(phase_bare_generate, args, m, d, str(work / "bare-samples.json"))
+        train = run_phase(phase_bare_train, args, m, str(work / "bare-samples.json"))
+        theirs = None if args.skip_trl else run_phase(phase_trl, args, m, d, str(work / "trl"))
+        elapsed = time.perf_counter() - started
+
+        n = args.prompts * args.group
+        ours_sps = n / ours["time/step"]
+        bare = gen["time/generate"] + train["time/train"]
+        overhead = ours["time/step"] / bare - 1
+        results = {"rlkit": ours, "bare": {**gen, **train}, "trl": theirs,
+                   "rlkit_samples_per_s": ours_sps, "overhead": overhead, "seconds": elapsed}
+        print(f"model {args.size} ({_params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
+              f"{args.prompts} prompts x group {args.group} = {n} completions/step, max_tokens {args.max_tokens}, "
+              f"micro batch {args.micro_batch}, steps {args.steps} (first {args.warmup} not timed), lr {args.lr}")
+        print(f"{'':<24}{'samples/s':>10}{'step s':>9}{'mean len':>10}")
+        print(f"{'rlkit grpo':<24}{ours_sps:>10.2f}{ours['time/step']:>9.3f}{ours['completion/len_mean']:>10.1f}")
+        if theirs is not None:
+            trl_sps = n / theirs["time/step"]
+            results.update(trl_samples_per_s=trl_sps, ratio=ours_sps / trl_sps)
+            print(f"{'TRL GRPOTrainer (' + theirs['mode'] + ')':<24}{trl_sps:>10.2f}{theirs['time/step']:>9.3f}"
+                  f"{theirs['completion/len_mean']:>10.1f}")
+            print(f"ratio rlkit / TRL {ours_sps / trl_sps:.2f}x")
+        print(f"rlkit step {ours['time/step']:.3f} s = generate {ours['time/generate']:.3f} + reward "
+              f"{ours['time/reward']:.3f} + ref {ours['time/ref']:.3f} + train {ours['time/train']:.3f} + sync "
+              f"{ours['time/sync']:.3f} + other {ours['time/other']:.3f}")
+        print(f"bare generate {gen['time/generate']:.3f} s (mean len {gen['completion/len_mean']:.1f}) + bare train "
+              f"{train['time/train']:.3f} s = {bare:.3f} s; overhead {100 * overhead:.1f}%")
+        print(f"total time {elapsed:.0f} s")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        return 0
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _params(model_dir: Path) -> str:
+    from safetensors import safe_open
+
+    n = 0
+    for f in model_dir.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
+    return f"{n / 1e6:.1f}M params"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
