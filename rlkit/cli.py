@@ -120,8 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     if importlib.util.find_spec("rlkit.reward_cli") is not None:
         from rlkit import reward_cli
 
-        reward = sub.add_parser("reward", help="work with reward functions")
-        reward_cli.add_parser(reward.add_subparsers(dest="reward_command", metavar="<reward-command>"))
+        reward_cli.add_parser(sub)  # `rlkit reward test ...`
     return parser
 
 

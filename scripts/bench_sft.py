@@ -12,9 +12,12 @@ What is compared
           rows short, so lengths run from ~30 to ~250 tokens and padding is costly.  Rows are
           encoded once with rlkit's `encode_sft` (alpaca template, eos, cutoff); TRL gets the
           very same ids as a processed dataset (`input_ids` + `completion_mask`, loss on the
-          completion only), so both sides train on identical tokens.
+          completion only), so both sides train on identical tokens.  TRL reads them in
+          rlkit's step order (a replay of rlkit's sampler, `train_sampling_strategy=
+          "sequential"`), so without packing both sides see the same samples at every step.
   batch   rlkit: `train.micro_batch_size` samples per step (grad_accum 1, one learner).
-          TRL, no packing: `per_device_train_batch_size` = the same number of samples, padded.
+          TRL, no packing: `per_device_train_batch_size` = the same samples, padded to the
+          longest, like rlkit.
           TRL, packing: its best CPU mode, `packing=True, packing_strategy="bfd"` (best-fit
           packing of the whole dataset, padding-free: one flattened row, sequences kept apart
           through `position_ids`, which sdpa honours).  Its batch counts packed rows, not
@@ -36,6 +39,9 @@ How tokens/s is counted (the same on both sides)
           tokens of each batch it receives (attention-mask sum, or the flattened length when
           padding-free).  Time includes data loading, forward, backward, optimizer, callbacks.
   Startup (Ray, DeepSpeed engine, TRL dataset preparation) is excluded on both sides.
+  With `--repeat R` each side runs R times per mode, in alternating order, and its best run
+  counts (wall time on a shared machine is noisy; the JSON keeps every run).  The "pad"
+  columns give the share of padding in the tokens each side fed the model.
 """
 
 from __future__ import annotations
@@ -68,12 +74,17 @@ class Result:
     """Steady-state throughput of one trainer in one mode."""
 
     tokens: int  # real input tokens over the timed steps
+    padded: int  # tokens fed to the model over the timed steps, padding included
     seconds: float  # wall time of the timed steps
     steps: int  # timed steps
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def pad_share(self) -> float:
+        return 1 - self.tokens / self.padded if self.padded else float("nan")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cutoff", type=int, default=256, help="data.cutoff_len / TRL max_length")
     p.add_argument("--rows", type=int, default=512, help="training rows to generate")
     p.add_argument("--modes", default="nopack,pack", help="comma list of: nopack, pack")
+    p.add_argument("--repeat", type=int, default=1, help="runs per side and mode (alternating); best counts")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", help="keep model, data and runs here (default: a temp dir)")
@@ -94,6 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         p.error(f"--modes: unknown {bad or modes}; choose from {', '.join(MODES)}")
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
     if not 1 <= args.warmup < args.steps:
         p.error(f"need 1 <= --warmup ({args.warmup}) < --steps ({args.steps})")
     args.modes = modes
@@ -144,11 +158,29 @@ def label_tokens(sample: dict[str, list[int]]) -> int:
 # ---------------------------------------------------------------- rlkit
 
 
-def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], args: argparse.Namespace,
-                packing: bool, out: Path) -> Result:
+def rlkit_schedule(n_rows: int, steps: int, micro: int, seed: int) -> list[list[int]]:
+    """Row indices of each rlkit step: a replay of the driver's sampler (curriculum off)."""
+    from rlkit.data.curriculum import CurriculumSampler
+
+    sampler = CurriculumSampler([None] * n_rows, steps, micro, seed, enabled=False)
+    return [sampler.next_batch() for _ in range(steps)]
+
+
+def padded_tokens(batch: list[dict], packing: bool, cutoff: int) -> int:
+    """Tokens rlkit's collate feeds the model for one micro-batch, padding included."""
+    from rlkit.data.collate import pack_bins
+
+    lens = [len(s["input_ids"]) for s in batch]
+    if not packing:
+        return len(lens) * max(lens)
+    bins = pack_bins(lens, cutoff)
+    return len(bins) * max(sum(lens[i] for i in b) for b in bins)
+
+
+def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list[list[int]],
+                args: argparse.Namespace, packing: bool, out: Path) -> Result:
     """Run `run_sft`, then time the steady-state steps from its metrics.jsonl."""
     from rlkit import config
-    from rlkit.data.curriculum import CurriculumSampler
     from rlkit.metrics import read_jsonl
     from rlkit.sft.run import run_sft
 
@@ -161,23 +193,19 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], args: argparse
         "eval.every=0", "checkpoint.every=0", "checkpoint.resume=never", "logging.tensorboard=false",
         "logging.progress=none", "logging.every=1",
     ]
-    cfg = config.load("sft", RECIPE, overrides)
-    run_sft(cfg)
+    run_sft(config.load("sft", RECIPE, overrides))
     records = [r for r in read_jsonl(out / "metrics.jsonl") if "tokens_per_s" in r]
     if len(records) != args.steps:
         raise RuntimeError(f"{out / 'metrics.jsonl'}: {len(records)} step records, expected {args.steps}")
-    # Replay the driver's sampler (curriculum off: shuffled epochs) to know each step's samples.
-    c = cfg.curriculum
-    sampler = CurriculumSampler([None] * len(samples), args.steps, args.micro_batch, cfg.seed, c.levels,
-                                [(p.until, p.mix) for p in c.phases], enabled=False)
-    tokens, seconds = 0, 0.0
-    for rec in records:
-        batch = [samples[i] for i in sampler.next_batch()]
+    tokens, padded, seconds = 0, 0, 0.0
+    for rec, rows in zip(records, schedule):
         if rec["step"] <= args.warmup:
             continue
+        batch = [samples[i] for i in rows]
         seconds += sum(label_tokens(s) for s in batch) / rec["tokens_per_s"]
         tokens += sum(len(s["input_ids"]) for s in batch)
-    return Result(tokens, seconds, args.steps - args.warmup)
+        padded += padded_tokens(batch, packing, args.cutoff)
+    return Result(tokens, padded, seconds, args.steps - args.warmup)
 
 
 # ---------------------------------------------------------------- TRL
@@ -190,21 +218,22 @@ def trl_pack_shape(samples: list[dict], micro: int, cutoff: int) -> tuple[int, i
     return rows, max(cutoff, math.ceil(micro * mean_len / rows))
 
 
-def bench_trl(model_dir: Path, samples: list[dict], args: argparse.Namespace, packing: bool,
+def bench_trl(model_dir: Path, ordered: list[dict], args: argparse.Namespace, packing: bool,
               out: Path) -> tuple[Result, int, int]:
-    """Train with `trl.SFTTrainer`; returns the result and the (batch, max_length) it used."""
+    """Train with `trl.SFTTrainer` on `ordered` (rlkit's samples, in rlkit's step order, read
+    sequentially); returns the result and the (batch, max_length) it used."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    stamps: list[tuple[float, int]] = []  # (time, tokens so far) at the end of each optimizer step
-    seen = [0]
+    stamps: list[tuple[float, int, int]] = []  # (time, real tokens, padded tokens) at each step end
+    seen = [0, 0]
 
     class Stamp(TrainerCallback):
         def on_step_end(self, *_: Any, **__: Any) -> None:
-            stamps.append((time.perf_counter(), seen[0]))
+            stamps.append((time.perf_counter(), seen[0], seen[1]))
 
     class CountingTrainer(SFTTrainer):
         def training_step(self, model: Any, inputs: dict, *rest: Any, **kw: Any) -> Any:
@@ -212,19 +241,20 @@ def bench_trl(model_dir: Path, samples: list[dict], args: argparse.Namespace, pa
                 seen[0] += int(inputs["attention_mask"].sum())
             else:  # padding-free: one flattened row, no padding
                 seen[0] += int(inputs["input_ids"].numel())
+            seen[1] += int(inputs["input_ids"].numel())
             return super().training_step(model, inputs, *rest, **kw)
 
-    batch, max_length = trl_pack_shape(samples, args.micro_batch, args.cutoff) if packing \
+    batch, max_length = trl_pack_shape(ordered, args.micro_batch, args.cutoff) if packing \
         else (args.micro_batch, args.cutoff)
     dataset = Dataset.from_list([{"input_ids": s["input_ids"],
-                                  "completion_mask": [int(x != -100) for x in s["labels"]]} for s in samples])
+                                  "completion_mask": [int(x != -100) for x in s["labels"]]} for s in ordered])
     sft_args = SFTConfig(
         output_dir=str(out), per_device_train_batch_size=batch, gradient_accumulation_steps=1,
         max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=args.warmup,
         weight_decay=0.0, max_grad_norm=1.0, bf16=False, fp16=False, packing=packing,
         packing_strategy="bfd", max_length=max_length, completion_only_loss=True, report_to=[],
         save_strategy="no", eval_strategy="no", logging_steps=args.steps, dataloader_num_workers=0,
-        use_cpu=True, seed=args.seed, disable_tqdm=True)
+        use_cpu=True, seed=args.seed, disable_tqdm=True, train_sampling_strategy="sequential")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     trainer = CountingTrainer(model=model, args=sft_args, train_dataset=dataset,
                               processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[Stamp()])
@@ -232,8 +262,8 @@ def bench_trl(model_dir: Path, samples: list[dict], args: argparse.Namespace, pa
     trainer.train()
     if len(stamps) != args.steps:
         raise RuntimeError(f"TRL ran {len(stamps)} steps, expected {args.steps}")
-    (t0, k0), (t1, k1) = stamps[args.warmup - 1], stamps[-1]
-    return Result(k1 - k0, t1 - t0, args.steps - args.warmup), batch, max_length
+    (t0, k0, p0), (t1, k1, p1) = stamps[args.warmup - 1], stamps[-1]
+    return Result(k1 - k0, p1 - p0, t1 - t0, args.steps - args.warmup), batch, max_length
 
 
 # ---------------------------------------------------------------- main
@@ -256,40 +286,64 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-sft-")
     work = Path(args.workdir or tmp.name)
     try:
-        model_dir = work / "model"
+        model_dir = work / f"model-{args.size}"
         if not (model_dir / "config.json").exists():
             build_tiny_model(model_dir, args.size, seed=args.seed)
         rows = bench_rows(args.rows, args.seed)
         data = write_rows(work / "data" / "train.jsonl", rows)
         samples = encode(rows, model_dir, args.cutoff)
-        lens = [len(s["input_ids"]) for s in samples]
-        results = {}
-        for mode in args.modes:
-            packing = MODES[mode]
-            ours = bench_rlkit(model_dir, data, samples, args, packing, work / f"rlkit-{mode}")
-            theirs, trl_batch, trl_len = bench_trl(model_dir, samples, args, packing, work / f"trl-{mode}")
-            results[mode] = {"rlkit_tokens_per_s": ours.tokens_per_s, "trl_tokens_per_s": theirs.tokens_per_s,
-                             "ratio": ours.tokens_per_s / theirs.tokens_per_s,
-                             "rlkit": vars(ours), "trl": vars(theirs),
-                             "trl_batch": trl_batch, "trl_max_length": trl_len}
+        schedule = rlkit_schedule(len(samples), args.steps, args.micro_batch, args.seed)
+        ordered = [samples[i] for step in schedule for i in step]
+        results = {mode: bench_mode(model_dir, data, samples, schedule, ordered, args, mode, work)
+                   for mode in args.modes}
         elapsed = time.perf_counter() - started
-        print(f"model {args.size} ({_params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
-              f"micro batch {args.micro_batch}, grad_accum 1, steps {args.steps} (first {args.warmup} not timed), "
-              f"cutoff {args.cutoff}, {len(rows)} rows of {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f})")
-        print("tokens/s = real input tokens (prompt + response, no padding) / wall time of the timed steps")
-        print(f"{'mode':<12}{'rlkit tok/s':>14}{'TRL tok/s':>14}{'ratio':>9}   TRL batch")
-        for mode, r in results.items():
-            name = "packing" if MODES[mode] else "no packing"
-            print(f"{name:<12}{r['rlkit_tokens_per_s']:>14.1f}{r['trl_tokens_per_s']:>14.1f}"
-                  f"{r['ratio']:>8.2f}x   {r['trl_batch']} x {r['trl_max_length']}")
-        print(f"total time {elapsed:.0f} s")
+        print_table(args, model_dir, samples, results, elapsed)
         if args.json:
-            Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items()},
-                                                   "results": results, "seconds": elapsed}, indent=1))
+            Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "seconds": elapsed},
+                                                  indent=1), encoding="utf-8")
         return 0
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def bench_mode(model_dir: Path, data: Path, samples: list[dict], schedule: list[list[int]], ordered: list[dict],
+               args: argparse.Namespace, mode: str, work: Path) -> dict[str, Any]:
+    """Both trainers, `--repeat` times each in alternating order; the best run of each side counts."""
+    packing = MODES[mode]
+    ours, theirs, shape = [], [], (0, 0)
+    for r in range(args.repeat):
+        for side in ("rlkit", "trl") if r % 2 == 0 else ("trl", "rlkit"):
+            if side == "rlkit":
+                ours.append(bench_rlkit(model_dir, data, samples, schedule, args, packing, work / f"rlkit-{mode}-{r}"))
+            else:
+                result, *shape = bench_trl(model_dir, ordered, args, packing, work / f"trl-{mode}-{r}")
+                theirs.append(result)
+    best_ours = max(ours, key=lambda x: x.tokens_per_s)
+    best_theirs = max(theirs, key=lambda x: x.tokens_per_s)
+    return {"rlkit_tokens_per_s": best_ours.tokens_per_s, "trl_tokens_per_s": best_theirs.tokens_per_s,
+            "ratio": best_ours.tokens_per_s / best_theirs.tokens_per_s,
+            "rlkit_pad_share": best_ours.pad_share, "trl_pad_share": best_theirs.pad_share,
+            "rlkit_runs": [vars(x) for x in ours], "trl_runs": [vars(x) for x in theirs],
+            "trl_batch": shape[0], "trl_max_length": shape[1]}
+
+
+def print_table(args: argparse.Namespace, model_dir: Path, samples: list[dict], results: dict[str, dict],
+                elapsed: float) -> None:
+    lens = [len(s["input_ids"]) for s in samples]
+    print(f"model {args.size} ({_params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
+          f"micro batch {args.micro_batch}, grad_accum 1, steps {args.steps} (first {args.warmup} not timed), "
+          f"repeat {args.repeat}, cutoff {args.cutoff}, {len(lens)} rows of {min(lens)}-{max(lens)} tokens "
+          f"(mean {sum(lens) / len(lens):.0f})")
+    print("tokens/s = real input tokens (prompt + response, no padding) / wall time of the timed steps; "
+          "pad = share of padding in the tokens fed to the model")
+    print(f"{'mode':<12}{'rlkit tok/s':>13}{'TRL tok/s':>13}{'ratio':>8}{'pad rlkit':>11}{'pad TRL':>9}"
+          "   TRL batch")
+    for mode, r in results.items():
+        name = "packing" if MODES[mode] else "no packing"
+        print(f"{name:<12}{r['rlkit_tokens_per_s']:>13.1f}{r['trl_tokens_per_s']:>13.1f}{r['ratio']:>7.2f}x"
+              f"{r['rlkit_pad_share']:>10.0%}{r['trl_pad_share']:>9.0%}   {r['trl_batch']} x {r['trl_max_length']}")
+    print(f"total time {elapsed:.0f} s")
 
 
 def _params(model_dir: Path) -> str:

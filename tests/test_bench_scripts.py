@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-ROW = re.compile(r"^(no packing|packing)\s+(\d+\.\d)\s+(\d+\.\d)\s+(\d+\.\d\d)x\s+\d+ x \d+$")
+ROW = re.compile(r"^(no packing|packing)\s+(\d+\.\d)\s+(\d+\.\d)\s+(\d+\.\d\d)x\s+\d+%\s+\d+%\s+\d+ x \d+$")
 
 
 def test_bench_sft_prints_table(tmp_path):
@@ -35,7 +35,10 @@ def test_bench_sft_prints_table(tmp_path):
         assert ratio == pytest.approx(ours / theirs, abs=0.01)
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"nopack", "pack"}
-    # Both sides timed the same steps over the same data.
     for r in results.values():
-        assert r["rlkit"]["steps"] == r["trl"]["steps"] == 2
-        assert r["rlkit"]["tokens"] > 0 and r["trl"]["tokens"] > 0
+        (ours,), (theirs,) = r["rlkit_runs"], r["trl_runs"]
+        assert ours["steps"] == theirs["steps"] == 2 and ours["tokens"] > 0 and theirs["tokens"] > 0
+    # Without packing both sides train on the same samples at every step.
+    nopack = results["nopack"]
+    assert nopack["rlkit_runs"][0]["tokens"] == nopack["trl_runs"][0]["tokens"]
+    assert nopack["rlkit_runs"][0]["padded"] == nopack["trl_runs"][0]["padded"]

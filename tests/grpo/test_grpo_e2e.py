@@ -87,3 +87,41 @@ def test_errors_before_launch_are_one_line(task_data, tmp_path):
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
     assert "model.path:" in missing.stderr and "no config.json" in missing.stderr
+
+
+TRL_STYLE_REWARD = '''
+def answer_digits(completions, answer, **kwargs):
+    """Written the TRL way: a dataset column as a kwarg, returns floats."""
+    return [float(len(c.strip()) > 0 and c.strip()[0] == a[0]) for c, a in zip(completions, answer)]
+'''
+
+
+def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tmp_path):
+    """LoRA policy, reference = adapters disabled (beta > 0), LoRA merged into vLLM at each sync;
+    a TRL-style reward file next to the recipe plus the shipped math accuracy and R1 format rewards."""
+    import shutil
+
+    from rlkit.grpo.run import run_grpo
+
+    recipe = tmp_path / "recipe.yaml"
+    shutil.copy(GRPO_RECIPE, recipe)
+    (tmp_path / "my_rewards.py").write_text(TRL_STYLE_REWARD)
+    out = tmp_path / "grpo-lora"
+    rewards = ("rewards=[{fn: 'my_rewards.py:answer_digits'}, {fn: 'rewards.math:accuracy'}, "
+               "{fn: 'rewards.format:think_answer', weight: 0.1}]")
+    cfg = config.load("grpo", recipe, grpo_overrides(
+        sft_model, task_data, out, rewards, "finetuning=lora", "lora.r=8", "lora.alpha=16", "lora.dropout=0.0",
+        "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]", "grpo.beta=0.05",
+        "grpo.steps=4", "grpo.epochs=2", "eval.every=0", "checkpoint.every=0", "optim.lr=5e-3"))
+    final = run_grpo(cfg, recipe)
+    rows = _metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for name in ("answer_digits", "accuracy", "think_answer"):
+        assert f"reward/{name}/mean" in rows[0], name
+    assert rows[0]["reward/accuracy/mean"] >= 0.0
+    # The policy moves away from the reference: KL grows from ~0 at the first update.
+    assert rows[-1]["train/kl_mean"] > rows[0]["train/kl_mean"] >= 0.0
+    assert rows[-1]["train/kl_mean"] > 1e-6
+    # Two epochs over each rollout batch: the second pass is off-policy, so ratios leave 1.
+    assert any(abs(r["train/ratio_mean"] - 1.0) > 1e-6 for r in rows)
+    assert (final / "adapter" / "adapter_config.json").exists() and (final / "model.safetensors").exists()

@@ -1,0 +1,56 @@
+"""The offline tiny model loads in transformers and generates; the synthetic task is deterministic."""
+
+import json
+
+import pytest
+import torch
+
+from rlkit.tiny import LEVELS, SIZES, make_problem, write_task_data
+
+
+def test_tiny_model_loads_and_generates(tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert model.config.hidden_size // model.config.num_attention_heads >= 32  # vLLM CPU attention
+    assert tok.eos_token_id is not None and tok.pad_token_id is not None and tok.chat_template
+    assert tok.convert_ids_to_tokens(tok("12+7=").input_ids) == ["1", "2", "+", "7", "="]
+    ids = tok("### 指令:\n计算\n\n### 输入:\n12+7=\n\n### 回答:\n", return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > ids.input_ids.shape[1]
+    assert (tiny_model / "model.safetensors").exists()
+
+
+def test_sizes_have_vllm_compatible_heads_and_25m_is_25m():
+    for s in SIZES.values():
+        assert s.hidden // s.heads >= 32
+    s = SIZES["25m"]
+    per_layer = 4 * s.hidden * s.hidden * 0.75 + 3 * s.hidden * s.intermediate  # q,o full; k,v half (kv heads)
+    total = s.layers * per_layer + s.vocab * s.hidden
+    assert 20e6 < total < 35e6
+
+
+def test_task_data_is_deterministic_with_levels(tmp_path):
+    a = write_task_data(tmp_path / "a", seed=3)
+    b = write_task_data(tmp_path / "b", seed=3)
+    c = write_task_data(tmp_path / "c", seed=4)
+    assert a["sft_train"].read_text() == b["sft_train"].read_text() != c["sft_train"].read_text()
+    rows = [json.loads(x) for x in a["sft_train"].read_text().splitlines()]
+    assert {r["difficulty"] for r in rows} == set(LEVELS)
+    assert all(set(r) == {"instruction", "input", "output", "difficulty"} for r in rows)
+    held = {json.loads(x)["input"] for x in a["sft_eval"].read_text().splitlines()}
+    assert not held & {r["input"] for r in rows}, "held-out expressions must not appear in training"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_problems_are_correct(level):
+    import random
+
+    rng = random.Random(0)
+    for _ in range(50):
+        expr, ans = make_problem(rng, level)
+        assert eval(expr) == int(ans)  # noqa: S307 - our own arithmetic strings
+    with pytest.raises(ValueError, match="unknown difficulty level"):
+        make_problem(rng, "hard")
+    assert torch.__version__
