@@ -268,6 +268,7 @@ class GRPOAlgoConfig:
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
     advantage: Literal["grpo", "dr_grpo", "batch"] = "grpo"
     advantage_eps: float = 1e-4
+    async_generation: bool = False  # generate step k+1 while step k trains (one step off-policy)
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups and refill
     max_refill_rounds: int = 3
     mask_truncated: bool = False

@@ -79,10 +79,26 @@ def pad_collate(samples: Sequence[dict[str, list[int]]], pad_id: int) -> dict[st
 
 
 def pack_bins(lengths: Sequence[int], max_len: int) -> list[list[int]]:
-    """First-fit-decreasing bins of sample indices, each bin's total length <= max_len.
+    """Bins of sample indices, each bin's total length <= max_len, rows of similar length.
 
+    First-fit-decreasing picks the number of rows k; the samples are then dealt longest-first
+    to the currently shortest of k rows, so rows end at similar lengths and padding to the
+    longest row is small (falls back to the first-fit bins if that would overflow).
     Deterministic: ties keep input order; indices inside a bin are in input order.
     """
+    first_fit = _first_fit_decreasing(lengths, max_len)
+    k = len(first_fit)
+    loads, balanced = [0] * k, [[] for _ in range(k)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        j = min(range(k), key=loads.__getitem__)
+        if loads[j] + lengths[i] > max_len:
+            return first_fit
+        balanced[j].append(i)
+        loads[j] += lengths[i]
+    return [sorted(b) for b in balanced]
+
+
+def _first_fit_decreasing(lengths: Sequence[int], max_len: int) -> list[list[int]]:
     too_long = [i for i, n in enumerate(lengths) if n > max_len]
     if too_long:
         raise ValueError(f"sample {too_long[0]} has {lengths[too_long[0]]} tokens, more than "

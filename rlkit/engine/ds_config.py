@@ -31,7 +31,7 @@ def deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig, dtype: str, micro_
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": grad_accum,
         "train_batch_size": micro_batch_size * grad_accum * world_size,
-        "gradient_clipping": optim.max_grad_norm,
+        "gradient_clipping": 0.0 if learner_clips(ds, dtype) else optim.max_grad_norm,
         "zero_optimization": zero,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -45,6 +45,12 @@ def deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig, dtype: str, micro_
         cfg["optimizer"] = {"type": "AdamW", "params": {
             "lr": optim.lr, "betas": list(optim.betas), "eps": optim.eps, "weight_decay": optim.weight_decay}}
     return merge(cfg, ds.extra)
+
+
+def learner_clips(ds: DeepSpeedConfig, dtype: str) -> bool:
+    """At ZeRO-0 in fp32 DeepSpeed clips without reporting the norm: rlkit clips there itself
+    (one norm computation, which it also logs). Elsewhere DeepSpeed's optimizer clips and reports."""
+    return ds.zero_stage == 0 and dtype == "fp32"
 
 
 def warmup_steps(optim: OptimConfig, total_steps: int) -> int:

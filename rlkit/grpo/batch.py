@@ -19,13 +19,16 @@ class Rollout:
     prompt_ids: list[int]
     completion_ids: list[int]
     truncated: bool  # hit max_tokens without a stop
+    logprobs: list[float] | None = None  # the sampling engine's logprob of each completion token
 
 
 def collate(rollouts: Sequence[Rollout], advantages: torch.Tensor, pad_id: int,
-            mask_truncated: bool = False) -> dict[str, torch.Tensor]:
+            mask_truncated: bool = False, behaviour_logp: bool = False) -> dict[str, torch.Tensor]:
     """Right-padded tensors: input_ids, attention_mask, completion_mask [B, L]; advantages [B].
 
     With `mask_truncated`, truncated completions get an all-zero completion mask (no loss).
+    With `behaviour_logp`, also `old_logp` [B, L-1] (shifted space) from the engine's sampling
+    logprobs: the importance-ratio denominator when rollouts come from an older policy.
     """
     length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
     B = len(rollouts)
@@ -38,8 +41,17 @@ def collate(rollouts: Sequence[Rollout], advantages: torch.Tensor, pad_id: int,
         attn[i, :p + c] = 1
         if not (mask_truncated and r.truncated):
             comp[i, p:p + c] = 1
-    return {"input_ids": ids, "attention_mask": attn, "completion_mask": comp,
-            "advantages": advantages.to(torch.float32)}
+    out = {"input_ids": ids, "attention_mask": attn, "completion_mask": comp,
+           "advantages": advantages.to(torch.float32)}
+    if behaviour_logp:
+        old = torch.zeros((B, length - 1), dtype=torch.float32)
+        for i, r in enumerate(rollouts):
+            if r.logprobs is None or len(r.logprobs) != len(r.completion_ids):
+                raise ValueError(f"rollout {i}: needs one sampling logprob per completion token")
+            p = len(r.prompt_ids)
+            old[i, p - 1:p - 1 + len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float32)
+        out["old_logp"] = old
+    return out
 
 
 def slice_batch(batch: dict[str, torch.Tensor], index: Sequence[int]) -> dict[str, torch.Tensor]:

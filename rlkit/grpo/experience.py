@@ -37,17 +37,25 @@ class RolloutGroup:
             for i in range(r.num_engines)]
         ray.get([e.ready.remote() for e in self.engines])
 
-    def generate(self, prompts: list[str], n: int, seed: int, cfg: GRPOConfig) -> list[Any]:
-        """`n` samples per prompt, prompt-major, reproducible for `seed`."""
-        import ray
-
+    def generate_async(self, prompts: list[str], n: int, seed: int, cfg: GRPOConfig) -> list[Any]:
+        """Start generating `n` samples per prompt; returns Ray futures for `gather`."""
         r, k = cfg.rollout, len(self.engines)
         size = -(-len(prompts) // k)
         shards = [prompts[i * size:(i + 1) * size] for i in range(k)]
-        futures = [e.generate.remote(s, n=n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
-                                     stop=list(r.stop) or None, seed=seed * 131 + i)
-                   for i, (e, s) in enumerate(zip(self.engines, shards)) if s]
+        return [e.generate.remote(s, n=n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
+                                  stop=list(r.stop) or None, seed=seed * 131 + i)
+                for i, (e, s) in enumerate(zip(self.engines, shards)) if s]
+
+    @staticmethod
+    def gather(futures: list[Any]) -> list[Any]:
+        """Samples of `generate_async`, prompt-major."""
+        import ray
+
         return [s for part in ray.get(futures) for s in part]
+
+    def generate(self, prompts: list[str], n: int, seed: int, cfg: GRPOConfig) -> list[Any]:
+        """`n` samples per prompt, prompt-major, reproducible for `seed`."""
+        return self.gather(self.generate_async(prompts, n, seed, cfg))
 
     def shutdown(self) -> None:
         import ray
@@ -81,11 +89,31 @@ def score_samples(rows: list[dict], prompts: list[str], samples: list[Any], scor
     return rewards, metrics
 
 
-def collect(rows_fn: Any, render: Any, engines: RolloutGroup, scorer: Any, cfg: GRPOConfig,
-            step: int) -> Experience:
-    """Generate and score `prompts_per_step` groups. With dynamic sampling (DAPO), groups whose
-    rewards are all equal are dropped and more prompts are drawn, up to `max_refill_rounds`;
-    if still short, dropped groups fill the gap (they carry zero advantage)."""
+@dataclass
+class Pending:
+    """Generation in flight for one step (see `launch`)."""
+
+    rows: list[dict]
+    prompts: list[str]
+    futures: list[Any]
+    started: float
+    sampler_state: dict | None = None  # the sampler before these rows were drawn (for checkpoints)
+
+
+def launch(rows: list[dict], render: Any, engines: RolloutGroup, cfg: GRPOConfig, step: int, attempt: int = 0,
+           sampler_state: dict | None = None) -> Pending:
+    """Start generating G completions for each row; returns at once."""
+    prompts = [render(r) for r in rows]
+    futures = engines.generate_async(prompts, cfg.grpo.group_size, seed=step * 1000 + attempt, cfg=cfg)
+    return Pending(rows, prompts, futures, time.perf_counter(), sampler_state)
+
+
+def finish(pending: Pending, more_rows: Any, render: Any, engines: RolloutGroup, scorer: Any, cfg: GRPOConfig,
+           step: int) -> Experience:
+    """Wait for `pending`, score, and assemble `prompts_per_step` groups. With dynamic sampling
+    (DAPO), groups whose rewards are all equal are dropped and more prompts (`more_rows()`) are
+    generated, up to `max_refill_rounds`; if still short, dropped groups fill the gap (they carry
+    zero advantage)."""
     G, want = cfg.grpo.group_size, cfg.grpo.prompts_per_step
     kept: list[tuple[list[Rollout], torch.Tensor]] = []
     spare: list[tuple[list[Rollout], torch.Tensor]] = []
@@ -93,21 +121,21 @@ def collect(rows_fn: Any, render: Any, engines: RolloutGroup, scorer: Any, cfg: 
     first_metrics: dict[str, float] = {}
     lengths: list[int] = []
     truncated = 0
-    for attempt in range(1 + (cfg.grpo.max_refill_rounds if cfg.grpo.dynamic_sampling else 0)):
-        rows = rows_fn()
-        prompts = [render(r) for r in rows]
-        t0 = time.perf_counter()
-        samples = engines.generate(prompts, G, seed=step * 1000 + attempt, cfg=cfg)
+    rounds = 1 + (cfg.grpo.max_refill_rounds if cfg.grpo.dynamic_sampling else 0)
+    for attempt in range(rounds):
+        if attempt:
+            pending = launch(more_rows(), render, engines, cfg, step, attempt)
+        samples = engines.gather(pending.futures)
         t1 = time.perf_counter()
-        rewards, metrics = score_samples(rows, prompts, samples, scorer, cfg)
-        t_gen, t_rew = t_gen + t1 - t0, t_rew + time.perf_counter() - t1
+        rewards, metrics = score_samples(pending.rows, pending.prompts, samples, scorer, cfg)
+        t_gen, t_rew = t_gen + t1 - pending.started, t_rew + time.perf_counter() - t1
         if attempt == 0:
             first_metrics = {**metrics, "frac_zero_std": frac_zero_std(rewards, G)}
             lengths = [len(s.token_ids) for s in samples]
             truncated = sum(s.finish_reason == "length" for s in samples)
         zero = zero_std_mask(rewards, G)
-        for g in range(len(rows)):
-            group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length")
+        for g in range(len(pending.rows)):
+            group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs)
                      for s in samples[g * G:(g + 1) * G]]
             target = spare if (cfg.grpo.dynamic_sampling and bool(zero[g])) else kept
             target.append((group, rewards[g * G:(g + 1) * G]))

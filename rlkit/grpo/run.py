@@ -18,7 +18,13 @@ log = logging.getLogger("rlkit")
 
 
 def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
-    """Run GRPO from a loaded recipe; returns the final policy directory."""
+    """Run GRPO from a loaded recipe; returns the final policy directory.
+
+    With `grpo.async_generation` the engines generate step k+1 while the learners train step k
+    (the batch is one policy version old; the engine's sampling logprobs are the ratio's
+    denominator). Ray runs an engine's calls in order, so the weight sync after step k waits
+    for that generation to finish and never lands mid-generation.
+    """
     from rlkit.grpo.setup import build_run
 
     run = build_run(cfg, recipe_path)  # checks everything (data, rewards, paths) before Ray starts
@@ -29,11 +35,14 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         logger = run.logger(step)
         if step == 0 and cfg.eval.every:
             logger.log(0, {"eval_reward": run.evaluate()})          # the starting point
+        overlap = cfg.grpo.async_generation
+        pending = run.launch(step) if step < run.total_steps else None
         while step < run.total_steps:
             t0 = time.perf_counter()
-            exp = run.collect(step)                                 # sample, generate, score
+            exp = run.finish(pending, step)                         # generate, score (+ refills)
             batch, adv_metrics = run.batch(exp)                     # advantages, tensors
-            t1 = time.perf_counter()
+            pending = run.launch(step + 1) if overlap and step + 1 < run.total_steps else None
+            t1 = time.perf_counter()                                # ^ next step generates during training
             plan = run.plan(batch, step)                            # mini/micro-batches per rank
             run.attach_logprobs(batch, plan)                        # reference / old-policy logprobs
             t2 = time.perf_counter()
@@ -50,7 +59,9 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                 metrics["eval_reward"] = run.evaluate()
             logger.log(step, metrics)
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-                run.checkpoint(step)
+                run.checkpoint(step, pending)
+            if pending is None and step < run.total_steps:
+                pending = run.launch(step)
         return run.save_final()
     finally:
         if logger is not None:

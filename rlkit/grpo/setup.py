@@ -110,18 +110,28 @@ class GRPORun:
 
     # ------------------------------------------------------------------ loop stages
 
-    def collect(self, step: int) -> Any:
-        from rlkit.grpo.experience import collect
+    def launch(self, step: int) -> Any:
+        """Draw the step's prompts and start generating (returns at once)."""
+        from rlkit.grpo.experience import launch
 
-        rows = lambda: [self.prompts[i] for i in self.sampler.next_batch()]  # noqa: E731
-        return collect(rows, self.render, self.engines, self.scorer, self.cfg, step)
+        state = self.sampler.state_dict()
+        rows = [self.prompts[i] for i in self.sampler.next_batch()]
+        return launch(rows, self.render, self.engines, self.cfg, step, sampler_state=state)
+
+    def finish(self, pending: Any, step: int) -> Any:
+        """Wait for the generation, score it, refill (dynamic sampling): the step's experience."""
+        from rlkit.grpo.experience import finish
+
+        more = lambda: [self.prompts[i] for i in self.sampler.next_batch()]  # noqa: E731
+        return finish(pending, more, self.render, self.engines, self.scorer, self.cfg, step)
 
     def batch(self, exp: Any) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         from rlkit.grpo.batch import collate
         from rlkit.grpo.experience import advantages
 
         adv = advantages(exp.rewards, self.cfg)
-        batch = collate(exp.rollouts, adv, self.tokenizer.pad_token_id, self.cfg.grpo.mask_truncated)
+        batch = collate(exp.rollouts, adv, self.tokenizer.pad_token_id, self.cfg.grpo.mask_truncated,
+                        behaviour_logp=self.cfg.grpo.async_generation)
         return batch, {"advantage/mean": float(adv.mean()), "advantage/std": float(adv.std()),
                        "advantage/abs_mean": float(adv.abs().mean())}
 
@@ -135,10 +145,12 @@ class GRPORun:
         return [[[slice_batch(batch, mb) for mb in rank] for rank in mini] for mini in index]
 
     def attach_logprobs(self, batch: dict[str, torch.Tensor], plan: list) -> None:
-        """Reference logprobs when beta > 0; old-policy logprobs when a rollout batch is reused
-        (epochs > 1 or several mini-batches), else the ratio is taken against the detached policy."""
+        """Reference logprobs when beta > 0. Old-policy logprobs: with async generation the engine's
+        sampling logprobs (already in the batch); else recomputed when a rollout batch is reused
+        (epochs > 1 or several mini-batches); else the ratio is taken against the detached policy."""
         g, temp = self.cfg.grpo, self.cfg.rollout.temperature
-        wanted = (["ref"] if g.beta > 0 else []) + (["policy"] if g.epochs > 1 or g.mini_batches > 1 else [])
+        reused = (g.epochs > 1 or g.mini_batches > 1) and not g.async_generation
+        wanted = (["ref"] if g.beta > 0 else []) + (["policy"] if reused else [])
         for which in wanted:
             key = "ref_logp" if which == "ref" else "old_logp"
             for mini in plan:
@@ -179,10 +191,13 @@ class GRPORun:
         result = self.scorer.score(prompts, [s.text for s in samples], [s.token_ids for s in samples], cols)
         return sum(result.total) / max(len(result.total), 1)
 
-    def checkpoint(self, step: int) -> None:
+    def checkpoint(self, step: int, pending: Any = None) -> None:
+        """Learner state after `step`; the sampler as it was before the next step's prompts were
+        drawn (with async generation they already are)."""
         staging = self.ckpts.staging_dir(step)
         self.learners.call("save_checkpoint", str(staging))
-        self.ckpts.commit(staging, step, {"sampler": self.sampler.state_dict(), "driver": {}})
+        sampler = pending.sampler_state if pending is not None else self.sampler.state_dict()
+        self.ckpts.commit(staging, step, {"sampler": sampler, "driver": {}})
 
     def save_final(self) -> Path:
         final = self.run_dir / "final"

@@ -128,9 +128,12 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
                                 cfg.data.cutoff_len, tokenizer.pad_token_id)
             results = group.call_each("sft_step", [(s,) for s in shards])
             step += 1
-            tokens = sum(r["tokens"] for r in results)
+            tokens = sum(r["tokens"] for r in results)  # loss (response) tokens
+            seconds = time.time() - t0
+            inputs = sum(len(s["input_ids"]) for s in batch)  # prompt + response, no padding
             metrics = {"loss": sum(r["loss_sum"] for r in results) / max(tokens, 1), "lr": results[0]["lr"],
-                       "grad_norm": results[0]["grad_norm"], "tokens_per_s": tokens / (time.time() - t0),
+                       "grad_norm": results[0]["grad_norm"], "tokens_per_s": tokens / seconds,
+                       "input_tokens": inputs, "input_tokens_per_s": inputs / seconds, "step_time_s": seconds,
                        **{f"mix/{k}": v for k, v in sampler.phase_mix(step - 1).items()}}
             stop = False
             if evalset and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):

@@ -77,8 +77,12 @@ def test_pad_collate_exact():
     assert out["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
 
 
-def test_pack_bins_first_fit_decreasing():
-    assert pack_bins([5, 3, 4, 2, 6], max_len=8) == [[3, 4], [0, 1], [2]]
+def test_pack_bins_balances_rows():
+    # First-fit-decreasing needs 3 rows ([6,2], [5,3], [4]: longest 8). Dealing longest-first to
+    # the shortest of 3 rows: 6->r0, 5->r1, 4->r2, 3->r2 (4<5,6), 2->r1: loads 6, 7, 7 (longest 7).
+    assert pack_bins([5, 3, 4, 2, 6], max_len=8) == [[4], [0, 3], [1, 2]]
+    # When dealing would overflow a row, the first-fit bins are kept: [7,1], [7,1] -> loads 8, 8.
+    assert pack_bins([7, 7, 1, 1], max_len=8) == [[0, 2], [1, 3]]
     with pytest.raises(ValueError, match="sample 1 has 9 tokens, more than max_len=8"):
         pack_bins([1, 9], max_len=8)
 

@@ -30,3 +30,15 @@ def test_plan_covers_every_row_once_in_equal_shares():
     flat = sorted(i for m in plan for rank in m for mb in rank for i in mb)
     assert flat == list(range(32))
     assert plan == plan_micro_batches(32, 2, 2, 4, seed=0) != plan_micro_batches(32, 2, 2, 4, seed=1)
+
+
+def test_collate_places_behaviour_logprobs_in_shifted_space():
+    # Prompt [1, 2], completion [3, 4]: token 3 is scored at shifted position 1 (logits of
+    # position 1), token 4 at position 2.
+    rs = [Rollout([1, 2], [3, 4], False, [-0.5, -1.5]), Rollout([5], [6], False, [-2.0])]
+    b = collate(rs, torch.tensor([1.0, -1.0]), pad_id=0, behaviour_logp=True)
+    assert b["old_logp"].tolist() == [[0.0, -0.5, -1.5], [-2.0, 0.0, 0.0]]
+    mask = b["completion_mask"][:, 1:]
+    assert (b["old_logp"] != 0).eq(mask.bool()).all()
+    s = slice_batch(b, [1])
+    assert s["old_logp"].tolist() == [[-2.0]] and s["input_ids"].tolist() == [[5, 6]]

@@ -97,8 +97,9 @@ def answer_digits(completions, answer, **kwargs):
 
 
 def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tmp_path):
-    """LoRA policy, reference = adapters disabled (beta > 0), LoRA merged into vLLM at each sync;
-    a TRL-style reward file next to the recipe plus the shipped math accuracy and R1 format rewards."""
+    """LoRA policy, reference = adapters disabled (beta > 0), LoRA merged into two vLLM engines at
+    each sync; a TRL-style reward file next to the recipe plus the shipped math accuracy and R1
+    format rewards; DAPO dynamic sampling, truncation masking and the soft overlong penalty."""
     import shutil
 
     from rlkit.grpo.run import run_grpo
@@ -112,7 +113,9 @@ def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tm
     cfg = config.load("grpo", recipe, grpo_overrides(
         sft_model, task_data, out, rewards, "finetuning=lora", "lora.r=8", "lora.alpha=16", "lora.dropout=0.0",
         "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]", "grpo.beta=0.05",
-        "grpo.steps=4", "grpo.epochs=2", "eval.every=0", "checkpoint.every=0", "optim.lr=5e-3"))
+        "grpo.steps=4", "grpo.epochs=2", "eval.every=0", "checkpoint.every=0", "optim.lr=5e-3",
+        "rollout.num_engines=2", "grpo.dynamic_sampling=true", "grpo.mask_truncated=true",
+        "grpo.overlong_buffer=2"))
     final = run_grpo(cfg, recipe)
     rows = _metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -125,3 +128,23 @@ def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tm
     # Two epochs over each rollout batch: the second pass is off-policy, so ratios leave 1.
     assert any(abs(r["train/ratio_mean"] - 1.0) > 1e-6 for r in rows)
     assert (final / "adapter" / "adapter_config.json").exists() and (final / "model.safetensors").exists()
+    # Dynamic sampling kept at most prompts_per_step groups; the overlong penalty is in the reward.
+    assert all(0 <= r["dynamic_sampling/kept_groups"] <= 8 for r in rows)
+    assert all(r["reward/overlong_penalty"] <= 0 for r in rows)
+
+
+def test_async_generation_uses_engine_logprobs_as_old_policy(sft_model, task_data, tmp_path):
+    """One-step-async: step k+1 is generated while step k trains. At step 1 both sides hold the
+    same weights, so the learner/engine ratio is 1 (the engine's logprobs line up with the
+    learner's); later batches come from the previous policy and the ratio moves off 1."""
+    from rlkit.grpo.run import run_grpo
+
+    out = tmp_path / "async"
+    cfg = config.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=5",
+                                                          "grpo.async_generation=true", "eval.every=0",
+                                                          "checkpoint.every=0", "optim.lr=5e-3"))
+    run_grpo(cfg, GRPO_RECIPE)
+    rows = _metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert any(abs(r["train/ratio_mean"] - 1.0) > 1e-4 for r in rows[1:])
