@@ -107,7 +107,10 @@ def detect(prefer: str = "auto") -> DeviceInfo:
                               total_memory_bytes=_host_total_memory()))
     info = describe(probe_torch())
     if prefer not in ("auto", info.kind):
-        raise RuntimeError(f"device: recipe asks for {prefer!r} but this host has {info.kind!r}")
+        from rlkit.errors import UserError
+
+        raise UserError(f"device: the recipe asks for {prefer!r} but this host has {info.kind!r} "
+                        "(set device: auto, or run it where that device is)")
     return info
 
 

@@ -87,5 +87,7 @@ def resolve_resume(manager: CheckpointManager, resume: str) -> Path | None:
         return manager.latest()
     path = Path(resume)
     if not (path / STATE_FILE).exists():
-        raise FileNotFoundError(f"checkpoint.resume: {resume} is not a complete rlkit checkpoint (no {STATE_FILE})")
+        from rlkit.errors import UserError
+
+        raise UserError(f"checkpoint.resume: {resume} is not a complete rlkit checkpoint (no {STATE_FILE})")
     return path

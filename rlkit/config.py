@@ -226,9 +226,7 @@ class RolloutConfig:
     max_model_len: int = 1024
     gpu_memory_utilization: float = 0.5
     kv_cache_gb: float = 1.0  # CPU engines: KV cache cap (vLLM takes 16 GiB otherwise)
-    colocate: bool = False  # share devices with the learners
-    sync: Literal["auto", "object_store", "broadcast", "ipc"] = "auto"
-    sync_bucket_mb: int = 256
+    sync_bucket_mb: int = 256  # weight sync through the Ray object store, one bucket at a time
 
     def __post_init__(self):
         check(self.num_engines >= 1, "num_engines", f"must be >= 1, got {self.num_engines}")

@@ -1,6 +1,6 @@
 """Throughput of `rlkit grpo` against TRL's `GRPOTrainer`, and rlkit's overhead over its parts.
 
-    python scripts/bench_grpo.py                     # 25m model, 4 prompts x 8, 32 tokens, fp32
+    python scripts/bench_grpo.py                     # 25m model, 4 prompts x 8, 96 tokens, fp32, async
     python scripts/bench_grpo.py --size tiny --steps 3 --warmup 1 --prompts 2 --group 4 --max-tokens 8
 
 Four phases run one after another, each in a fresh (spawned) process so that no engine, Ray
@@ -76,11 +76,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--intermediate", type=int, default=None,
                    help="override the MLP width (default: 2304 for 25m, which makes it 26.3M params; "
                         "rlkit.tiny's own 25m is 19.2M)")
-    p.add_argument("--steps", type=int, default=6, help="optimizer steps per run (each side)")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps per run (each side)")
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing (>= 1)")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
-    p.add_argument("--max-tokens", type=int, default=32, help="completion length cap")
+    p.add_argument("--max-tokens", type=int, default=96, help="completion length cap (GRPO completions are long)")
     p.add_argument("--micro-batch", type=int, default=16, help="completions per forward/backward")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--sync-generation", action="store_true",

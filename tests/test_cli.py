@@ -41,3 +41,17 @@ def test_tiny_model_command(tmp_path):
 def test_merge_rejects_non_adapter(tmp_path):
     out = _rlkit("merge", str(tmp_path), "--base", str(tmp_path), "--out", str(tmp_path / "x"))
     assert out.returncode == 2 and "not a peft adapter directory" in out.stderr
+
+
+def test_recipe_for_another_device_fails_before_launch(tmp_path):
+    """The seed-004 recipe asks for CUDA: on a CPU host that is one line and exit 2."""
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("host has CUDA")
+    out = _rlkit("sft", "recipes/llama7b-zero3-offload.yaml", f"output_dir={tmp_path / 'o'}")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "rlkit: error: device: the recipe asks for 'cuda' but this host has 'cpu' "
+        "(set device: auto, or run it where that device is)")

@@ -52,7 +52,7 @@ class Learner:
         from rlkit.accel import apply_env, configure_cpu_threads, detect
 
         self.spec, self.rank, self.world_size = spec, rank, world_size
-        self.device_info = detect(spec.device if spec.device != "rocm" else "auto")
+        self.device_info = detect(spec.device)
         apply_env(self.device_info)
         if not self.device_info.is_accelerator:
             configure_cpu_threads()
