@@ -67,21 +67,24 @@ def parse_number(text: str, position: str = "first") -> Fraction | None:
         return None
 
 
-def number_match(completions: list, answer: list, position: str = "first", **kwargs: Any) -> list[float | None]:
-    """1.0 when the first (``position="last"``: last) number in the completion equals the
-    number in ``answer``. E.g. prompt ``12+7=``, completion ``19 because...`` → 1.0 for
-    answer 19. None when the answer holds no number."""
+def _score_numbers(completions: list, answer: list, position: str,
+                   score: Any) -> list[float | None]:
+    """`score(got, gold)` per sample on the completion's first/last number (got may be None);
+    None where the answer holds no number."""
     if position not in ("first", "last"):
         raise ValueError(f"position must be 'first' or 'last', got {position!r}")
     out: list[float | None] = []
     for c, a in zip(completions, answer):
         gold = None if a is None else parse_number(str(a))
-        if gold is None:
-            out.append(None)
-            continue
-        got = parse_number(completion_text(c), position)
-        out.append(float(got is not None and got == gold))
+        out.append(None if gold is None else score(parse_number(completion_text(c), position), gold))
     return out
+
+
+def number_match(completions: list, answer: list, position: str = "first", **kwargs: Any) -> list[float | None]:
+    """1.0 when the first (``position="last"``: last) number in the completion equals the
+    number in ``answer``. E.g. prompt ``12+7=``, completion ``19 because...`` → 1.0 for
+    answer 19. None when the answer holds no number."""
+    return _score_numbers(completions, answer, position, lambda got, gold: float(got is not None and got == gold))
 
 
 def number_close(completions: list, answer: list, position: str = "first", **kwargs: Any) -> list[float | None]:
@@ -89,14 +92,7 @@ def number_close(completions: list, answer: list, position: str = "first", **kwa
     first (or last) number in the completion; 0.0 when it has none; None when ``answer`` holds
     no number. E.g. gold 20: 20 → 1.0, 15 → 0.75, 40 → 0.0. A dense signal for small models
     that cannot yet hit the exact answer (the tiny GRPO recipe pairs it with number_match)."""
-    if position not in ("first", "last"):
-        raise ValueError(f"position must be 'first' or 'last', got {position!r}")
-    out: list[float | None] = []
-    for c, a in zip(completions, answer):
-        gold = None if a is None else parse_number(str(a))
-        if gold is None:
-            out.append(None)
-            continue
-        got = parse_number(completion_text(c), position)
-        out.append(0.0 if got is None else max(0.0, 1.0 - float(abs(got - gold)) / max(abs(float(gold)), 1.0)))
-    return out
+    def score(got: Fraction | None, gold: Fraction) -> float:
+        return 0.0 if got is None else max(0.0, 1.0 - float(abs(got - gold)) / max(abs(float(gold)), 1.0))
+
+    return _score_numbers(completions, answer, position, score)

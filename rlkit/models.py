@@ -27,6 +27,24 @@ def ensure_tiny_model(cfg: ModelConfig) -> None:
         build_tiny_model(cfg.path, cfg.tiny)
 
 
+def check_model_path(path: str) -> None:
+    """Fail before launch when `path` names a local model directory that is not there.
+
+    A hub id (`org/name`, exactly one slash, no local first part) is left to the loader.
+    """
+    import re
+
+    p = Path(path)
+    if (p / "config.json").exists():
+        return
+    hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not Path(path.split("/")[0]).exists()
+    if not hub_id:
+        from rlkit.errors import UserError
+
+        hint = " (run `rlkit sft recipes/tiny-sft.yaml` first)" if "tiny-sft" in path else ""
+        raise UserError(f"model.path: {path} is not a model directory (no config.json){hint}")
+
+
 def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 

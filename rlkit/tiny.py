@@ -168,3 +168,16 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> 
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+def param_count(model_dir: str | Path) -> int:
+    """Parameters stored in a model directory's safetensors files (tied weights once)."""
+    import math
+
+    from safetensors import safe_open
+
+    n = 0
+    for f in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
+    return n

@@ -347,13 +347,9 @@ def print_table(args: argparse.Namespace, model_dir: Path, samples: list[dict], 
 
 
 def _params(model_dir: Path) -> str:
-    from safetensors import safe_open
+    from rlkit.tiny import param_count
 
-    n = 0
-    for f in model_dir.glob("*.safetensors"):
-        with safe_open(str(f), "pt") as st:
-            n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
-    return f"{n / 1e6:.1f}M params"
+    return f"{param_count(model_dir) / 1e6:.1f}M params"
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from rlkit.config import GRPOConfig
 

@@ -17,16 +17,6 @@ from rlkit.recipe import to_dict
 log = logging.getLogger("rlkit")
 
 
-def check_model_path(path: str) -> None:
-    """A missing local directory is an error before launch (a hub id like `org/name` is left alone)."""
-    p = Path(path)
-    if not (p / "config.json").exists() and (p.is_absolute() or p.parent.exists() and str(p.parent) != "."):
-        from rlkit.errors import UserError
-
-        hint = " (run `rlkit sft recipes/tiny-sft.yaml` first)" if "tiny-sft" in path else ""
-        raise UserError(f"model.path: {path} is not a model directory (no config.json){hint}")
-
-
 class GRPORun:
     """State of one GRPO run; the driver in `run.py` calls these in loop order."""
 
@@ -35,15 +25,13 @@ class GRPORun:
         from rlkit.data.curriculum import CurriculumSampler
         from rlkit.data.formats import load_prompts
         from rlkit.data.templates import render_prompt
-        from rlkit.models import ensure_tiny_model, load_tokenizer
+        from rlkit.models import load_tokenizer
         from rlkit.reward import RewardScorer, RewardSpec
         from rlkit.sft.run import prepare_inputs
 
         self.cfg, g = cfg, cfg.grpo
         self.device = detect(cfg.device)
-        ensure_tiny_model(cfg.model)
-        check_model_path(cfg.model.path)
-        prepare_inputs(cfg)  # synthetic data where the recipe asks for it
+        prepare_inputs(cfg)  # model path checked; tiny model / synthetic data built where asked
         self.tokenizer = load_tokenizer(cfg.model)
         self.prompts = load_prompts(cfg.data.train, cfg.data.format, cfg.data.dataset, cfg.data.skip_bad_rows).rows
         self.eval_prompts = load_prompts(cfg.data.eval, cfg.data.format, cfg.data.dataset).rows if cfg.data.eval else []

@@ -22,10 +22,12 @@ log = logging.getLogger("rlkit")
 
 
 def prepare_inputs(cfg: SFTConfig) -> None:
-    """Build the offline tiny model / synthetic task where the recipe asks for them and they are missing."""
-    from rlkit.models import ensure_tiny_model
+    """Check the model path; build the offline tiny model / synthetic task where the recipe asks
+    for them and they are missing. Shared by SFT and GRPO; runs before Ray starts."""
+    from rlkit.models import check_model_path, ensure_tiny_model
 
     ensure_tiny_model(cfg.model)
+    check_model_path(cfg.model.path)
     if cfg.data.synthetic_seed is not None and not Path(cfg.data.train).exists():
         from rlkit.tiny import write_task_data
 

@@ -1,6 +1,5 @@
 """The reward contract: resolution checks, weighted scoring, failures, timeouts, concurrency."""
 
-import math
 import subprocess
 import sys
 import textwrap
