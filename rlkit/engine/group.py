@@ -106,3 +106,4 @@ class LearnerGroup:
         for a in self.actors:
             ray.kill(a)
         self.actors = []
+        ray.util.remove_placement_group(self.pg)

@@ -20,17 +20,22 @@ class RolloutGroup:
 
     def __init__(self, cfg: GRPOConfig, model_path: str, device: DeviceInfo):
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from rlkit.engine.group import actor_resources, worker_env
+        from rlkit.engine.group import actor_resources, placement_group, worker_env
         from rlkit.engine.rollout import create_rollout_actor
 
         r = cfg.rollout
         opts = actor_resources(device, cfg.ray.cpus_per_actor)
         resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
                      **opts.get("resources", {})}
+        # One bundle per engine (its device, or CPUs), apart from the learners' bundles.
+        self.pg = placement_group(device, r.num_engines, cfg.ray.cpus_per_actor)
         self.engines = [
             create_rollout_actor(
                 model_path, resources=resources, env_vars=worker_env(device), seed=cfg.seed + i,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                                     placement_group_bundle_index=i),
                 dtype="float32" if cfg.model.dtype == "fp32" else "auto", tensor_parallel_size=r.tensor_parallel_size,
                 max_model_len=r.max_model_len, gpu_memory_utilization=r.gpu_memory_utilization,
                 kv_cache_gib=None if device.is_accelerator else r.kv_cache_gb)
@@ -62,6 +67,7 @@ class RolloutGroup:
 
         for e in self.engines:
             ray.kill(e)
+        ray.util.remove_placement_group(self.pg)
 
 
 @dataclass
