@@ -117,9 +117,7 @@ class Learner:
             # One rank: nothing to reduce, but DeepSpeed would still flatten, all-reduce and copy
             # back every gradient at each step (~8% of a 25M-parameter step on CPU).
             self.engine.enable_backward_allreduce = False
-        from rlkit.models import trainable_summary
-
-        trainable, total = trainable_summary(model)
+        trainable, total = models.trainable_summary(model)
         return {"trainable_params": trainable, "total_params": total, "precision": precision,
                 "device": self.device_info.kind, "zero_stage": spec.deepspeed.zero_stage}
 

@@ -6,7 +6,7 @@ is prompt tokens + completion tokens; `completion_mask` marks the completion.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +81,6 @@ def plan_micro_batches(n: int, mini_batches: int, world: int, micro: int, seed: 
     return plan
 
 
-def completion_tokens(batch: dict[str, torch.Tensor], index: Sequence[int]) -> int:
-    """Completion tokens (loss tokens) in rows `index`, for DAPO's global token normaliser."""
-    return int(batch["completion_mask"][torch.as_tensor(list(index))][:, 1:].sum())
+def completion_tokens(micro_batches: Iterable[dict[str, torch.Tensor]]) -> int:
+    """Completion (loss) tokens in shifted space over micro-batches, for DAPO's token normaliser."""
+    return sum(int(mb["completion_mask"][:, 1:].sum()) for mb in micro_batches)

@@ -77,13 +77,17 @@ class Experience:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[Any], n: int) -> Any:
+    """Score `n` samples per row (prompt-major); the rows' columns go to the rewards as kwargs."""
+    expand = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731
+    columns = {k: expand([row.get(k) for row in rows]) for k in rows[0] if k != "prompt"}
+    return scorer.score(expand(prompts), [s.text for s in samples], [s.token_ids for s in samples], columns)
+
+
 def score_samples(rows: list[dict], prompts: list[str], samples: list[Any], scorer: Any,
                   cfg: GRPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """Rewards [N] (weighted sum, plus the soft overlong penalty when on) and reward metrics."""
-    G = cfg.grpo.group_size
-    expand = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731
-    columns = {k: expand([row.get(k) for row in rows]) for k in rows[0] if k not in ("prompt",)}
-    result = scorer.score(expand(prompts), [s.text for s in samples], [s.token_ids for s in samples], columns)
+    result = score_rows(scorer, rows, prompts, samples, cfg.grpo.group_size)
     rewards = torch.tensor(result.total, dtype=torch.float32)
     metrics = result.metrics("reward")
     if cfg.grpo.overlong_buffer:

@@ -148,17 +148,19 @@ class GRPORun:
                         mb[key] = lp
 
     def train(self, batch: dict[str, torch.Tensor], plan: list) -> dict[str, float]:
+        from rlkit.grpo.batch import completion_tokens
+
         g = self.cfg.grpo
         loss_args = dict(epsilon_low=g.epsilon_low, epsilon_high=g.epsilon_high, beta=g.beta, kl=g.kl,
                          loss_type=g.loss_type, max_completion_length=self.cfg.rollout.max_tokens)
+        # DeepSpeed averages over ranks and divides by grad_accum: this makes DAPO's normaliser
+        # the completion-token count of the whole mini-batch.
+        mini_args = [{**loss_args, "num_items_in_batch": max(completion_tokens(mb for rank in mini for mb in rank), 1)
+                      / (g.num_learners * self.grad_accum)} for mini in plan]
         totals: dict[str, float] = {}
         updates = 0
         for _ in range(g.epochs):
-            for mini in plan:
-                tokens = sum(int(mb["completion_mask"][:, 1:].sum()) for rank in mini for mb in rank)
-                # DeepSpeed averages over ranks and divides by grad_accum: this makes DAPO's
-                # normaliser the token count of the whole mini-batch.
-                args = {**loss_args, "num_items_in_batch": max(tokens, 1) / (g.num_learners * self.grad_accum)}
+            for mini, args in zip(plan, mini_args):
                 results = self.learners.call_each("grpo_step", [(rank, self.cfg.rollout.temperature, args)
                                                                 for rank in mini])
                 for r in results:
@@ -174,9 +176,10 @@ class GRPORun:
         """Mean total reward of one sample per held-out prompt (seeded)."""
         rows = self.eval_prompts
         prompts = [self.render(r) for r in rows]
+        from rlkit.grpo.experience import score_rows
+
         samples = self.engines.generate(prompts, 1, seed=10**6, cfg=self.cfg)
-        cols = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
-        result = self.scorer.score(prompts, [s.text for s in samples], [s.token_ids for s in samples], cols)
+        result = score_rows(self.scorer, rows, prompts, samples, 1)
         return sum(result.total) / max(len(result.total), 1)
 
     def checkpoint(self, step: int, pending: Any = None) -> None:

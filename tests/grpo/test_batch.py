@@ -13,7 +13,7 @@ def test_collate_masks_completion_and_truncated():
     assert b["completion_mask"].tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 0]]  # truncated: no loss
     b2 = collate(rs, torch.tensor([0.5, -0.5]), pad_id=9)
     assert b2["completion_mask"][1].tolist() == [0, 1, 0, 0, 0]
-    assert completion_tokens(b2, [0, 1]) == 4  # shifted space: positions 1..L-1
+    assert completion_tokens([b2]) == 4  # shifted space: positions 1..L-1
 
 
 def test_slice_batch_trims_padding():
