@@ -48,6 +48,12 @@ class DeviceInfo:
     def is_accelerator(self) -> bool:
         return self.kind != "cpu"
 
+    @property
+    def weight_sync_backend(self) -> str | None:
+        """Communicator for learner -> vLLM weight broadcast: vLLM's PyNccl (CUDA, ROCm's RCCL)
+        or vllm-ascend's PyHccl; None on CPU (weights go through the Ray object store)."""
+        return {"nccl": "nccl", "hccl": "hccl"}.get(self.dist_backend)
+
 
 # Environment advice taken from the seed guides; applied with setdefault (the user wins).
 ROCM_ENV = {"PYTORCH_HIP_ALLOC_CONF": "max_split_size_mb:128", "HIP_FORCE_DEV_KERNARG": "1"}

@@ -136,6 +136,13 @@ class EvalConfig:
     max_batches: int | None = None
     patience: int | None = None  # early stopping after this many evals without improvement
     min_delta: float = 0.0
+    # GRPO: held-out prompts are generated and scored by the reward functions
+    temperature: float | None = None  # None = rollout.temperature; 0 = greedy
+    samples_per_prompt: int = 1
+
+    def __post_init__(self):
+        check(self.temperature is None or self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        check(self.samples_per_prompt >= 1, "samples_per_prompt", f"must be >= 1, got {self.samples_per_prompt}")
 
 
 @dataclass(frozen=True)
@@ -227,8 +234,22 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     kv_cache_gb: float = 1.0  # CPU engines: KV cache cap (vLLM takes 16 GiB otherwise)
     sync_bucket_mb: int = 256  # weight sync through the Ray object store, one bucket at a time
+    # Placement: False = engines in their own actors and devices; True = one engine inside each
+    # learner process (hybrid engine), sharing its device, weights handed over in-process.
+    colocate: bool = False
+    # auto = in_process when colocated, else object_store; broadcast = NCCL/HCCL group from
+    # learner rank 0 to every engine worker (accelerators; opt-in, not yet checked on a GPU here).
+    sync: Literal["auto", "object_store", "broadcast", "in_process"] = "auto"
+    sleep: bool = True  # colocated on an accelerator: vLLM sleep mode frees engine memory while training
 
     def __post_init__(self):
+        check(self.sync != "in_process" or self.colocate, "sync",
+              "in_process sync needs colocate: true (the engine must live in the learner process)")
+        check(self.sync != "broadcast" or not self.colocate, "sync",
+              "colocated engines take weights in-process; use sync: auto or in_process")
+        check(not self.colocate or self.tensor_parallel_size == 1, "tensor_parallel_size",
+              "colocated engines are one replica per learner rank (tensor_parallel_size 1); "
+              "set colocate: false for tensor-parallel engines")
         check(self.num_engines >= 1, "num_engines", f"must be >= 1, got {self.num_engines}")
         check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
@@ -316,6 +337,12 @@ class GRPOConfig:
               f"must be < rollout.max_model_len ({self.rollout.max_model_len})")
         check(self.grpo.overlong_buffer < self.rollout.max_tokens, "grpo.overlong_buffer",
               f"must be < rollout.max_tokens ({self.rollout.max_tokens})")
+        if self.rollout.colocate:
+            check(self.rollout.num_engines == self.grpo.num_learners, "rollout.num_engines",
+                  f"colocated engines are one per learner: set it to grpo.num_learners ({self.grpo.num_learners})")
+            check(not self.grpo.async_generation, "grpo.async_generation",
+                  "colocated engines share the learners' processes, so generation cannot overlap training;"
+                  " set rollout.colocate: false to overlap")
 
 
 STAGES: dict[str, type] = {"sft": SFTConfig, "grpo": GRPOConfig}

@@ -107,3 +107,31 @@ def test_grpo_cross_field_rules(tmp_path):
         config.load("grpo", r, ["grpo.micro_batch_size=5"])
     with pytest.raises(ConfigError, match=r"rewards\[0\].fn: expected 'module.path:function'"):
         config.load("grpo", r, ["rewards=[{fn: nocolon}]"])
+
+
+def test_grpo_placement_and_sync_rules(tmp_path):
+    from rlkit.accel import detect
+    from rlkit.errors import UserError
+    from rlkit.grpo.setup import sync_strategy
+
+    r = tmp_path / "g.yaml"
+    r.write_text("stage: grpo\noutput_dir: o\nmodel: {path: m}\ndata: {train: t.jsonl}\n"
+                 "rewards: [{fn: 'rewards.exact:exact_match'}]\n")
+    cpu = detect("cpu")
+    assert sync_strategy(config.load("grpo", r), cpu) == "object_store"
+    colocated = config.load("grpo", r, ["rollout.colocate=true", "grpo.num_learners=2", "rollout.num_engines=2",
+                                        "grpo.micro_batch_size=4"])
+    assert sync_strategy(colocated, cpu) == "in_process"
+    with pytest.raises(ConfigError, match=r"rollout.num_engines: colocated engines are one per learner: set it to "
+                                          r"grpo.num_learners \(1\)"):
+        config.load("grpo", r, ["rollout.colocate=true", "rollout.num_engines=2"])
+    with pytest.raises(ConfigError, match="grpo.async_generation: colocated engines share the learners' processes"):
+        config.load("grpo", r, ["rollout.colocate=true", "grpo.async_generation=true"])
+    with pytest.raises(ConfigError, match="rollout.sync: in_process sync needs colocate: true"):
+        config.load("grpo", r, ["rollout.sync=in_process"])
+    with pytest.raises(ConfigError, match="rollout.tensor_parallel_size: colocated engines are one replica"):
+        config.load("grpo", r, ["rollout.colocate=true", "rollout.tensor_parallel_size=2"])
+    with pytest.raises(UserError, match="rollout.sync: broadcast needs NCCL/HCCL between devices, but rlkit runs on cpu"):
+        sync_strategy(config.load("grpo", r, ["rollout.sync=broadcast"]), cpu)
+    with pytest.raises(ConfigError, match="eval.samples_per_prompt: must be >= 1, got 0"):
+        config.load("grpo", r, ["eval.samples_per_prompt=0"])

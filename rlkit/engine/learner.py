@@ -59,6 +59,9 @@ class Learner:
         self.engine: Any = None
         self.clips = False
         self._ds_hf_config: Any = None  # keeps HfDeepSpeedConfig alive for ZeRO-3 loading
+        self._broadcast: Any = None  # BroadcastSync, set up on first push (rank 0)
+        self.rollout: Any = None  # colocated vLLM engine (RolloutWorker), see start_rollout
+        self._rollout_asleep = False
 
     # ------------------------------------------------------------------ setup
 
@@ -236,12 +239,13 @@ class Learner:
         return {**sums, "grad_norm": float(norm) if norm is not None else float("nan"),
                 "lr": float(self.engine.lr_scheduler.get_last_lr()[0])}
 
-    def push_weights(self, engines: list[Any], bucket_mb: float) -> dict[str, float] | None:
-        """Send the current policy (LoRA merged) to the rollout engines; every rank must call
-        (ZeRO-3 gathers layer by layer), rank 0 sends through the Ray object store."""
+    def push_weights(self, engines: list[Any], bucket_mb: float, strategy: str = "object_store") -> dict[str, float] | None:
+        """Send the current policy (LoRA merged) to separate rollout engines; every rank must call
+        (ZeRO-3 gathers layer by layer), rank 0 sends: through the Ray object store, or by
+        NCCL/HCCL broadcast (`strategy="broadcast"`, accelerators; the group is set up on first use)."""
         from dataclasses import asdict
 
-        from rlkit.engine.weight_sync import ObjectStoreSync, iter_named_weights
+        from rlkit.engine.weight_sync import BroadcastSync, ObjectStoreSync, iter_named_weights
 
         named = iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage,
                                    lora_merge=self.spec.finetuning != "full")
@@ -249,7 +253,74 @@ class Learner:
             for _ in named:  # take part in the gathers
                 pass
             return None
+        if strategy == "broadcast":
+            if self._broadcast is None:
+                import ray
+
+                addr, port = self.address()
+                tp_sizes = ray.get([e.tensor_parallel_size.remote() for e in engines])
+                self._broadcast = BroadcastSync(engines, tp_sizes, addr, port, self.engine.device,
+                                                self.device_info.weight_sync_backend, bucket_mb)
+                self._broadcast.setup()
+            return asdict(self._broadcast.push(named))
         return asdict(ObjectStoreSync(engines, bucket_mb).push(named))
+
+    # ------------------------------------------------------------------ colocated rollout engine
+
+    def start_rollout(self, model_path: str, worker_kwargs: dict[str, Any]) -> float:
+        """Colocated mode (verl's hybrid engine, TRL's colocate): a vLLM engine inside this rank's
+        process. With several ranks vLLM joins the existing torch.distributed world
+        (`external_launcher`); each rank's engine is an independent replica (TP 1). Returns the
+        engine's start seconds."""
+        from rlkit.engine.rollout import RolloutWorker, cpu_engine_env
+
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        if not self.device_info.is_accelerator:
+            env = cpu_engine_env(worker_kwargs.get("kv_cache_gib") or 1.0, torch.get_num_threads())
+        for key, value in env.items():
+            os.environ.setdefault(key, value)
+        kwargs = dict(worker_kwargs)
+        engine_kwargs = dict(kwargs.pop("engine_kwargs", None) or {})
+        if self.world_size > 1:
+            engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")
+        self.rollout = RolloutWorker(model_path, engine_kwargs=engine_kwargs, **kwargs)
+        return self.rollout.ready()
+
+    def generate(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """`RolloutWorker.generate` on this rank's colocated engine."""
+        self._wake_rollout()
+        return self.rollout.generate(*args, **kwargs)
+
+    def rollout_sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """`RolloutWorker.sequence_logprobs` on the colocated engine (weight checks)."""
+        self._wake_rollout()
+        return self.rollout.sequence_logprobs(sequences)
+
+    def sleep_rollout(self) -> None:
+        """Free the colocated engine's device memory (KV cache, weights to host) while training;
+        vLLM sleep mode, accelerators only (`rollout.sleep`)."""
+        if self.rollout is not None and self.rollout.sleep_enabled and not self._rollout_asleep:
+            self.rollout.llm.sleep(level=1)
+            self._rollout_asleep = True
+
+    def _wake_rollout(self, tags: list[str] | None = None) -> None:
+        if self._rollout_asleep:
+            self.rollout.llm.wake_up(tags=tags)
+            self._rollout_asleep = tags is not None and "kv_cache" not in tags
+
+    def push_weights_local(self) -> dict[str, float]:
+        """Colocated mode: every rank loads the current policy into its own engine in place;
+        tensors are handed over in-process, never copied or serialised (ZeRO-3: gathered module
+        by module on all ranks)."""
+        from dataclasses import asdict
+
+        from rlkit.engine.weight_sync import InProcessSync, iter_named_weights
+
+        self._wake_rollout(["weights"])
+        named = iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage,
+                                   lora_merge=self.spec.finetuning != "full", all_ranks=True)
+        stats = InProcessSync(self.rollout).push(named)
+        return asdict(stats)
 
     # ------------------------------------------------------------------ checkpoints
 

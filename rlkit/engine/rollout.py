@@ -70,7 +70,7 @@ class RolloutWorker:
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.85, kv_cache_gib: float | None = None,
                  enforce_eager: bool | None = None, logprobs_mode: str = "processed_logprobs",
-                 engine_kwargs: dict[str, Any] | None = None):
+                 sleep_mode: bool = False, engine_kwargs: dict[str, Any] | None = None):
         start = time.perf_counter()
         from vllm import LLM
         from vllm.platforms import current_platform
@@ -88,6 +88,15 @@ class RolloutWorker:
         )
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        self.sleep_enabled = sleep_mode and not self.on_cpu  # vLLM sleep mode: CUDA / NPU only
+        if self.sleep_enabled:
+            kwargs["enable_sleep_mode"] = True
+        self.tp_size = tensor_parallel_size
+        if self.on_cpu:
+            # A chunked (partial) prefill rewinds the request's seeded generator, which a CPU
+            # torch.Generator cannot do ("CPU Generator does not use offset"): seeded batches of
+            # more than max_num_batched_tokens prompt tokens would crash the engine.
+            kwargs["enable_chunked_prefill"] = False
         kwargs.update(engine_kwargs or {})
         self.llm = LLM(**kwargs)
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
@@ -166,6 +175,10 @@ class RolloutWorker:
     def weights_checksum(self) -> dict[str, Any]:
         """Checksum of the engine's (rank 0) parameters; see `WeightSyncExtension.weights_checksum`."""
         return self.llm.collective_rpc("weights_checksum")[0]
+
+    def tensor_parallel_size(self) -> int:
+        """Workers in this engine (ranks it takes in a weight-broadcast group)."""
+        return self.tp_size
 
     def ready(self) -> float:
         """Seconds the engine took to start (also a cheap liveness probe for actors)."""

@@ -147,8 +147,8 @@ def _gathered(params: list[nn.Parameter]):
     return nullcontext()
 
 
-def iter_named_weights(module: nn.Module, zero_stage: int = 0,
-                       lora_merge: bool = False) -> Iterator[NamedTensor]:
+def iter_named_weights(module: nn.Module, zero_stage: int = 0, lora_merge: bool = False,
+                       all_ranks: bool = False) -> Iterator[NamedTensor]:
     """Yield `(hf_name, tensor)` for every parameter of `module` in HF checkpoint naming.
 
     `module`: the model, a DeepSpeed engine (its `.module` is used) or a peft model.
@@ -158,11 +158,12 @@ def iter_named_weights(module: nn.Module, zero_stage: int = 0,
     parameters, valid until the next optimizer step.
     `lora_merge`: for peft LoRA layers yield `W + scale * B @ A` under the base name and skip
     `lora_` parameters; the model is not modified.
+    `all_ranks`: every rank yields (colocated engines, one per rank).
     """
     model = module
     while type(model).__name__ in _WRAPPERS:
         model = model.module
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() and not all_ranks else 0
     gather = zero_stage == 3
     seen: set[int] = set()
     for name, unit, is_lora in _units(model, lora_merge):
@@ -253,15 +254,22 @@ class ObjectStoreSync:
 
 
 class InProcessSync:
-    """Colocated learner and engine in one process: the iterator goes straight into vLLM."""
+    """Colocated learner and engine in one process: the iterator goes straight into vLLM.
 
-    def __init__(self, worker: Any):
-        self.worker = worker
+    `worker`: a `RolloutWorker` whose engine runs in this process (V1 multiprocessing off), so
+    the learner's tensors reach `reload_weights` by reference. Buckets keep fused layers whole.
+    """
+
+    def __init__(self, worker: Any, bucket_mb: float = 1024.0):
+        self.worker, self.bucket_mb = worker, bucket_mb
 
     def push(self, named: Iterable[NamedTensor]) -> SyncStats:
-        start, counter = time.perf_counter(), _Counter(named)
-        self.worker.update_weights(iter(counter))
-        return SyncStats(counter.tensors, counter.bytes, 1, time.perf_counter() - start)
+        start, counter, buckets = time.perf_counter(), _Counter(named), 0
+        for bucket in bucketize(counter, self.bucket_mb):
+            self.worker.update_weights(bucket, reset_cache=False)
+            buckets += 1
+        self.worker.reset_prefix_cache()
+        return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start)
 
 
 class BroadcastSync:

@@ -16,7 +16,26 @@ from rlkit.grpo.loss import soft_overlong_penalty
 
 
 class RolloutGroup:
-    """`rollout.num_engines` vLLM engines in Ray actors; prompts are split contiguously."""
+    """`rollout.num_engines` vLLM engines in Ray actors; prompts are split contiguously.
+
+    Separate (default): each engine in its own actor and placement-group bundle. Colocated
+    (`RolloutGroup.colocated`): the engines live inside the learner actors, one per rank.
+    """
+
+    colocated_with: Any = None  # the LearnerGroup hosting the engines, when colocated
+
+    @classmethod
+    def colocated(cls, learners: Any, cfg: GRPOConfig, model_path: str, device: DeviceInfo) -> RolloutGroup:
+        """Start one engine inside each learner process (`Learner.start_rollout`)."""
+        r = cfg.rollout
+        kwargs = [dict(dtype="float32" if cfg.model.dtype == "fp32" else "auto", seed=cfg.seed + rank,
+                       max_model_len=r.max_model_len, gpu_memory_utilization=r.gpu_memory_utilization,
+                       kv_cache_gib=None if device.is_accelerator else r.kv_cache_gb, sleep_mode=r.sleep)
+                  for rank in range(len(learners.actors))]
+        learners.call_each("start_rollout", [(model_path, kw) for kw in kwargs])
+        group = cls.__new__(cls)
+        group.engines, group.pg, group.colocated_with = list(learners.actors), None, learners
+        return group
 
     def __init__(self, cfg: GRPOConfig, model_path: str, device: DeviceInfo):
         import ray
@@ -42,12 +61,15 @@ class RolloutGroup:
             for i in range(r.num_engines)]
         ray.get([e.ready.remote() for e in self.engines])
 
-    def generate_async(self, prompts: list[str], n: int, seed: int, cfg: GRPOConfig) -> list[Any]:
-        """Start generating `n` samples per prompt; returns Ray futures for `gather`."""
+    def generate_async(self, prompts: list[str], n: int, seed: int, cfg: GRPOConfig,
+                       temperature: float | None = None) -> list[Any]:
+        """Start generating `n` samples per prompt (at `rollout.temperature` unless given);
+        returns Ray futures for `gather`."""
         r, k = cfg.rollout, len(self.engines)
+        temperature = r.temperature if temperature is None else temperature
         size = -(-len(prompts) // k)
         shards = [prompts[i * size:(i + 1) * size] for i in range(k)]
-        return [e.generate.remote(s, n=n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
+        return [e.generate.remote(s, n=n, temperature=temperature, top_p=r.top_p, max_tokens=r.max_tokens,
                                   stop=list(r.stop) or None, seed=seed * 131 + i)
                 for i, (e, s) in enumerate(zip(self.engines, shards)) if s]
 
@@ -58,13 +80,22 @@ class RolloutGroup:
 
         return [s for part in ray.get(futures) for s in part]
 
-    def generate(self, prompts: list[str], n: int, seed: int, cfg: GRPOConfig) -> list[Any]:
+    def generate(self, prompts: list[str], n: int, seed: int, cfg: GRPOConfig,
+                 temperature: float | None = None) -> list[Any]:
         """`n` samples per prompt, prompt-major, reproducible for `seed`."""
-        return self.gather(self.generate_async(prompts, n, seed, cfg))
+        return self.gather(self.generate_async(prompts, n, seed, cfg, temperature))
+
+    def idle(self) -> None:
+        """Generation is over until the next sync: colocated engines on an accelerator sleep
+        (vLLM sleep mode) so the learners get the device memory back."""
+        if self.colocated_with is not None:
+            self.colocated_with.call("sleep_rollout")
 
     def shutdown(self) -> None:
         import ray
 
+        if self.colocated_with is not None:
+            return  # the learner group owns the actors
         for e in self.engines:
             ray.kill(e)
         ray.util.remove_placement_group(self.pg)

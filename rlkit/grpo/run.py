@@ -33,7 +33,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         step = run.resume()
         logger = run.logger(step)
         if step == 0 and cfg.eval.every:
-            logger.log(0, {"eval_reward": run.evaluate()})          # the starting point
+            logger.log(0, run.evaluate())                            # the starting point
         overlap = cfg.grpo.async_generation
         pending = run.launch(step) if step < run.total_steps else None
         while step < run.total_steps:
@@ -55,7 +55,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                        "samples_per_s": len(exp.rollouts) / (t4 - t0),
                        "reward": exp.metrics["reward/mean"], "sync_mb": sync["bytes"] / 2**20}
             if cfg.eval.every and (step % cfg.eval.every == 0 or step == run.total_steps):
-                metrics["eval_reward"] = run.evaluate()
+                metrics.update(run.evaluate())
             logger.log(step, metrics)
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                 run.checkpoint(step, pending)

@@ -53,6 +53,7 @@ class GRPORun:
         self.grad_accum = rows // g.mini_batches // g.num_learners // g.micro_batch_size
         self.learners = self.engines = None
         self.started_ray = False
+        self.sync_strategy = sync_strategy(cfg, self.device)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -68,7 +69,10 @@ class GRPORun:
         self.learners = LearnerGroup(spec, g.num_learners, self.device, cfg.ray)
         if g.beta > 0:
             self.learners.call("build_reference")
-        self.engines = RolloutGroup(cfg, cfg.model.path, self.device)
+        if cfg.rollout.colocate:
+            self.engines = RolloutGroup.colocated(self.learners, cfg, cfg.model.path, self.device)
+        else:
+            self.engines = RolloutGroup(cfg, cfg.model.path, self.device)
 
     def resume(self) -> int:
         if self.resume_from is None:
@@ -111,7 +115,9 @@ class GRPORun:
         from rlkit.grpo.experience import finish
 
         more = lambda: [self.prompts[i] for i in self.sampler.next_batch()]  # noqa: E731
-        return finish(pending, more, self.render, self.engines, self.scorer, self.cfg, step)
+        exp = finish(pending, more, self.render, self.engines, self.scorer, self.cfg, step)
+        self.engines.idle()
+        return exp
 
     def batch(self, exp: Any) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         from rlkit.grpo.batch import collate
@@ -170,17 +176,30 @@ class GRPORun:
         return {(k if k in ("lr", "grad_norm") else f"train/{k}"): v / updates for k, v in totals.items()}
 
     def sync(self) -> dict[str, float]:
-        return self.learners.call("push_weights", self.engines.engines, self.cfg.rollout.sync_bucket_mb)[0]
+        """Learner weights into the engines: in-process (colocated), object store or broadcast."""
+        if self.sync_strategy == "in_process":
+            return self.learners.call("push_weights_local")[0]
+        return self.learners.call("push_weights", self.engines.engines, self.cfg.rollout.sync_bucket_mb,
+                                  self.sync_strategy)[0]
 
-    def evaluate(self) -> float:
-        """Mean total reward of one sample per held-out prompt (seeded)."""
-        rows = self.eval_prompts
-        prompts = [self.render(r) for r in rows]
+    def evaluate(self) -> dict[str, float]:
+        """Held-out prompts, `eval.samples_per_prompt` seeded samples each at `eval.temperature`:
+        `eval_reward` (mean total reward) and `eval/<fn>` (mean of each reward function, e.g.
+        exact-answer accuracy)."""
         from rlkit.grpo.experience import score_rows
 
-        samples = self.engines.generate(prompts, 1, seed=10**6, cfg=self.cfg)
-        result = score_rows(self.scorer, rows, prompts, samples, 1)
-        return sum(result.total) / max(len(result.total), 1)
+        rows, n = self.eval_prompts, self.cfg.eval.samples_per_prompt
+        prompts = [self.render(r) for r in rows]
+        temperature = self.cfg.eval.temperature
+        samples = self.engines.generate(prompts, n, seed=10**6, cfg=self.cfg,
+                                        temperature=self.cfg.rollout.temperature if temperature is None else temperature)
+        result = score_rows(self.scorer, rows, prompts, samples, n)
+        self.engines.idle()
+        out = {"eval_reward": sum(result.total) / max(len(result.total), 1)}
+        for name, values in result.per_fn.items():
+            xs = [v for v in values if v is not None]
+            out[f"eval/{name}"] = sum(xs) / len(xs) if xs else float("nan")
+        return out
 
     def checkpoint(self, step: int, pending: Any = None) -> None:
         """Learner state after `step`; the sampler as it was before the next step's prompts were
@@ -194,6 +213,19 @@ class GRPORun:
         final = self.run_dir / "final"
         self.learners.call("save_model", str(final), self.cfg.model.tokenizer or self.cfg.model.path)
         return final
+
+
+def sync_strategy(cfg: GRPOConfig, device: Any) -> str:
+    """The weight-sync strategy `rollout.sync` resolves to on `device`; a user error if it cannot run."""
+    from rlkit.errors import UserError
+
+    sync = cfg.rollout.sync
+    if sync == "auto":
+        return "in_process" if cfg.rollout.colocate else "object_store"
+    if sync == "broadcast" and device.weight_sync_backend is None:
+        raise UserError(f"rollout.sync: broadcast needs NCCL/HCCL between devices, but rlkit runs on "
+                        f"{device.kind}; use sync: object_store (or auto)")
+    return sync
 
 
 def build_run(cfg: GRPOConfig, recipe_path: str | Path | None) -> GRPORun:

@@ -51,3 +51,45 @@ def test_zero3_learners_sync_into_vllm(ray_local, tiny_models, size):
     finally:
         ray.kill(engine)
         group.shutdown()
+
+
+def test_colocated_engines_take_weights_in_process(ray_local, tiny_models):
+    """Two ZeRO-3 learners each host a vLLM engine (external launcher in their torch.distributed
+    world); after a training step, every rank's engine holds the gathered policy."""
+    from rlkit.accel import detect
+    from rlkit.config import DeepSpeedConfig, ModelConfig, OptimConfig, RayConfig
+    from rlkit.engine.group import LearnerGroup
+    from rlkit.engine.learner import LearnerSpec
+
+    model_dir = tiny_models["tiny"]
+    spec = LearnerSpec(ModelConfig(path=str(model_dir)), "full", None, None,
+                       OptimConfig(lr=5e-2, scheduler="constant"), DeepSpeedConfig(zero_stage=3),
+                       micro_batch_size=2, grad_accum=1, total_steps=4, seed=0, device="cpu")
+    group = LearnerGroup(spec, 2, detect("cpu"), RayConfig())
+    try:
+        kwargs = dict(dtype="float32", kv_cache_gib=0.25, max_model_len=128)
+        group.call_each("start_rollout", [(str(model_dir), {**kwargs, "seed": r}) for r in range(2)])
+        gen = torch.Generator().manual_seed(0)
+        batches = []
+        for _ in range(2):
+            ids = torch.randint(4, 500, (2, 12), generator=gen)
+            batches.append([{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
+        group.call_each("sft_step", [(b,) for b in batches])
+        # Ranks generate different amounts: the engines must not wait on each other.
+        samples = group.call_each("generate", [([[5, 6, 7]] * (1 + r),) for r in range(2)])
+        assert [len(s) for s in samples] == [1, 2]
+
+        seq = torch.randint(4, 500, (16,), generator=gen).tolist()
+        before = [torch.tensor(x[0]) for x in group.call("rollout_sequence_logprobs", [seq])]
+        stats = group.call("push_weights_local")
+        after = [torch.tensor(x[0]) for x in group.call("rollout_sequence_logprobs", [seq])]
+
+        reference = load_hf(model_dir)
+        reference.load_state_dict(dict(group.call("named_weights")[0]), strict=False)
+        expected = hf_logprobs(reference, seq)
+        assert all(s["tensors"] > 0 for s in stats)  # every rank loads its own engine
+        for b, a in zip(before, after):
+            assert (b - expected).abs().max() > 1e-2, "the training step should have changed the policy"
+            assert torch.allclose(a, expected, atol=1e-4), float((a - expected).abs().max())
+    finally:
+        group.shutdown()

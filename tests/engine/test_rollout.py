@@ -88,3 +88,15 @@ def test_object_store_sync_into_actor_matches_hf(actor, tiny_models):
     torch.testing.assert_close(torch.tensor(sample.logprobs),
                                hf_logprobs(hf, sample.prompt_token_ids + sample.token_ids, 0.8)[3:],
                                atol=1e-4, rtol=0)
+
+
+def test_seeded_batch_larger_than_one_prefill_chunk(actor):
+    """vLLM's default prefill budget is 4096 tokens per step; a seeded batch beyond it used to
+    crash the CPU engine (a partial prefill rewinds the request's generator, which a CPU
+    torch.Generator cannot do). rlkit turns chunked prefill off on CPU."""
+    import ray
+
+    prompts = [[(7 * i + j) % 400 + 4 for j in range(60)] for i in range(90)]  # 5400 prompt tokens
+    samples = ray.get(actor.generate.remote(prompts, n=2, max_tokens=2, seed=3))
+    again = ray.get(actor.generate.remote(prompts, n=2, max_tokens=2, seed=3))
+    assert len(samples) == 180 and [s.token_ids for s in samples] == [s.token_ids for s in again]

@@ -148,3 +148,21 @@ def test_async_generation_uses_engine_logprobs_as_old_policy(sft_model, task_dat
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert rows[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert any(abs(r["train/ratio_mean"] - 1.0) > 1e-4 for r in rows[1:])
+
+
+def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path):
+    """Hybrid placement: each of two DeepSpeed learners hosts its own vLLM engine, weights go in
+    in-process every step, and the policy still learns (train reward rises)."""
+    from rlkit.grpo.run import run_grpo
+
+    out = tmp_path / "colocated"
+    cfg = config.load("grpo", GRPO_RECIPE, grpo_overrides(
+        sft_model, task_data, out, "grpo.steps=16", "grpo.num_learners=2", "rollout.num_engines=2",
+        "grpo.micro_batch_size=8", "rollout.colocate=true", "deepspeed.zero_stage=2", "eval.every=8",
+        "checkpoint.every=0"))
+    run_grpo(cfg, GRPO_RECIPE)
+    rows = _metrics(out)
+    train = [r["reward"] for r in rows if r.get("reward") is not None]
+    assert len(train) == 16 and all(r["sync_mb"] > 0 for r in rows if "reward" in r)
+    assert sum(train[-6:]) / 6 > sum(train[:4]) / 4, f"train reward did not rise: {train}"
+    assert "eval/number_match" in rows[0] and "eval_reward" in rows[-1]
