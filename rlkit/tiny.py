@@ -46,60 +46,62 @@ SIZES = {
 # ---------------------------------------------------------------- synthetic task
 
 
-def level_facts(level: str) -> list[tuple[str, str]]:
-    """Every `(expression, answer)` of a level: small fact tables (245 facts in all) that the tiny
-    model can memorise in a few CPU minutes. It memorises rather than computes, so GRPO's held-out
-    prompts are facts the SFT data covers but GRPO never trains on."""
+def make_problem(rng: random.Random, level: str) -> tuple[str, str]:
+    """One arithmetic problem `(expression, answer)`; harder levels use more/larger terms."""
     if level == "explain":
-        return [(f"{a}+{b}", str(a + b)) for a in range(10) for b in range(10)]
+        a, b = rng.randint(0, 20), rng.randint(0, 20)
+        return f"{a}+{b}", str(a + b)
     if level == "reasoning":
-        return [(f"{a}-{b}", str(a - b)) for a in range(10, 19) for b in range(1, 10) if a - b >= 1]
+        a, b = rng.randint(10, 99), rng.randint(1, 99)
+        op = rng.choice("+-")
+        return f"{a}{op}{b}", str(a + b if op == "+" else a - b)
     if level == "topology":
-        return [(f"{a}*{b}", str(a * b)) for a in range(2, 10) for b in range(2, 10)]
+        a, b, c = rng.randint(2, 12), rng.randint(2, 12), rng.randint(1, 50)
+        return f"{a}*{b}+{c}", str(a * b + c)
     raise ValueError(f"unknown difficulty level {level!r}; expected one of {LEVELS}")
 
 
-def make_problem(rng: random.Random, level: str) -> tuple[str, str]:
-    """One arithmetic problem `(expression, answer)` of `level`, drawn uniformly from its facts."""
-    return rng.choice(level_facts(level))
-
-
-def _alpaca_row(rng: random.Random, level: str, fact: tuple[str, str] | None = None) -> dict:
-    expr, ans = fact or make_problem(rng, level)
+def _alpaca_row(rng: random.Random, level: str) -> dict:
+    expr, ans = make_problem(rng, level)
     instruction = rng.choice(["计算", "Compute", "求值"])
     return {"instruction": instruction, "input": f"{expr}=", "output": ans, "difficulty": level}
 
 
-def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_eval: int = 64,
-                    n_prompts: int = 256, held_out: float = 0.25) -> dict[str, Path]:
+
+
+def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 600, n_eval: int = 64,
+                    n_prompts: int = 256) -> dict[str, Path]:
     """Write `sft_train.jsonl`, `sft_eval.jsonl`, `grpo_train.jsonl`, `grpo_eval.jsonl`.
 
-    SFT rows cover every fact. A `held_out` share of each level's facts is kept out of
-    `grpo_train`: `grpo_eval` asks exactly those (one row per fact, up to `n_eval`), so GRPO is
-    judged on prompts it never trained on. Deterministic for `seed`.
+    Deterministic for `seed`; held-out rows never repeat a training expression.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    train_facts, eval_rows = {}, []
-    for level in LEVELS:
-        facts = level_facts(level)
-        rng.shuffle(facts)
-        cut = round(len(facts) * held_out)
-        eval_rows += [_alpaca_row(rng, level, f) for f in facts[:cut]]
-        train_facts[level] = facts[cut:]
-    rng.shuffle(eval_rows)
+    seen: set[str] = set()
 
-    def rows(n: int, facts: dict[str, list[tuple[str, str]]] | None) -> list[dict]:
-        levels = [LEVELS[i % len(LEVELS)] for i in range(n)]
-        return [_alpaca_row(rng, lv, rng.choice(facts[lv]) if facts else None) for lv in levels]
+    def rows(n: int, make, exclude: set[str] | None) -> list[dict]:
+        result = []
+        while len(result) < n:
+            row = make(rng, LEVELS[len(result) % len(LEVELS)])
+            key = row["input"]
+            if exclude is not None and key in exclude:
+                continue
+            seen.add(key)
+            result.append(row)
+        return result
 
+    train = rows(n_train, _alpaca_row, None)
+    train_keys = set(seen)
+    sft_eval = rows(n_eval, _alpaca_row, train_keys)
+    # GRPO prompts use the same alpaca rows: prompt = the rendered template, answer = output.
+    grpo_train = rows(n_prompts, _alpaca_row, None)
     files = {
-        "sft_train": rows(n_train, None),
-        "sft_eval": rows(n_eval, None),
-        # GRPO prompts use the same alpaca rows: prompt = the rendered template, answer = output.
-        "grpo_train": rows(n_prompts, train_facts),
-        "grpo_eval": eval_rows[:n_eval],
+        "sft_train": train,
+        "sft_eval": sft_eval,
+        "grpo_train": grpo_train,
+        # held out from SFT and from GRPO training
+        "grpo_eval": rows(n_eval, _alpaca_row, train_keys | {r["input"] for r in grpo_train}),
     }
     paths = {}
     for name, data in files.items():

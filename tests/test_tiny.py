@@ -42,6 +42,9 @@ def test_task_data_is_deterministic_with_levels(tmp_path):
     assert all(set(r) == {"instruction", "input", "output", "difficulty"} for r in rows)
     held = {json.loads(x)["input"] for x in a["sft_eval"].read_text().splitlines()}
     assert not held & {r["input"] for r in rows}, "held-out expressions must not appear in training"
+    grpo_held = {json.loads(x)["input"] for x in a["grpo_eval"].read_text().splitlines()}
+    grpo_train = {json.loads(x)["input"] for x in a["grpo_train"].read_text().splitlines()}
+    assert not grpo_held & (grpo_train | {r["input"] for r in rows}), "GRPO eval prompts are held out"
 
 
 @pytest.mark.parametrize("level", LEVELS)
