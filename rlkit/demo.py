@@ -37,4 +37,17 @@ def run_demo(out_dir: str | Path = "runs/demo", stages: list[str] | None = None)
         cfg = config.load("grpo", RECIPES / "tiny-grpo.yaml", [
             f"model.path={out / 'sft' / 'final'}", f"data.train={data_dir / 'grpo_train.jsonl'}",
             f"data.eval={data_dir / 'grpo_eval.jsonl'}", f"output_dir={out / 'grpo'}"])
-        yield f"grpo: final policy in {run_grpo(cfg, recipe_path=RECIPES / 'tiny-grpo.yaml')}"
+        final = run_grpo(cfg, recipe_path=RECIPES / "tiny-grpo.yaml")
+        yield f"grpo: final policy in {final}; {_accuracy_line(out / 'grpo' / 'metrics.jsonl')}"
+
+
+def _accuracy_line(metrics: Path) -> str:
+    """Held-out exact-answer accuracy at the first and last eval of a GRPO run."""
+    import json
+
+    rows = [json.loads(x) for x in metrics.read_text(encoding="utf-8").splitlines() if x.strip()]
+    evals = [(r["step"], r["eval/exact_match"]) for r in rows if "eval/exact_match" in r]
+    if len(evals) < 2:
+        return "no held-out evals"
+    (s0, a0), (s1, a1) = evals[0], evals[-1]
+    return f"held-out exact-answer accuracy {a0:.3f} (step {s0}) -> {a1:.3f} (step {s1})"

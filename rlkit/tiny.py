@@ -3,6 +3,12 @@
 `build_tiny_model(out_dir, size)` trains a byte-level BPE tokenizer on generated text and
 random-initialises a `Qwen2ForCausalLM`; `write_task_data(out_dir, seed)` writes alpaca SFT
 rows with a `difficulty` field (SFT, and GRPO prompts whose answer is `output`), train and held-out splits.
+
+The task is built so that each stage has something to learn in minutes on two CPU cores. SFT
+rows come from a "teacher" that writes the answer three ways (`12`, `答案是12`, `结果: 12`);
+the model memorises the fact tables and picks up that mix of formats. GRPO's exact-answer
+reward wants the bare number: what RL learns here is a behaviour shared by every prompt
+(answer in the required form), so it carries over to held-out prompts.
 """
 
 from __future__ import annotations
@@ -46,62 +52,72 @@ SIZES = {
 # ---------------------------------------------------------------- synthetic task
 
 
-def make_problem(rng: random.Random, level: str) -> tuple[str, str]:
-    """One arithmetic problem `(expression, answer)`; harder levels use more/larger terms."""
+def level_facts(level: str) -> list[tuple[str, str]]:
+    """Every `(expression, answer)` of a level: small fact tables (245 facts in all) that the tiny
+    model can memorise in a few CPU minutes. It memorises rather than computes, so GRPO's held-out
+    prompts are facts the SFT data covers but GRPO never trains on."""
     if level == "explain":
-        a, b = rng.randint(0, 20), rng.randint(0, 20)
-        return f"{a}+{b}", str(a + b)
+        return [(f"{a}+{b}", str(a + b)) for a in range(10) for b in range(10)]
     if level == "reasoning":
-        a, b = rng.randint(10, 99), rng.randint(1, 99)
-        op = rng.choice("+-")
-        return f"{a}{op}{b}", str(a + b if op == "+" else a - b)
+        return [(f"{a}-{b}", str(a - b)) for a in range(10, 19) for b in range(1, 10) if a - b >= 1]
     if level == "topology":
-        a, b, c = rng.randint(2, 12), rng.randint(2, 12), rng.randint(1, 50)
-        return f"{a}*{b}+{c}", str(a * b + c)
+        return [(f"{a}*{b}", str(a * b)) for a in range(2, 10) for b in range(2, 10)]
     raise ValueError(f"unknown difficulty level {level!r}; expected one of {LEVELS}")
 
 
-def _alpaca_row(rng: random.Random, level: str) -> dict:
-    expr, ans = make_problem(rng, level)
+def make_problem(rng: random.Random, level: str) -> tuple[str, str]:
+    """One arithmetic problem `(expression, answer)` of `level`, drawn uniformly from its facts."""
+    return rng.choice(level_facts(level))
+
+
+# How the SFT teacher writes an answer, with its share: only the first is an exact answer.
+ANSWER_STYLES = (("{}", 0.3), ("答案是{}", 0.35), ("结果: {}", 0.35))
+
+
+def _alpaca_row(rng: random.Random, level: str, fact: tuple[str, str] | None = None,
+                styled: bool = False) -> dict:
+    expr, ans = fact or make_problem(rng, level)
     instruction = rng.choice(["计算", "Compute", "求值"])
+    if styled:
+        style = rng.choices([s for s, _ in ANSWER_STYLES], [w for _, w in ANSWER_STYLES])[0]
+        ans = style.format(ans)
     return {"instruction": instruction, "input": f"{expr}=", "output": ans, "difficulty": level}
 
 
-
-
-def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 600, n_eval: int = 64,
-                    n_prompts: int = 256) -> dict[str, Path]:
+def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_eval: int = 64,
+                    n_prompts: int = 256, held_out: float = 0.25) -> dict[str, Path]:
     """Write `sft_train.jsonl`, `sft_eval.jsonl`, `grpo_train.jsonl`, `grpo_eval.jsonl`.
 
-    Deterministic for `seed`; held-out rows never repeat a training expression.
+    SFT rows cover every fact (each once, the rest drawn at random), answers in the teacher's
+    mixed styles. GRPO rows carry the bare answer. A `held_out` share of each level's facts is kept out of
+    `grpo_train`: `grpo_eval` asks exactly those (one row per fact, up to `n_eval`), so GRPO is
+    judged on prompts it never trained on. Deterministic for `seed`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    seen: set[str] = set()
+    train_facts, eval_rows = {}, []
+    for level in LEVELS:
+        facts = level_facts(level)
+        rng.shuffle(facts)
+        cut = round(len(facts) * held_out)
+        eval_rows += [_alpaca_row(rng, level, f) for f in facts[:cut]]
+        train_facts[level] = facts[cut:]
+    rng.shuffle(eval_rows)
 
-    def rows(n: int, make, exclude: set[str] | None) -> list[dict]:
-        result = []
-        while len(result) < n:
-            row = make(rng, LEVELS[len(result) % len(LEVELS)])
-            key = row["input"]
-            if exclude is not None and key in exclude:
-                continue
-            seen.add(key)
-            result.append(row)
-        return result
+    def rows(n: int, facts: dict[str, list[tuple[str, str]]] | None, styled: bool = False) -> list[dict]:
+        levels = [LEVELS[i % len(LEVELS)] for i in range(n)]
+        return [_alpaca_row(rng, lv, rng.choice(facts[lv]) if facts else None, styled) for lv in levels]
 
-    train = rows(n_train, _alpaca_row, None)
-    train_keys = set(seen)
-    sft_eval = rows(n_eval, _alpaca_row, train_keys)
-    # GRPO prompts use the same alpaca rows: prompt = the rendered template, answer = output.
-    grpo_train = rows(n_prompts, _alpaca_row, None)
+    every = [_alpaca_row(rng, lv, f, styled=True) for lv in LEVELS for f in level_facts(lv)]  # each fact once
+    sft_train = every + rows(max(n_train - len(every), 0), None, styled=True)
+    rng.shuffle(sft_train)
     files = {
-        "sft_train": train,
-        "sft_eval": sft_eval,
-        "grpo_train": grpo_train,
-        # held out from SFT and from GRPO training
-        "grpo_eval": rows(n_eval, _alpaca_row, train_keys | {r["input"] for r in grpo_train}),
+        "sft_train": sft_train,
+        "sft_eval": rows(n_eval, None, styled=True),
+        # GRPO prompts use the same alpaca rows: prompt = the rendered template, answer = output.
+        "grpo_train": rows(n_prompts, train_facts),
+        "grpo_eval": eval_rows[:n_eval],
     }
     paths = {}
     for name, data in files.items():
@@ -118,6 +134,7 @@ def _corpus(seed: int, n: int = 4000) -> list[str]:
         expr, ans = make_problem(rng, LEVELS[i % 3])
         lines.append(f"### 指令:\n计算\n\n### 输入:\n{expr}=\n\n### 回答:\n{ans}")
         lines.append(f"Compute {expr}= {ans}. 求值 {expr} 答案 {ans}")
+        lines.append(ANSWER_STYLES[1 + i % 2][0].format(ans))
     lines += ["<think> first add the numbers </think> <answer> 19 </answer>", "instruction input output"]
     return lines
 

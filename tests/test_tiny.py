@@ -40,11 +40,13 @@ def test_task_data_is_deterministic_with_levels(tmp_path):
     rows = [json.loads(x) for x in a["sft_train"].read_text().splitlines()]
     assert {r["difficulty"] for r in rows} == set(LEVELS)
     assert all(set(r) == {"instruction", "input", "output", "difficulty"} for r in rows)
-    held = {json.loads(x)["input"] for x in a["sft_eval"].read_text().splitlines()}
-    assert not held & {r["input"] for r in rows}, "held-out expressions must not appear in training"
-    grpo_held = {json.loads(x)["input"] for x in a["grpo_eval"].read_text().splitlines()}
-    grpo_train = {json.loads(x)["input"] for x in a["grpo_train"].read_text().splitlines()}
-    assert not grpo_held & (grpo_train | {r["input"] for r in rows}), "GRPO eval prompts are held out"
+    read = lambda name: [json.loads(x) for x in a[name].read_text().splitlines()]  # noqa: E731
+    held = {r["input"] for r in read("grpo_eval")}
+    assert len(held) == len(read("grpo_eval")) > 40, "one held-out row per held-out fact"
+    assert not held & {r["input"] for r in read("grpo_train")}, "GRPO must not train on held-out prompts"
+    assert held <= {r["input"] for r in rows}, "the SFT data covers every fact"
+    assert {r["output"][:2] for r in rows} >= {"答案", "结果"} and any(r["output"].isdigit() for r in rows)
+    assert all(r["output"].lstrip("-").isdigit() for r in read("grpo_train") + read("grpo_eval"))
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -366,7 +366,8 @@ class Learner:
         return str(out)
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """(HF name, tensor) of the current policy with LoRA merged; only rank 0 returns tensors."""
+        """(HF name, CPU tensor) of the current policy with LoRA merged; only rank 0 returns tensors."""
         from rlkit.engine.weight_sync import iter_named_weights
 
-        return list(iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage, lora_merge=True))
+        return [(name, t.detach().cpu()) for name, t in
+                iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage, lora_merge=True)]

@@ -27,16 +27,17 @@ def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
 
     out = tmp_path / "grpo"
     cfg = config.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=24",
-                                                          "eval.every=12", "checkpoint.every=0"))
+                                                          "eval.every=12", "checkpoint.every=0",
+                                                          "curriculum.enabled=false"))
     final = run_grpo(cfg, GRPO_RECIPE)
     rows = _metrics(out)
     evals = [r["eval_reward"] for r in rows if r.get("eval_reward") is not None]
     train = [r["reward"] for r in rows if r.get("reward") is not None]
     assert len(evals) == 3 and len(train) == 24
-    assert evals[-1] > evals[0] + 0.02, f"held-out reward did not rise: {evals}"
+    assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
     assert sum(train[-8:]) / 8 > sum(train[:4]) / 4, f"train reward did not rise: {train}"
     for key in ("time/generate", "time/reward", "time/train", "time/sync", "frac_zero_std", "train/clip_frac",
-                "train/entropy", "completion/len_mean", "completion/truncated_frac", "reward/number_match/mean",
+                "train/entropy", "completion/len_mean", "completion/truncated_frac", "reward/exact_match/mean",
                 "advantage/std", "lr", "generate_tokens_per_s"):
         assert key in rows[1], key
     # The final policy loads in transformers and in vLLM.
@@ -159,10 +160,10 @@ def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path)
     cfg = config.load("grpo", GRPO_RECIPE, grpo_overrides(
         sft_model, task_data, out, "grpo.steps=16", "grpo.num_learners=2", "rollout.num_engines=2",
         "grpo.micro_batch_size=8", "rollout.colocate=true", "deepspeed.zero_stage=2", "eval.every=8",
-        "checkpoint.every=0"))
+        "checkpoint.every=0", "curriculum.enabled=false"))
     run_grpo(cfg, GRPO_RECIPE)
     rows = _metrics(out)
     train = [r["reward"] for r in rows if r.get("reward") is not None]
     assert len(train) == 16 and all(r["sync_mb"] > 0 for r in rows if "reward" in r)
     assert sum(train[-6:]) / 6 > sum(train[:4]) / 4, f"train reward did not rise: {train}"
-    assert "eval/number_match" in rows[0] and "eval_reward" in rows[-1]
+    assert "eval/exact_match" in rows[0] and "eval_reward" in rows[-1]

@@ -1,0 +1,77 @@
+"""The accelerator paths of weight sync, run where a CUDA device is present (skipped on CPU):
+NCCL broadcast from learner rank 0 into a separate engine, and a colocated engine that sleeps
+(vLLM sleep mode) while its learner trains and then takes the weights in-process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.conftest import hf_logprobs, load_hf
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _group(model_dir):
+    from rlkit.accel import detect
+    from rlkit.config import DeepSpeedConfig, ModelConfig, OptimConfig, RayConfig
+    from rlkit.engine.group import LearnerGroup
+    from rlkit.engine.learner import LearnerSpec
+
+    spec = LearnerSpec(ModelConfig(path=str(model_dir), dtype="fp32"), "full", None, None,
+                       OptimConfig(lr=5e-2, scheduler="constant"), DeepSpeedConfig(zero_stage=0),
+                       micro_batch_size=2, grad_accum=1, total_steps=4, seed=0, device="cuda")
+    return LearnerGroup(spec, 1, detect("cuda"), RayConfig())
+
+
+def _train_and_expect(group, model_dir):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, 500, (2, 12), generator=gen)
+    group.call("sft_step", [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
+    seq = torch.randint(4, 500, (16,), generator=gen).tolist()
+    reference = load_hf(model_dir)
+    reference.load_state_dict({k: v.cpu() for k, v in group.call("named_weights")[0]}, strict=False)
+    return seq, hf_logprobs(reference, seq)
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 CUDA devices (learner and engine apart)")
+def test_nccl_broadcast_into_separate_engine(ray_local, tiny_models):
+    import ray
+
+    from rlkit.engine.rollout import create_rollout_actor
+
+    model_dir = tiny_models["tiny-untied"]
+    group = _group(model_dir)
+    engine = create_rollout_actor(str(model_dir), resources={"GPU": 1}, dtype="float32", max_model_len=128,
+                                  gpu_memory_utilization=0.3)
+    try:
+        seq, expected = _train_and_expect(group, model_dir)
+        stats = group.call("push_weights", [engine], 1.0, "broadcast")[0]
+        after = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
+        assert stats["buckets"] >= 1 and stats["tensors"] > 0
+        assert torch.allclose(after, expected, atol=1e-3), float((after - expected).abs().max())
+        group.call("push_weights", [engine], 1.0, "broadcast")  # the group is reused
+    finally:
+        ray.kill(engine)
+        group.shutdown()
+
+
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA device")
+def test_colocated_engine_sleeps_and_takes_weights_in_process(ray_local, tiny_models):
+    model_dir = tiny_models["tiny"]
+    group = _group(model_dir)
+    try:
+        group.call("start_rollout", str(model_dir), dict(dtype="float32", max_model_len=128,
+                                                         gpu_memory_utilization=0.3, sleep_mode=True))
+        assert group.call("generate", [[5, 6, 7]], n=2, max_tokens=4, seed=1)[0]
+        group.call("sleep_rollout")
+        seq, expected = _train_and_expect(group, model_dir)
+        group.call("push_weights_local")
+        after = torch.tensor(group.call("rollout_sequence_logprobs", [seq])[0][0])
+        assert torch.allclose(after, expected, atol=1e-3), float((after - expected).abs().max())
+    finally:
+        group.shutdown()
