@@ -28,6 +28,8 @@ def sft_model(tiny_model, task_data, tmp_path_factory):
 
 
 def grpo_overrides(model, task_data, out, *extra: str) -> list[str]:
-    return [f"model.path={model}", f"data.train={task_data['grpo_train']}", f"data.eval={task_data['grpo_eval']}",
+    # One engine and one learner unless a test asks for more (the recipe itself runs 2 + 2).
+    return ["rollout.num_engines=1", "grpo.num_learners=1", "deepspeed.zero_stage=0",
+            f"model.path={model}", f"data.train={task_data['grpo_train']}", f"data.eval={task_data['grpo_eval']}",
             "data.synthetic_seed=null", f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false",
             *extra]
