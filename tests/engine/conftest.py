@@ -41,3 +41,10 @@ def hf_logprobs(model: torch.nn.Module, seq: list[int], temperature: float = 1.0
     """Logprob of seq[t] given seq[:t] for t >= 1, from logits / temperature; shape [len(seq) - 1]."""
     logits = model(torch.tensor([seq])).logits[0, :-1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq[1:])[:, None])[:, 0]
+
+
+def vocab_size(path: Path) -> int:
+    """The model's vocabulary size (the offline BPE yields fewer tokens than it is asked for)."""
+    import json
+
+    return json.loads((Path(path) / "config.json").read_text())["vocab_size"]

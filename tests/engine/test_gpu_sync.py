@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.conftest import hf_logprobs, load_hf
+from tests.engine.conftest import hf_logprobs, load_hf, vocab_size
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -30,9 +30,9 @@ def _group(model_dir):
 
 def _train_and_expect(group, model_dir):
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, 500, (2, 12), generator=gen)
+    ids = torch.randint(4, vocab_size(model_dir), (2, 12), generator=gen)
     group.call("sft_step", [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
-    seq = torch.randint(4, 500, (16,), generator=gen).tolist()
+    seq = torch.randint(4, vocab_size(model_dir), (16,), generator=gen).tolist()
     reference = load_hf(model_dir)
     reference.load_state_dict({k: v.cpu() for k, v in group.call("named_weights")[0]}, strict=False)
     return seq, hf_logprobs(reference, seq)

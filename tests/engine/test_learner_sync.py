@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.conftest import hf_logprobs, load_hf
+from tests.engine.conftest import hf_logprobs, load_hf, vocab_size
 
 pytestmark = pytest.mark.slow
 
@@ -31,11 +31,11 @@ def test_zero3_learners_sync_into_vllm(ray_local, tiny_models, size):
         gen = torch.Generator().manual_seed(0)
         batches = []
         for _ in range(2):
-            ids = torch.randint(4, 500, (2, 12), generator=gen)
+            ids = torch.randint(4, vocab_size(model_dir), (2, 12), generator=gen)
             batches.append([{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
         group.call_each("sft_step", [(b,) for b in batches])
 
-        seq = torch.randint(4, 500, (16,), generator=gen).tolist()
+        seq = torch.randint(4, vocab_size(model_dir), (16,), generator=gen).tolist()
         before = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
         stats = group.call("push_weights", [engine], 0.5)  # small buckets: several reloads
         after = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
@@ -72,14 +72,14 @@ def test_colocated_engines_take_weights_in_process(ray_local, tiny_models):
         gen = torch.Generator().manual_seed(0)
         batches = []
         for _ in range(2):
-            ids = torch.randint(4, 500, (2, 12), generator=gen)
+            ids = torch.randint(4, vocab_size(model_dir), (2, 12), generator=gen)
             batches.append([{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
         group.call_each("sft_step", [(b,) for b in batches])
         # Ranks generate different amounts: the engines must not wait on each other.
         samples = group.call_each("generate", [([[5, 6, 7]] * (1 + r),) for r in range(2)])
         assert [len(s) for s in samples] == [1, 2]
 
-        seq = torch.randint(4, 500, (16,), generator=gen).tolist()
+        seq = torch.randint(4, vocab_size(model_dir), (16,), generator=gen).tolist()
         before = [torch.tensor(x[0]) for x in group.call("rollout_sequence_logprobs", [seq])]
         stats = group.call("push_weights_local")
         after = [torch.tensor(x[0]) for x in group.call("rollout_sequence_logprobs", [seq])]
