@@ -39,24 +39,24 @@ def start_ray(cfg: RayConfig, device: DeviceInfo) -> bool:
     return True
 
 
-def actor_resources(device: DeviceInfo, cpus: float) -> dict[str, Any]:
-    """`options(...)` for one actor that owns one device (or only CPUs)."""
+def actor_resources(device: DeviceInfo, cpus: float, devices: int = 1) -> dict[str, Any]:
+    """`options(...)` for one actor that owns `devices` devices (or only CPUs)."""
     opts: dict[str, Any] = {"num_cpus": cpus}
     if device.ray_resource == "GPU":
-        opts["num_gpus"] = 1
+        opts["num_gpus"] = devices
     elif device.ray_resource:
-        opts["resources"] = {device.ray_resource: 1}
+        opts["resources"] = {device.ray_resource: devices}
     return opts
 
 
-def placement_group(device: DeviceInfo, n: int, cpus: float, strategy: str = "PACK"):
-    """A ready placement group of `n` bundles, one device (or CPUs) each."""
+def placement_group(device: DeviceInfo, n: int, cpus: float, strategy: str = "PACK", devices: int = 1):
+    """A ready placement group of `n` bundles, `devices` devices (or only CPUs) each."""
     import ray
     from ray.util.placement_group import placement_group as make_pg
 
     bundle: dict[str, float] = {"CPU": cpus}
     if device.ray_resource:
-        bundle[device.ray_resource] = 1
+        bundle[device.ray_resource] = devices
     pg = make_pg([bundle] * n, strategy=strategy)
     try:
         ray.get(pg.ready(), timeout=120)

@@ -59,6 +59,14 @@ def cpu_engine_env(kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB, omp_threads: 
     }
 
 
+def pack_tensor(name: str, tensor: torch.Tensor) -> tuple[str, str, tuple[int, ...], bytes]:
+    """`(name, dtype name, shape, raw bytes)` of a tensor (any dtype, bf16 included); see
+    `vllm_ext.unpack_tensor`."""
+    data = tensor.detach().to("cpu").contiguous()
+    raw = data.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return name, str(data.dtype).removeprefix("torch."), tuple(data.shape), raw
+
+
 class RolloutWorker:
     """A vLLM engine for `model` (HF directory) that generates samples and takes new weights.
 
@@ -92,6 +100,10 @@ class RolloutWorker:
         if self.sleep_enabled:
             kwargs["enable_sleep_mode"] = True
         self.tp_size = tensor_parallel_size
+        if tensor_parallel_size > 1:
+            # TP workers as processes inside this actor (it holds the devices), never Ray
+            # actors of their own, which would need bundles in the caller's placement group.
+            kwargs["distributed_executor_backend"] = "mp"
         if self.on_cpu:
             # A chunked (partial) prefill rewinds the request's seeded generator, which a CPU
             # torch.Generator cannot do ("CPU Generator does not use offset"): seeded batches of
@@ -149,11 +161,15 @@ class RolloutWorker:
         """Load HF-named tensors into the running engine in place; returns how many.
 
         A fused layer's parts (q/k/v, gate/up) must come in the same call. An iterator is
-        passed through untouched when the engine runs in this process, else listed first.
+        passed through untouched when the engine's one worker runs in this process; otherwise
+        each tensor is packed as raw bytes (vLLM's RPC to worker processes turns tensors nested
+        in lists into Python lists).
         """
-        if not (self.in_process or isinstance(named_tensors, (list, tuple))):
-            named_tensors = list(named_tensors)
-        count = self.llm.collective_rpc("load_weights_from_iter", args=(named_tensors,))[0]
+        if self.in_process and self.tp_size == 1:  # the worker runs in this process: pass by reference
+            count = self.llm.collective_rpc("load_weights_from_iter", args=(named_tensors,))[0]
+        else:  # worker processes (TP > 1, or the engine core apart): raw bytes survive vLLM's RPC
+            packed = [pack_tensor(name, tensor) for name, tensor in named_tensors]
+            count = self.llm.collective_rpc("load_packed_weights", args=(packed,))[0]
         if reset_cache:
             self.reset_prefix_cache()
         return count

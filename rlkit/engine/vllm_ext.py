@@ -43,6 +43,12 @@ def _quiet_partial_reload():
             lg.setLevel(level)
 
 
+def unpack_tensor(name: str, dtype: str, shape: tuple[int, ...], raw: bytes) -> tuple[str, torch.Tensor]:
+    """Inverse of `rollout.pack_tensor`."""
+    flat = torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)) if raw else torch.empty(0, dtype=getattr(torch, dtype))
+    return name, flat.reshape(shape)
+
+
 class WeightSyncExtension:
     """Methods added to the vLLM worker for weight sync and debugging."""
 
@@ -64,6 +70,10 @@ class WeightSyncExtension:
 
         self._rlkit_reload(counted())
         return count
+
+    def load_packed_weights(self, packed: list[tuple[str, str, tuple[int, ...], bytes]]) -> int:
+        """`load_weights_from_iter` for tensors sent as raw bytes (`rollout.pack_tensor`)."""
+        return self.load_weights_from_iter(unpack_tensor(*p) for p in packed)
 
     def _rlkit_reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         with _quiet_partial_reload():

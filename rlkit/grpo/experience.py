@@ -45,11 +45,14 @@ class RolloutGroup:
         from rlkit.engine.rollout import create_rollout_actor
 
         r = cfg.rollout
-        opts = actor_resources(device, cfg.ray.cpus_per_actor)
+        tp = r.tensor_parallel_size
+        # One bundle per engine with its tp devices (or tp x CPUs: one process per TP rank),
+        # apart from the learners' bundles; vLLM runs its TP workers inside the actor.
+        cpus = cfg.ray.cpus_per_actor * (1 if device.is_accelerator else tp)
+        opts = actor_resources(device, cpus, devices=tp)
         resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
                      **opts.get("resources", {})}
-        # One bundle per engine (its device, or CPUs), apart from the learners' bundles.
-        self.pg = placement_group(device, r.num_engines, cfg.ray.cpus_per_actor)
+        self.pg = placement_group(device, r.num_engines, cpus, devices=tp)
         self.engines = [
             create_rollout_actor(
                 model_path, resources=resources, env_vars=worker_env(device), seed=cfg.seed + i,
