@@ -11,6 +11,17 @@ from tests.engine.conftest import hf_logprobs, load_hf, vocab_size
 pytestmark = pytest.mark.slow
 
 
+def _train_one_step(group, model_dir) -> torch.Generator:
+    """One SFT step of the two ranks on random token batches; returns the generator for more."""
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(2):
+        ids = torch.randint(4, vocab_size(model_dir), (2, 12), generator=gen)
+        batches.append([{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
+    group.call_each("sft_step", [(b,) for b in batches])
+    return gen
+
+
 @pytest.mark.parametrize("size", ["tiny", "tiny-untied"])
 def test_zero3_learners_sync_into_vllm(ray_local, tiny_models, size):
     import ray
@@ -28,12 +39,7 @@ def test_zero3_learners_sync_into_vllm(ray_local, tiny_models, size):
     group = LearnerGroup(spec, 2, detect("cpu"), RayConfig())
     engine = create_rollout_actor(str(model_dir), dtype="float32", kv_cache_gib=0.25, max_model_len=128)
     try:
-        gen = torch.Generator().manual_seed(0)
-        batches = []
-        for _ in range(2):
-            ids = torch.randint(4, vocab_size(model_dir), (2, 12), generator=gen)
-            batches.append([{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
-        group.call_each("sft_step", [(b,) for b in batches])
+        gen = _train_one_step(group, model_dir)
 
         seq = torch.randint(4, vocab_size(model_dir), (16,), generator=gen).tolist()
         before = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
@@ -69,12 +75,7 @@ def test_colocated_engines_take_weights_in_process(ray_local, tiny_models):
     try:
         kwargs = dict(dtype="float32", kv_cache_gib=0.25, max_model_len=128)
         group.call_each("start_rollout", [(str(model_dir), {**kwargs, "seed": r}) for r in range(2)])
-        gen = torch.Generator().manual_seed(0)
-        batches = []
-        for _ in range(2):
-            ids = torch.randint(4, vocab_size(model_dir), (2, 12), generator=gen)
-            batches.append([{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
-        group.call_each("sft_step", [(b,) for b in batches])
+        gen = _train_one_step(group, model_dir)
         # Ranks generate different amounts: the engines must not wait on each other.
         samples = group.call_each("generate", [([[5, 6, 7]] * (1 + r),) for r in range(2)])
         assert [len(s) for s in samples] == [1, 2]
