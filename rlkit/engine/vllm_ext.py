@@ -45,7 +45,8 @@ def _quiet_partial_reload():
 
 def unpack_tensor(name: str, dtype: str, shape: tuple[int, ...], raw: bytes) -> tuple[str, torch.Tensor]:
     """Inverse of `rollout.pack_tensor`."""
-    flat = torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)) if raw else torch.empty(0, dtype=getattr(torch, dtype))
+    dt = getattr(torch, dtype)
+    flat = torch.frombuffer(bytearray(raw), dtype=dt) if raw else torch.empty(0, dtype=dt)  # frombuffer rejects b""
     return name, flat.reshape(shape)
 
 

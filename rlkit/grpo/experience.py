@@ -15,6 +15,14 @@ from rlkit.grpo.batch import Rollout
 from rlkit.grpo.loss import soft_overlong_penalty
 
 
+def engine_kwargs(cfg: GRPOConfig, device: DeviceInfo, index: int) -> dict[str, Any]:
+    """`RolloutWorker` arguments of engine `index`, separate or colocated alike."""
+    r = cfg.rollout
+    return dict(dtype="float32" if cfg.model.dtype == "fp32" else "auto", seed=cfg.seed + index,
+                max_model_len=r.max_model_len, gpu_memory_utilization=r.gpu_memory_utilization,
+                kv_cache_gib=None if device.is_accelerator else r.kv_cache_gb)
+
+
 class RolloutGroup:
     """`rollout.num_engines` vLLM engines in Ray actors; prompts are split contiguously.
 
@@ -27,12 +35,9 @@ class RolloutGroup:
     @classmethod
     def colocated(cls, learners: Any, cfg: GRPOConfig, model_path: str, device: DeviceInfo) -> RolloutGroup:
         """Start one engine inside each learner process (`Learner.start_rollout`)."""
-        r = cfg.rollout
-        kwargs = [dict(dtype="float32" if cfg.model.dtype == "fp32" else "auto", seed=cfg.seed + rank,
-                       max_model_len=r.max_model_len, gpu_memory_utilization=r.gpu_memory_utilization,
-                       kv_cache_gib=None if device.is_accelerator else r.kv_cache_gb, sleep_mode=r.sleep)
-                  for rank in range(len(learners.actors))]
-        learners.call_each("start_rollout", [(model_path, kw) for kw in kwargs])
+        learners.call_each("start_rollout", [
+            (model_path, {**engine_kwargs(cfg, device, rank), "sleep_mode": cfg.rollout.sleep})
+            for rank in range(len(learners.actors))])
         group = cls.__new__(cls)
         group.engines, group.pg, group.colocated_with = list(learners.actors), None, learners
         return group
@@ -55,12 +60,10 @@ class RolloutGroup:
         self.pg = placement_group(device, r.num_engines, cpus, devices=tp)
         self.engines = [
             create_rollout_actor(
-                model_path, resources=resources, env_vars=worker_env(device), seed=cfg.seed + i,
+                model_path, resources=resources, env_vars=worker_env(device),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                      placement_group_bundle_index=i),
-                dtype="float32" if cfg.model.dtype == "fp32" else "auto", tensor_parallel_size=r.tensor_parallel_size,
-                max_model_len=r.max_model_len, gpu_memory_utilization=r.gpu_memory_utilization,
-                kv_cache_gib=None if device.is_accelerator else r.kv_cache_gb)
+                tensor_parallel_size=tp, **engine_kwargs(cfg, device, i))
             for i in range(r.num_engines)]
         ray.get([e.ready.remote() for e in self.engines])
 

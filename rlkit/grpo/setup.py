@@ -190,16 +190,11 @@ class GRPORun:
 
         rows, n = self.eval_prompts, self.cfg.eval.samples_per_prompt
         prompts = [self.render(r) for r in rows]
-        temperature = self.cfg.eval.temperature
-        samples = self.engines.generate(prompts, n, seed=10**6, cfg=self.cfg,
-                                        temperature=self.cfg.rollout.temperature if temperature is None else temperature)
+        samples = self.engines.generate(prompts, n, seed=10**6, cfg=self.cfg, temperature=self.cfg.eval.temperature)
         result = score_rows(self.scorer, rows, prompts, samples, n)
         self.engines.idle()
-        out = {"eval_reward": sum(result.total) / max(len(result.total), 1)}
-        for name, values in result.per_fn.items():
-            xs = [v for v in values if v is not None]
-            out[f"eval/{name}"] = sum(xs) / len(xs) if xs else float("nan")
-        return out
+        means = result.metrics("eval")  # means over non-None values, NaN where a function gave none
+        return {"eval_reward": means["eval/mean"], **{f"eval/{name}": means[f"eval/{name}/mean"] for name in result.per_fn}}
 
     def checkpoint(self, step: int, pending: Any = None) -> None:
         """Learner state after `step`; the sampler as it was before the next step's prompts were
