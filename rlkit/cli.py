@@ -10,19 +10,10 @@ import argparse
 import sys
 
 from rlkit.errors import UserError
-from rlkit.recipe import ConfigError
 
 EXIT_USER_ERROR = 2
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Error types whose message is for the user (imported lazily: they live in heavier modules)."""
-    kinds: list[type[BaseException]] = [ConfigError, UserError]
-    for mod, name in (("rlkit.data.formats", "DataError"), ("rlkit.reward.contract", "RewardError")):
-        module = sys.modules.get(mod)
-        if module is not None and hasattr(module, name):
-            kinds.append(getattr(module, name))
-    return tuple(kinds)
+STAGES = {"sft": "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
+          "grpo": "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe"}
 
 
 def _add_recipe_stage(sub, name: str, help_text: str) -> None:
@@ -81,22 +72,10 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _available_stages() -> list[tuple[str, str]]:
-    """Training stages whose implementation is present in this install."""
-    import importlib.util
-
-    stages = []
-    if importlib.util.find_spec("rlkit.sft.run") is not None:
-        stages.append(("sft", "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe"))
-    if importlib.util.find_spec("rlkit.grpo.run") is not None:
-        stages.append(("grpo", "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe"))
-    return stages
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description="RL post-training for LLMs")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for name, help_text in _available_stages():
+    for name, help_text in STAGES.items():
         _add_recipe_stage(sub, name, help_text)
 
     p = sub.add_parser("tiny-model", help="build a tiny model + tokenizer offline (no hub)")
@@ -111,16 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", nargs="*", default=None, help="subset of the demo's stages")
     p.set_defaults(handler=_run_demo)
 
-    import importlib.util
+    from rlkit import merge, reward_cli
 
-    if importlib.util.find_spec("rlkit.merge") is not None:
-        from rlkit import merge
-
-        merge.add_parser(sub)
-    if importlib.util.find_spec("rlkit.reward_cli") is not None:
-        from rlkit import reward_cli
-
-        reward_cli.add_parser(sub)  # `rlkit reward test ...`
+    merge.add_parser(sub)
+    reward_cli.add_parser(sub)  # `rlkit reward test ...`
     return parser
 
 
@@ -136,11 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlkit: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - user errors become one line; bugs keep the traceback
-        if isinstance(e, _user_errors()):
-            print(f"rlkit: error: {e}", file=sys.stderr)
-            return EXIT_USER_ERROR
-        raise
+    except UserError as e:  # one line, no traceback; bugs keep theirs
+        print(f"rlkit: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

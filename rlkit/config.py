@@ -6,14 +6,27 @@ types and cross-field rules before any work starts; see `rlkit.recipe` for the e
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from rlkit.recipe import ConfigError, Invalid, build, check, merge, parse_overrides, read_yaml
+from rlkit.data.curriculum import DEFAULT_LEVELS, DEFAULT_PHASES, validate_phases
+from rlkit.data.formats import ROW_FORMATS
+from rlkit.data.templates import TEMPLATES
+from rlkit.errors import ConfigError
+from rlkit.grpo.advantages import ADVANTAGES
+from rlkit.grpo.loss import KL_KINDS, LOSS_TYPES
+from rlkit.recipe import build, check, merge, parse_overrides, read_yaml
+from rlkit.reward.contract import RewardSpec
 
+# The accepted values come from the code that reads them (the loader, the templates, the loss).
 Dtype = Literal["auto", "fp32", "bf16", "fp16"]
-LEVELS = ("explain", "reasoning", "topology")
+DataFormat = Literal[ROW_FORMATS]
+Template = Literal[TEMPLATES]
+LossType = Literal[LOSS_TYPES]
+KLKind = Literal[KL_KINDS]
+Device = Literal["auto", "cuda", "rocm", "npu", "cpu"]
 
 
 @dataclass(frozen=True)
@@ -51,20 +64,31 @@ class QuantConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """Data both stages read. SFT rows or GRPO prompts; the source kind (JSON, JSONL,
+    dataset_info.json, a save_to_disk folder) comes from the path, `format` is the row schema."""
+
     train: str
     eval: str | None = None
-    format: Literal["auto", "alpaca", "messages", "prompt", "dataset_info", "hf"] = "auto"
+    format: DataFormat = "auto"
     dataset: str | None = None  # entry name in a dataset_info.json
-    template: Literal["alpaca", "chat"] = "alpaca"
-    cutoff_len: int = 1024
-    packing: bool = False
+    template: Template = "alpaca"
     skip_bad_rows: bool = False
     synthetic_seed: int | None = None  # write the offline arithmetic task next to `train` if missing
 
+    READ_ELSEWHERE: ClassVar[dict[str, str]] = {
+        "cutoff_len": "SFT only: GRPO prompts are not cut, completions end at rollout.max_tokens",
+        "packing": "SFT only: GRPO learner batches are not packed"}
+
+
+@dataclass(frozen=True)
+class SFTDataConfig(DataConfig):
+    cutoff_len: int = 1024
+    packing: bool = False
+
+    READ_ELSEWHERE: ClassVar[dict[str, str]] = {}
+
     def __post_init__(self):
         check(self.cutoff_len >= 8, "cutoff_len", f"must be >= 8, got {self.cutoff_len}")
-        check(self.format != "dataset_info" or self.dataset is not None, "dataset",
-              "format 'dataset_info' needs the dataset name to read from dataset_info.json")
 
 
 @dataclass(frozen=True)
@@ -76,25 +100,16 @@ class PhaseConfig:
 @dataclass(frozen=True)
 class CurriculumConfig:
     enabled: bool = True  # turns itself off (one warning) when rows have no `difficulty`
-    levels: tuple[str, ...] = LEVELS
-    phases: tuple[PhaseConfig, ...] = (
-        PhaseConfig(0.3, (0.8, 0.2, 0.0)),
-        PhaseConfig(0.7, (0.4, 0.4, 0.2)),
-        PhaseConfig(1.0, (0.25, 0.35, 0.40)),
-    )
+    levels: tuple[str, ...] = DEFAULT_LEVELS
+    phases: tuple[PhaseConfig, ...] = tuple(PhaseConfig(until, mix) for until, mix in DEFAULT_PHASES)
 
     def __post_init__(self):
-        check(len(set(self.levels)) == len(self.levels) and self.levels, "levels", "need distinct level names")
-        last = 0.0
-        for i, phase in enumerate(self.phases):
-            check(last < phase.until <= 1.0, f"phases[{i}].until",
-                  f"phase ends must increase within (0, 1], got {phase.until} after {last}")
-            check(len(phase.mix) == len(self.levels), f"phases[{i}].mix",
-                  f"needs one share per level {list(self.levels)}, got {len(phase.mix)}")
-            check(all(m >= 0 for m in phase.mix) and abs(sum(phase.mix) - 1.0) < 1e-6, f"phases[{i}].mix",
-                  f"shares must be >= 0 and sum to 1, got {list(phase.mix)}")
-            last = phase.until
-        check(abs(last - 1.0) < 1e-9, "phases", "the last phase must end at until: 1.0")
+        validate_phases(self.levels, self.schedule)  # the sampler's own check; errors name the key
+
+    @property
+    def schedule(self) -> list[tuple[float, tuple[float, ...]]]:
+        """`(until, mix)` per phase, as the sampler takes them."""
+        return [(p.until, p.mix) for p in self.phases]
 
 
 @dataclass(frozen=True)
@@ -132,15 +147,39 @@ class DeepSpeedConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = 0  # steps between evals; 0 = only at the end
+    """Held-out evaluation (needs `data.eval`): before the first step, every `every` steps and
+    after the last step; `every: 0` = only before the first and after the last, in both stages."""
+
+    every: int = 0
+
+    def __post_init__(self):
+        check(self.every >= 0, "every", f"must be >= 0, got {self.every}")
+
+
+@dataclass(frozen=True)
+class SFTEvalConfig(EvalConfig):
     max_batches: int | None = None
     patience: int | None = None  # early stopping after this many evals without improvement
     min_delta: float = 0.0
-    # GRPO: held-out prompts are generated and scored by the reward functions
+
+    READ_ELSEWHERE: ClassVar[dict[str, str]] = {
+        "temperature": "GRPO only: SFT evaluates the loss, it does not generate",
+        "samples_per_prompt": "GRPO only: SFT evaluates the loss, it does not generate"}
+
+
+@dataclass(frozen=True)
+class GRPOEvalConfig(EvalConfig):
+    """Held-out prompts are generated and scored by the reward functions."""
+
     temperature: float | None = None  # None = rollout.temperature; 0 = greedy
     samples_per_prompt: int = 1
 
+    READ_ELSEWHERE: ClassVar[dict[str, str]] = {
+        "max_batches": "SFT only: GRPO evaluates every held-out prompt",
+        "patience": "SFT only: GRPO does not stop early", "min_delta": "SFT only: GRPO does not stop early"}
+
     def __post_init__(self):
+        super().__post_init__()
         check(self.temperature is None or self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
         check(self.samples_per_prompt >= 1, "samples_per_prompt", f"must be >= 1, got {self.samples_per_prompt}")
 
@@ -201,10 +240,10 @@ def _check_finetuning(cfg: Any) -> None:
 @dataclass(frozen=True)
 class SFTConfig:
     model: ModelConfig
-    data: DataConfig
+    data: SFTDataConfig
     output_dir: str
     seed: int = 42
-    device: Literal["auto", "cuda", "rocm", "npu", "cpu"] = "auto"
+    device: Device = "auto"
     finetuning: Finetuning = "full"
     lora: LoraConfig | None = None
     qlora: QuantConfig | None = None
@@ -212,14 +251,13 @@ class SFTConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self):
         _check_finetuning(self)
-        check(not self.data.packing or self.data.template in ("alpaca", "chat"), "data.packing", "unsupported")
 
 
 @dataclass(frozen=True)
@@ -232,8 +270,8 @@ class RolloutConfig:
     stop: tuple[str, ...] = ()
     max_model_len: int = 1024
     gpu_memory_utilization: float = 0.5
-    kv_cache_gb: float = 1.0  # CPU engines: KV cache cap (vLLM takes 16 GiB otherwise)
-    sync_bucket_mb: int = 256  # weight sync through the Ray object store, one bucket at a time
+    kv_cache_gib: float = 1.0  # CPU engines: KV cache cap in GiB (vLLM takes 16 GiB otherwise)
+    sync_bucket_mib: int = 256  # weight sync through the Ray object store, one bucket (MiB) at a time
     # Placement: False = engines in their own actors and devices; True = one engine inside each
     # learner process (hybrid engine), sharing its device, weights handed over in-process.
     colocate: bool = False
@@ -256,19 +294,9 @@ class RolloutConfig:
         check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
 
 
-@dataclass(frozen=True)
-class RewardConfig:
-    fn: str  # "package.module:function" or "path/to/file.py:function" (relative to the recipe)
-    weight: float = 1.0
-    args: dict[str, Any] = field(default_factory=dict)
-    name: str | None = None
-    timeout_s: float | None = 30.0
-    on_error: dict[str, float] | None = None  # {default: 0.0}: count errors instead of stopping
-
-    def __post_init__(self):
-        check(":" in self.fn, "fn", f"expected 'module.path:function' or 'file.py:function', got {self.fn!r}")
-        check(self.on_error is None or set(self.on_error) == {"default"}, "on_error",
-              "expected {default: <number>}")
+# Names a user may reach for that are not advantage estimators of their own.
+_ADVANTAGE_HINTS = {"dr_grpo": "Dr. GRPO is `advantage: no_std` together with `loss_type: dr_grpo`",
+                    "batch": "did you mean 'batch_std'?"}
 
 
 @dataclass(frozen=True)
@@ -283,10 +311,14 @@ class GRPOAlgoConfig:
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2  # clip-higher (DAPO: 0.28)
     beta: float = 0.0  # KL coefficient; 0 skips the reference model
-    kl: Literal["k1", "k2", "k3"] = "k3"
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
-    advantage: Literal["grpo", "dr_grpo", "batch"] = "grpo"
+    kl: KLKind = "k3"
+    # How the per-token loss is averaged (grpo/loss.py); `dr_grpo` is Dr. GRPO's constant normaliser.
+    loss_type: LossType = "dapo"
+    # A registered estimator (grpo/advantages.py): grpo = (r - mean) / (std + eps) per group,
+    # no_std = r - mean (Dr. GRPO's advantage), batch_std = (r - group mean) / (batch std + eps).
+    advantage: str = "grpo"
     advantage_eps: float = 1e-4
+    reward_default: float | None = None  # total reward of a sample every reward function skipped (None)
     async_generation: bool = False  # generate step k+1 while step k trains (one step off-policy)
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups and refill
     max_refill_rounds: int = 3
@@ -295,18 +327,30 @@ class GRPOAlgoConfig:
     overlong_penalty: float = 1.0
 
     def __post_init__(self):
+        for name in ("steps", "prompts_per_step", "epochs", "mini_batches", "micro_batch_size", "num_learners"):
+            check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.group_size >= 2, "group_size", f"group-relative advantages need >= 2, got {self.group_size}")
-        check(self.steps >= 1 and self.prompts_per_step >= 1 and self.epochs >= 1, "steps", "must be >= 1")
         rollouts = self.prompts_per_step * self.group_size
-        per_mb = rollouts // max(self.mini_batches, 1)
+        per_mb = rollouts // self.mini_batches
         check(rollouts % self.mini_batches == 0, "mini_batches",
               f"{rollouts} completions per step (prompts_per_step x group_size) do not split into "
               f"{self.mini_batches} mini-batches")
         check(per_mb % (self.micro_batch_size * self.num_learners) == 0, "micro_batch_size",
               f"a mini-batch of {per_mb} completions does not divide into micro_batch_size "
               f"{self.micro_batch_size} x num_learners {self.num_learners}")
-        check(0 <= self.epsilon_low < 1 and self.epsilon_high >= 0, "epsilon_low", "clip ranges must be >= 0")
+        check(0 <= self.epsilon_low < 1, "epsilon_low", f"must be in [0, 1), got {self.epsilon_low}")
+        check(self.epsilon_high >= 0, "epsilon_high", f"must be >= 0, got {self.epsilon_high}")
         check(self.beta >= 0, "beta", f"must be >= 0, got {self.beta}")
+        if self.advantage not in ADVANTAGES:
+            near = difflib.get_close_matches(self.advantage, list(ADVANTAGES), n=1)
+            hint = _ADVANTAGE_HINTS.get(self.advantage) or (f"did you mean {near[0]!r}?" if near else "")
+            check(False, "advantage", f"unknown estimator {self.advantage!r} (registered: "
+                                      f"{', '.join(sorted(ADVANTAGES))}){'; ' + hint if hint else ''}")
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per optimizer step on one learner."""
+        return self.prompts_per_step * self.group_size // (self.mini_batches * self.num_learners * self.micro_batch_size)
 
 
 @dataclass(frozen=True)
@@ -314,9 +358,9 @@ class GRPOConfig:
     model: ModelConfig
     data: DataConfig
     output_dir: str
-    rewards: tuple[RewardConfig, ...]
+    rewards: tuple[RewardSpec, ...]
     seed: int = 42
-    device: Literal["auto", "cuda", "rocm", "npu", "cpu"] = "auto"
+    device: Device = "auto"
     finetuning: Finetuning = "full"
     lora: LoraConfig | None = None
     qlora: QuantConfig | None = None
@@ -325,7 +369,7 @@ class GRPOConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, scheduler="constant"))
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: GRPOEvalConfig = field(default_factory=GRPOEvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -361,4 +405,4 @@ def load(stage: str, path: str | Path, overrides: list[str] | None = None) -> An
     return build(STAGES[stage], data, str(path))
 
 
-__all__ = ["ConfigError", "Invalid", "load", "SFTConfig", "GRPOConfig", "STAGES"]
+__all__ = ["ConfigError", "load", "SFTConfig", "GRPOConfig", "STAGES"]

@@ -1,5 +1,31 @@
-"""Errors whose one-line message is for the user (the CLI prints it and exits 2)."""
+"""User errors: everything a user can fix derives from `UserError`.
+
+The CLI prints `rlkit: error: <message>` (one line) and exits 2 for any of them, and never a
+traceback. A message names where the problem is (file, row, key, actor) and what to do.
+
+`key` is set where the error belongs to a recipe key: the recipe loader then prefixes it with
+the file and the key's full path (`recipes/x.yaml: rewards[0].weight: ...`).
+"""
+
+from __future__ import annotations
 
 
 class UserError(Exception):
-    """Any error the user can fix; its message is one line naming the file, key or path."""
+    """Any error the user can fix; its message is one line."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(f"{key}: {message}" if key else message)
+        self.key = key
+        self.message = message
+
+
+class ConfigError(UserError, ValueError):
+    """A recipe problem: unknown key, wrong type, a cross-field rule."""
+
+
+class DataError(UserError, ValueError):
+    """A data problem: the message names the file and the row (or the field)."""
+
+
+class RewardError(UserError, ValueError):
+    """A reward function is misconfigured or failed; names the reward and the sample."""

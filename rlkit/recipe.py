@@ -2,6 +2,8 @@
 
 Every user mistake becomes a `ConfigError` whose one-line message names the file and the key,
 e.g. `recipes/x.yaml: train.micro_batch_sz: unknown key (did you mean 'micro_batch_size'?)`.
+A dataclass rejects a value in `__post_init__` with `check(cond, key, message)`, or by raising
+any `UserError` that carries a `key`; the key is relative to that dataclass.
 """
 
 from __future__ import annotations
@@ -14,20 +16,14 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from rlkit.errors import ConfigError, UserError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-    """A recipe problem; the message is one line that names the file and the key."""
-
-
-class Invalid(ValueError):
-    """Raised by a dataclass `__post_init__`: `key` is relative to that dataclass."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(message)
-        self.key = key
-        self.message = message
+def _invalid(key: str, message: str) -> ConfigError:
+    """The error for a bad value at `key` (relative to the dataclass being built)."""
+    return ConfigError(message, key=key)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -79,7 +75,9 @@ def build(cls: type[T], data: Any, source: str, key: str = "") -> T:
     """Convert plain YAML data to `cls`, checking keys and types; errors name `source` and key."""
     try:
         return _convert(cls, data, key)
-    except Invalid as e:
+    except UserError as e:
+        if e.key is None:
+            raise
         raise ConfigError(f"{source}: {e.key or '<top>'}: {e.message}") from None
 
 
@@ -138,40 +136,40 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         for arg in candidates:
             try:
                 return _convert(arg, value, key)
-            except Invalid:
+            except ConfigError:
                 continue
-        raise Invalid(key, f"expected {_type_name(tp)}, got {_describe(value)}")
+        raise _invalid(key, f"expected {_type_name(tp)}, got {_describe(value)}")
     if origin is Literal:
         if value in get_args(tp) and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in get_args(tp))):
             return value
-        raise Invalid(key, f"expected one of {_type_name(tp)}, got {value!r}")
+        raise _invalid(key, f"expected one of {_type_name(tp)}, got {value!r}")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             if isinstance(value, str) and get_args(tp) and get_args(tp)[0] is str:
                 value = [v.strip() for v in value.split(",") if v.strip()]  # "q_proj,v_proj"
             else:
-                raise Invalid(key, f"expected a list, got {_describe(value)}")
+                raise _invalid(key, f"expected a list, got {_describe(value)}")
         args = get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
-                raise Invalid(key, f"expected a list of {len(args)} items, got {len(value)}")
+                raise _invalid(key, f"expected a list of {len(args)} items, got {len(value)}")
             return tuple(_convert(a, v, _join(key, i)) for i, (a, v) in enumerate(zip(args, value)))
         item = args[0] if args else Any
         return tuple(_convert(item, v, _join(key, i)) for i, v in enumerate(value))
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise Invalid(key, f"expected a mapping, got {_describe(value)}")
+            raise _invalid(key, f"expected a mapping, got {_describe(value)}")
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise Invalid(key, f"expected true or false, got {_describe(value)}")
+        raise _invalid(key, f"expected true or false, got {_describe(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise Invalid(key, f"expected an integer, got {_describe(value)}")
+        raise _invalid(key, f"expected an integer, got {_describe(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -180,11 +178,11 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise Invalid(key, f"expected a number, got {_describe(value)}")
+        raise _invalid(key, f"expected a number, got {_describe(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise Invalid(key, f"expected a string, got {_describe(value)}")
+        raise _invalid(key, f"expected a string, got {_describe(value)}")
     raise TypeError(f"recipe type {tp!r} at {key} is not supported")  # a bug in rlkit's schema
 
 
@@ -192,28 +190,33 @@ def _convert_dataclass(cls: Any, value: Any, key: str) -> Any:
     if value is None:
         value = {}
     if not isinstance(value, dict):
-        raise Invalid(key, f"expected a mapping, got {_describe(value)}")
+        raise _invalid(key, f"expected a mapping, got {_describe(value)}")
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for name in value:
         if name not in fields:
+            elsewhere = getattr(cls, "READ_ELSEWHERE", {}).get(name)
+            if elsewhere:
+                raise _invalid(_join(key, str(name)), f"this stage does not read it ({elsewhere}); remove it")
             near = difflib.get_close_matches(str(name), list(fields), n=1, cutoff=0.6)
             hint = f" (did you mean {near[0]!r}?)" if near else f" (valid keys: {', '.join(fields)})"
-            raise Invalid(_join(key, str(name)), f"unknown key{hint}")
+            raise _invalid(_join(key, str(name)), f"unknown key{hint}")
     kwargs = {}
     for name, f in fields.items():
         if name in value:
             kwargs[name] = _convert(hints[name], value[name], _join(key, name))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise Invalid(_join(key, name), f"required key is missing (expected {_type_name(hints[name])})")
+            raise _invalid(_join(key, name), f"required key is missing (expected {_type_name(hints[name])})")
     try:
         return cls(**kwargs)
-    except Invalid as e:
-        raise Invalid(_join(key, e.key), e.message) from None
+    except UserError as e:
+        if e.key is None:
+            raise
+        raise _invalid(_join(key, e.key), e.message) from None
 
 
 def check(cond: bool, key: str, message: str) -> None:
-    """Cross-field rule helper for `__post_init__`."""
+    """Cross-field rule helper for `__post_init__`: raise the error for `key` unless `cond`."""
     if not cond:
-        raise Invalid(key, message)
+        raise _invalid(key, message)
 

@@ -17,14 +17,11 @@ import os
 import sys
 from typing import Any
 
-from rlkit.reward.contract import RewardError, RewardResult, RewardSpec, preview
+from rlkit.errors import RewardError, UserError
+from rlkit.reward.contract import RewardResult, RewardSpec, preview
 from rlkit.reward.score import RewardScorer
 
 _ANSWER_COLUMNS = ("answer", "solution", "ground_truth", "target", "reference")
-
-
-class _BadInput(Exception):
-    pass
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -63,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         scorer = RewardScorer(specs, base_dir, set(columns), collect_errors=True)
         result = scorer.score(prompts, completions, ids, cols)
         probes = _probes(scorer, rows[0], completions[0], columns, ids is not None)
-    except (RewardError, _BadInput) as e:
+    except UserError as e:  # bad input or a broken reward: one line, exit 2
         print(f"rlkit reward test: {e}", file=sys.stderr)
         return 2
     _print_stats(console, scorer, result, prompts, completions)
@@ -78,36 +75,36 @@ def _specs(args: argparse.Namespace) -> tuple[list[RewardSpec], str]:
     for kv in args.arg:
         k, sep, v = kv.partition("=")
         if not sep or not k:
-            raise _BadInput(f"--arg {kv!r}: expected key=value")
+            raise UserError(f"--arg {kv!r}: expected key=value")
         extra[k] = _yaml().safe_load(v)
     if not args.recipe:
         if not args.fn:
-            raise _BadInput("name a reward (module:function) or pass --recipe")
+            raise UserError("name a reward (module:function) or pass --recipe")
         return [RewardSpec(fn=args.fn, args=extra)], os.getcwd()
     try:
         with open(args.recipe, encoding="utf-8") as f:
             recipe = _yaml().safe_load(f) or {}
     except OSError as e:
-        raise _BadInput(f"--recipe: cannot read {args.recipe}: {e.strerror}") from None
+        raise UserError(f"--recipe: cannot read {args.recipe}: {e.strerror}") from None
     except Exception as e:  # yaml.YAMLError
-        raise _BadInput(f"--recipe: {args.recipe} is not valid YAML: {preview(str(e), 200)}") from None
+        raise UserError(f"--recipe: {args.recipe} is not valid YAML: {preview(str(e), 200)}") from None
     entries = recipe.get("rewards") if isinstance(recipe, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise _BadInput(f"--recipe: {args.recipe} has no `rewards:` list")
+        raise UserError(f"--recipe: {args.recipe} has no `rewards:` list")
     specs = []
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or "fn" not in e:
-            raise _BadInput(f"{args.recipe}: rewards[{i}]: expected a mapping with `fn:`")
+            raise UserError(f"{args.recipe}: rewards[{i}]: expected a mapping with `fn:`")
         if args.fn and e["fn"] != args.fn:
             continue
         try:
             specs.append(RewardSpec(**{**e, "args": {**(e.get("args") or {}), **extra}}))
         except TypeError as err:
-            raise _BadInput(f"{args.recipe}: rewards[{i}]: {err}") from None
+            raise UserError(f"{args.recipe}: rewards[{i}]: {err}") from None
         except RewardError as err:
-            raise _BadInput(f"{args.recipe}: rewards[{i}].{err}") from None
+            raise UserError(f"{args.recipe}: rewards[{i}].{err}") from None
     if not specs:
-        raise _BadInput(f"--recipe: no reward with fn {args.fn!r} in {args.recipe}")
+        raise UserError(f"--recipe: no reward with fn {args.fn!r} in {args.recipe}")
     return specs, os.path.dirname(os.path.abspath(args.recipe))
 
 
@@ -122,7 +119,7 @@ def _rows(path: str, need_completion: bool) -> list[dict]:
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()
     except OSError as e:
-        raise _BadInput(f"--data: cannot read {path}: {e.strerror}") from None
+        raise UserError(f"--data: cannot read {path}: {e.strerror}") from None
     rows = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -130,14 +127,14 @@ def _rows(path: str, need_completion: bool) -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise _BadInput(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from None
         if not isinstance(row, dict) or "prompt" not in row:
-            raise _BadInput(f"{path}:{n}: each row needs a `prompt`")
+            raise UserError(f"{path}:{n}: each row needs a `prompt`")
         if need_completion and "completion" not in row:
-            raise _BadInput(f"{path}:{n}: no `completion` (add it, or pass --model to generate)")
+            raise UserError(f"{path}:{n}: no `completion` (add it, or pass --model to generate)")
         rows.append(row)
     if not rows:
-        raise _BadInput(f"{path}: no rows")
+        raise UserError(f"{path}: no rows")
     return rows
 
 
@@ -149,7 +146,7 @@ def _generate(model_dir: str, prompts: list, max_new_tokens: int) -> tuple[list,
         tok = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     except (OSError, ValueError) as e:
-        raise _BadInput(f"--model: cannot load {model_dir}: {preview(str(e), 200)}") from None
+        raise UserError(f"--model: cannot load {model_dir}: {preview(str(e), 200)}") from None
     import torch
 
     completions, ids = [], []

@@ -18,12 +18,13 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlkit.data.curriculum import DEFAULT_LEVELS as LEVELS  # the seeds' three difficulty levels
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
-LEVELS = ("explain", "reasoning", "topology")
 
 
 @dataclass(frozen=True)

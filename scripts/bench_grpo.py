@@ -27,7 +27,7 @@ Phases
   bare generate  rlkit's `RolloutWorker` in this process (no Ray, in-process vLLM engine
           core), `generate` of the same batch shape; one untimed call, then timed calls.
   bare train  a plain torch loop, no Ray and no DeepSpeed: the same model, `torch.optim.AdamW`,
-          rlkit's `collate`/`completion_logprobs`/`policy_loss` on the bare-generated
+          rlkit's `GRPOBatch`/`token_logprobs`/`policy_loss` on the bare-generated
           completions, grad clip, step; one untimed step, then timed steps.
   TRL     `trl.GRPOTrainer` on CPU, `use_vllm=False` (its vLLM modes need CUDA weight loading;
           `--trl-mode colocate` tries it), per-device batch = micro-batch, gradient accumulation
@@ -223,9 +223,9 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str) 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.grpo.batch import Rollout, collate, plan_micro_batches, slice_batch
+    from rlkit.engine.logprobs import token_logprobs
+    from rlkit.grpo.batch import GRPOBatch, Rollout, plan_micro_batches
     from rlkit.grpo.loss import policy_loss
-    from rlkit.grpo.policy import completion_logprobs
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     torch.manual_seed(args.seed)
@@ -238,12 +238,12 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str) 
     for step, samples in enumerate(batches):
         t0 = time.perf_counter()
         rollouts = [Rollout(p, c, False) for p, c in samples]
-        batch = collate(rollouts, torch.randn(len(rollouts)), pad)
-        tokens = max(int(batch["completion_mask"][:, 1:].sum()), 1)
+        batch = GRPOBatch.collate(rollouts, torch.randn(len(rollouts)), pad)
+        tokens = max(batch.completion_tokens(), 1)
         index = plan_micro_batches(len(rollouts), 1, 1, args.micro_batch, args.seed + step)[0][0]
         for rows in index:
-            mb = slice_batch(batch, rows)
-            logp, entropy = completion_logprobs(model, mb, 1.0, with_entropy=True)
+            mb = batch.micro_batch(rows)
+            logp, entropy = token_logprobs(model, mb, 1.0, with_entropy=True)
             out = policy_loss(logp, None, mb["advantages"], mb["completion_mask"][:, 1:].float(),
                               epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_type="dapo",
                               num_items_in_batch=tokens, entropies=entropy)

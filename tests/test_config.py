@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from rlkit import config
-from rlkit.recipe import ConfigError, parse_overrides
+from rlkit.errors import ConfigError
+from rlkit.recipe import parse_overrides
 
 RECIPES = sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
 
@@ -111,17 +112,17 @@ def test_grpo_cross_field_rules(tmp_path):
 
 def test_grpo_placement_and_sync_rules(tmp_path):
     from rlkit.accel import detect
+    from rlkit.engine.engines import sync_strategy
     from rlkit.errors import UserError
-    from rlkit.grpo.setup import sync_strategy
 
     r = tmp_path / "g.yaml"
     r.write_text("stage: grpo\noutput_dir: o\nmodel: {path: m}\ndata: {train: t.jsonl}\n"
                  "rewards: [{fn: 'rewards.exact:exact_match'}]\n")
     cpu = detect("cpu")
-    assert sync_strategy(config.load("grpo", r), cpu) == "object_store"
+    assert sync_strategy(config.load("grpo", r).rollout, cpu) == "object_store"
     colocated = config.load("grpo", r, ["rollout.colocate=true", "grpo.num_learners=2", "rollout.num_engines=2",
                                         "grpo.micro_batch_size=4"])
-    assert sync_strategy(colocated, cpu) == "in_process"
+    assert sync_strategy(colocated.rollout, cpu) == "in_process"
     with pytest.raises(ConfigError, match=r"rollout.num_engines: colocated engines are one per learner: set it to "
                                           r"grpo.num_learners \(1\)"):
         config.load("grpo", r, ["rollout.colocate=true", "rollout.num_engines=2"])
@@ -132,6 +133,6 @@ def test_grpo_placement_and_sync_rules(tmp_path):
     with pytest.raises(ConfigError, match="rollout.tensor_parallel_size: colocated engines are one replica"):
         config.load("grpo", r, ["rollout.colocate=true", "rollout.tensor_parallel_size=2"])
     with pytest.raises(UserError, match="rollout.sync: broadcast needs NCCL/HCCL between devices, but rlkit runs on cpu"):
-        sync_strategy(config.load("grpo", r, ["rollout.sync=broadcast"]), cpu)
+        sync_strategy(config.load("grpo", r, ["rollout.sync=broadcast"]).rollout, cpu)
     with pytest.raises(ConfigError, match="eval.samples_per_prompt: must be >= 1, got 0"):
         config.load("grpo", r, ["eval.samples_per_prompt=0"])

@@ -8,8 +8,9 @@ from typing import Any
 
 from rlkit.data.curriculum import (DEFAULT_LEVELS, DEFAULT_PHASES, CurriculumSampler,
                                    validate_phases)
-from rlkit.data.formats import DataError, LoadedRows, load_prompts, load_rows
+from rlkit.data.formats import LoadedRows, load_prompts, load_rows
 from rlkit.data.templates import TEMPLATES, render_alpaca, render_prompt, render_sft
+from rlkit.errors import DataError
 
 _COLLATE = ("IGNORE_INDEX", "block_causal_mask", "encode_sft", "pack_bins", "pack_collate",
             "pad_collate", "truncate_lengths")

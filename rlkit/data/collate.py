@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from rlkit.data.formats import DataError
+from rlkit.errors import DataError
 from rlkit.data.templates import render_sft
 
 IGNORE_INDEX = -100

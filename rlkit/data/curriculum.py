@@ -24,7 +24,7 @@ import logging
 import random
 from typing import Any, Sequence
 
-from rlkit.data.formats import DataError
+from rlkit.errors import DataError
 
 log = logging.getLogger("rlkit")
 
@@ -35,53 +35,51 @@ _ALL = "*"  # pool key when the curriculum is off
 
 def validate_phases(levels: Sequence[str],
                     phases: Sequence[tuple[float, Sequence[float]]]) -> None:
-    """Raise ValueError (one line) unless levels are unique non-empty strings and phases
-    have strictly increasing ends in (0, 1] ending at 1, each with one non-negative share
-    per level summing to 1 (within 1e-6)."""
-    if not levels or not all(isinstance(lv, str) and lv for lv in levels):
-        raise ValueError(f"curriculum levels must be non-empty strings, got {list(levels)}")
-    if len(set(levels)) != len(levels):
-        raise ValueError(f"curriculum levels must be unique, got {list(levels)}")
+    """Raise DataError (one line, `key` set: `levels`, `phases[i].until`, ...) unless levels are
+    unique non-empty strings and phases have strictly increasing ends in (0, 1] ending at 1,
+    each with one non-negative share per level summing to 1 (within 1e-6).
+
+    The recipe's `curriculum` section is checked by this same function."""
+    if not levels or len(set(levels)) != len(levels) or not all(isinstance(lv, str) and lv for lv in levels):
+        raise DataError(f"levels must be unique non-empty strings, got {list(levels)}", key="levels")
     if not phases:
-        raise ValueError("curriculum needs at least one phase")
-    names = ", ".join(levels)
+        raise DataError("the curriculum needs at least one phase", key="phases")
     prev = 0.0
-    for i, phase in enumerate(phases, start=1):
+    for i, phase in enumerate(phases):
         if not isinstance(phase, (list, tuple)) or len(phase) != 2:
-            raise ValueError(f"curriculum phase {i}: expected [end_fraction, [shares]], got {phase!r}")
+            raise DataError(f"expected [end_fraction, [shares]], got {phase!r}", key=f"phases[{i}]")
         end, mix = phase
         if isinstance(end, bool) or not isinstance(end, (int, float)) or not prev < end <= 1:
-            raise ValueError(f"curriculum phase {i}: end {end!r} must be > {prev} and <= 1 "
-                             "(ends increase, as fractions of training)")
+            raise DataError(f"phase ends must increase within (0, 1], got {end!r} after {prev}",
+                            key=f"phases[{i}].until")
         if not isinstance(mix, (list, tuple)) or len(mix) != len(levels):
             n = len(mix) if isinstance(mix, (list, tuple)) else "no"
-            raise ValueError(f"curriculum phase {i}: mix has {n} values for "
-                             f"{len(levels)} levels ({names})")
+            raise DataError(f"needs one share per level {list(levels)}, got {n}", key=f"phases[{i}].mix")
         if any(isinstance(m, bool) or not isinstance(m, (int, float)) or m < 0 for m in mix):
-            raise ValueError(f"curriculum phase {i}: mix {list(mix)} must be non-negative numbers")
+            raise DataError(f"shares must be non-negative numbers, got {list(mix)}", key=f"phases[{i}].mix")
         if abs(sum(mix) - 1) > 1e-6:
-            raise ValueError(f"curriculum phase {i}: mix {list(mix)} sums to {sum(mix):g}, "
-                             "expected 1")
+            raise DataError(f"mix {list(mix)} sums to {sum(mix):g}, expected 1", key=f"phases[{i}].mix")
         prev = end
     if prev != 1:
-        raise ValueError(f"curriculum last phase must end at 1.0, got {prev}")
+        raise DataError(f"the last phase must end at until: 1.0, got {prev}", key="phases")
 
 
 class CurriculumSampler:
     """Yields batches of row indices following the difficulty schedule (see module doc).
 
-    ``total_steps`` counts ``next_batch`` calls over the whole run.
+    ``total_steps`` counts ``next_batch`` calls over the whole run. ``source`` (the data file)
+    prefixes errors about the rows' ``difficulty``.
     """
 
     def __init__(self, difficulties: Sequence[str | None], total_steps: int, batch_size: int,
                  seed: int, levels: Sequence[str] = DEFAULT_LEVELS,
                  phases: Sequence[tuple[float, Sequence[float]]] = DEFAULT_PHASES,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, source: str | None = None) -> None:
         if total_steps < 1 or batch_size < 1:
             raise ValueError(f"total_steps and batch_size must be >= 1, got {total_steps}, {batch_size}")
         validate_phases(levels, phases)
         if not difficulties:
-            raise DataError("curriculum sampler: the dataset has no rows")
+            raise DataError(f"{source or 'curriculum sampler'}: the dataset has no rows")
         self.levels = tuple(levels)
         self.phases = tuple((float(e), tuple(float(m) for m in mix)) for e, mix in phases)
         self.total_steps, self.batch_size, self.n_rows = total_steps, batch_size, len(difficulties)
@@ -92,7 +90,7 @@ class CurriculumSampler:
             log.warning("curriculum: no row has a 'difficulty' field; curriculum is off, "
                         "sampling shuffled epochs")
         if self.curriculum:
-            groups = self._group(difficulties)
+            groups = self._group(difficulties, f"{source}: " if source else "")
             self.level_counts = {lv: len(groups[lv]) for lv in self.levels}
             self._mixes = [self._effective_mix(i, mix) for i, (_, mix) in enumerate(self.phases)]
         else:
@@ -106,15 +104,15 @@ class CurriculumSampler:
         self.step = 0
         self._rng = random.Random(seed)
 
-    def _group(self, difficulties: Sequence[str | None]) -> dict[str, list[int]]:
+    def _group(self, difficulties: Sequence[str | None], where: str) -> dict[str, list[int]]:
         groups: dict[str, list[int]] = {lv: [] for lv in self.levels}
         for i, d in enumerate(difficulties):
             if d is None:
-                raise DataError(f"row {i + 1} has no 'difficulty' while other rows do; give every "
+                raise DataError(f"{where}row {i + 1} has no 'difficulty' while other rows do; give every "
                                 f"row one of {', '.join(self.levels)}, or none to turn the "
                                 "curriculum off")
             if d not in groups:
-                raise DataError(f"row {i + 1}: unknown difficulty {d!r} "
+                raise DataError(f"{where}row {i + 1}: unknown difficulty {d!r} "
                                 f"(allowed: {', '.join(self.levels)})")
             groups[d].append(i)
         return groups

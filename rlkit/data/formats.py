@@ -1,18 +1,7 @@
 """Load and validate training data: alpaca, chat messages, prompt/answer rows.
 
-Sources (detected from the path):
-
-- a ``.json`` file holding a list of rows, or a ``.jsonl`` file (one row per line);
-- a LLaMA-Factory ``dataset_info.json`` (the file, or a folder holding it) plus a
-  ``dataset`` name; its entry gives ``file_name``, ``formatting`` (alpaca | sharegpt),
-  ``columns`` and, for sharegpt, ``tags``;
-- a folder written by ``datasets`` ``save_to_disk`` (a Dataset or a DatasetDict; ``split``
-  picks one, default ``train`` or the only split).
-
-JSON and JSONL are parsed with the standard library, not ``datasets.load_dataset``: Arrow
-infers one type per column and would coerce or reject a bad row without saying which one,
-while here every error names the file and the row (for JSONL, the line number; for a JSON
-list or a saved dataset, the 1-based position).
+Where the records come from (JSON, JSONL, dataset_info.json, save_to_disk folders) is
+`sources.py`; every error names the file and the row.
 
 Row schemas (``fmt``): ``alpaca`` (instruction/input/output/system/history), ``messages``
 (list of {role, content}), ``sharegpt`` (``conversations`` of {from, value}); ``auto`` picks
@@ -21,11 +10,13 @@ from the first row. Rows are normalised; columns the schema does not name are ke
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
+
+from rlkit.data.sources import DatasetEntry, Record, read_records
+from rlkit.data.templates import render_alpaca
+from rlkit.errors import DataError
 
 log = logging.getLogger("rlkit")
 
@@ -38,10 +29,6 @@ _LF_ALPACA_KEYS = {"prompt": "instruction", "query": "input", "response": "outpu
                    "system": "system", "history": "history"}
 _SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human",
                   "assistant_tag": "gpt", "system_tag": "system"}
-
-
-class DataError(ValueError):
-    """A user-data problem; the message is one line naming the file (and row)."""
 
 
 @dataclass(frozen=True)
@@ -83,135 +70,30 @@ def _messages_schema(fmt: str, columns: dict[str, str] | None = None,
         t["user_tag"]: "user", t["assistant_tag"]: "assistant", t["system_tag"]: "system"})
 
 
-# ---------------------------------------------------------------- reading containers
-
-def _read_json_file(path: str) -> Iterator[tuple[int, Any]]:
-    """Yield (row number, parsed row). JSONL row numbers are line numbers."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read file ({e})") from None
-    if path.endswith(".json") and not text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-        if not isinstance(data, list):
-            raise DataError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
-        yield from enumerate(data, start=1)
-        return
-    # JSONL (a .json file starting with '{' is read as JSONL too).
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as e:
-            if lineno == 1 and path.endswith(".json"):  # a single pretty-printed object
-                raise DataError(f"{path}: expected a JSON list of rows or JSON lines") from None
-            raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
-
-
-def _is_saved_dataset(path: str) -> bool:
-    return os.path.isdir(path) and any(
-        os.path.exists(os.path.join(path, n)) for n in ("state.json", "dataset_dict.json"))
-
-
-def _read_saved_dataset(path: str, split: str | None) -> Iterator[tuple[int, Any]]:
-    import datasets  # lazy: heavy import
-
-    try:
-        ds = datasets.load_from_disk(path)
-    except Exception as e:  # noqa: BLE001 - any failure is a user-data problem here
-        raise DataError(f"{path}: cannot load saved dataset ({type(e).__name__}: {e})") from None
-    if isinstance(ds, datasets.DatasetDict):
-        names = list(ds)
-        if split is None:
-            split = "train" if "train" in ds else (names[0] if len(names) == 1 else None)
-        if split not in ds:
-            raise DataError(f"{path}: split {split!r} not found (available: {', '.join(names)}); "
-                            "set split")
-        ds = ds[split]
-    elif split not in (None, "train"):
-        raise DataError(f"{path}: is a single Dataset, it has no split {split!r}")
-    yield from enumerate(ds.to_list(), start=1)
-
-
-def _read_dataset_info(path: str, dataset: str | None, split: str | None,
-                       fmt: str) -> tuple[Iterator[tuple[int, Any]], str, _Schema]:
-    info_path = os.path.join(path, "dataset_info.json") if os.path.isdir(path) else path
-    try:
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{info_path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-    if not isinstance(info, dict):
-        raise DataError(f"{info_path}: expected a JSON object of dataset entries")
-    if dataset is None:
-        raise DataError(f"{info_path}: name the dataset to use (available: {', '.join(info)})")
-    if dataset not in info:
-        raise DataError(f"{info_path}: dataset {dataset!r} not found "
-                        f"(available: {', '.join(info) or 'none'})")
-    entry = info[dataset]
-    where = f"{info_path}: dataset {dataset!r}"
-    if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
-        raise DataError(f"{where}: needs a 'file_name' (only local files are supported)")
-    formatting = entry.get("formatting", "alpaca")
-    if formatting not in ("alpaca", "sharegpt"):
-        raise DataError(f"{where}: formatting {formatting!r} not supported "
-                        "(expected alpaca or sharegpt)")
-    columns = entry.get("columns") or {}
-    if formatting == "alpaca":
-        bad = sorted(set(columns) - set(_LF_ALPACA_KEYS))
-        if bad:
-            raise DataError(f"{where}: unknown column key {bad[0]!r} "
-                            f"(expected {', '.join(_LF_ALPACA_KEYS)})")
-        schema = _Schema("alpaca", {**ALPACA_COLUMNS,
-                                    **{_LF_ALPACA_KEYS[k]: v for k, v in columns.items()}})
-    else:
-        schema = _messages_schema("sharegpt", {k: v for k, v in columns.items()
-                                               if k in ("messages", "system")},
-                                  entry.get("tags"))
-    if fmt not in ("auto", "sharegpt" if formatting == "sharegpt" else "alpaca"):
-        raise DataError(f"{where}: formatting is {formatting!r} but fmt={fmt!r} was asked for")
-    file_path = os.path.join(os.path.dirname(info_path), entry["file_name"])
-    records, source = _read_container(file_path, split)
-    return records, source, schema
-
-
-def _read_container(path: str, split: str | None) -> tuple[Iterator[tuple[int, Any]], str]:
-    if _is_saved_dataset(path):
-        return _read_saved_dataset(path, split), path
-    if os.path.isdir(path):
-        raise DataError(f"{path}: folder is neither a saved dataset (save_to_disk) "
-                        "nor holds a dataset_info.json")
-    if not os.path.exists(path):
-        raise DataError(f"{path}: file not found")
-    if not path.endswith((".json", ".jsonl")):
-        raise DataError(f"{path}: unsupported file type (expected .json, .jsonl, a "
-                        "dataset_info.json, or a folder saved with datasets save_to_disk)")
-    return _read_json_file(path), path
+def _entry_schema(entry: DatasetEntry, fmt: str) -> _Schema:
+    """The row schema a dataset_info.json entry declares (its `columns` renames our fields)."""
+    columns = entry.columns
+    if fmt not in ("auto", "sharegpt" if entry.formatting == "sharegpt" else "alpaca"):
+        raise DataError(f"{entry.where}: formatting is {entry.formatting!r} but format {fmt!r} was asked for")
+    if entry.formatting == "sharegpt":
+        return _messages_schema("sharegpt", {k: v for k, v in columns.items() if k in ("messages", "system")},
+                                entry.tags)
+    bad = sorted(set(columns) - set(_LF_ALPACA_KEYS))
+    if bad:
+        raise DataError(f"{entry.where}: unknown column key {bad[0]!r} (expected {', '.join(_LF_ALPACA_KEYS)})")
+    return _Schema("alpaca", {**ALPACA_COLUMNS, **{_LF_ALPACA_KEYS[k]: v for k, v in columns.items()}})
 
 
 def _open(path: str, fmt: str, dataset: str | None,
-          split: str | None) -> tuple[list[tuple[int, Any]], str, _Schema | None]:
+          split: str | None) -> tuple[list[Record], str, _Schema | None]:
     """Read all records; the schema is known for dataset_info entries, else None."""
     if fmt not in ROW_FORMATS:
         raise DataError(f"{path}: unknown format {fmt!r} (expected one of {', '.join(ROW_FORMATS)})")
-    path = os.fspath(path)
-    is_info = os.path.basename(path) == "dataset_info.json" and os.path.isfile(path)
-    if is_info or (os.path.isdir(path) and not _is_saved_dataset(path)
-                   and os.path.isfile(os.path.join(path, "dataset_info.json"))):
-        records, source, schema = _read_dataset_info(path, dataset, split, fmt)
-        return list(records), source, schema
-    records, source = _read_container(path, split)
-    return list(records), source, None
+    got = read_records(path, dataset, split)
+    return got.records, got.source, _entry_schema(got.entry, fmt) if got.entry else None
 
 
-def _detect_schema(records: list[tuple[int, Any]], fmt: str, source: str) -> _Schema:
+def _detect_schema(records: list[Record], fmt: str, source: str) -> _Schema:
     if fmt == "alpaca":
         return _Schema("alpaca", dict(ALPACA_COLUMNS))
     if fmt in ("messages", "sharegpt"):
@@ -315,7 +197,7 @@ def _messages_row(row: dict, schema: _Schema) -> dict[str, Any]:
     return out
 
 
-def _validate(records: list[tuple[int, Any]], source: str, skip_bad_rows: bool,
+def _validate(records: list[Record], source: str, skip_bad_rows: bool,
               convert) -> tuple[list[dict[str, Any]], int]:
     rows, skipped, first_err = [], 0, None
     for n, rec in records:
@@ -398,8 +280,6 @@ def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
 
 
 def _alpaca_prompt(row: dict[str, Any]) -> dict[str, Any]:
-    from rlkit.data.templates import render_alpaca  # templates imports this module
-
     row["answer"] = row.pop("output")
     row["prompt"] = render_alpaca(row["instruction"], row["input"], row["system"], row["history"])
     return row

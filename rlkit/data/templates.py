@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlkit.data.formats import DataError
+from rlkit.errors import DataError
 
 TEMPLATES = ("alpaca", "chat")
 

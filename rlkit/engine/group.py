@@ -1,104 +1,108 @@
-"""Ray plumbing: start/attach Ray, place learner actors, call every rank at once."""
+"""The learner group: `num` Learner actors forming one torch.distributed group.
+
+Each method runs on every rank at once and returns when all are done: the same arguments
+for all ranks, or one argument per rank where each rank has its own shard (`per_rank`).
+"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import RayConfig
-
-# Variables every actor gets (vLLM reads VLLM_* at import; one OpenMP thread per process on CPU).
-WORKER_ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "TORCH_EXTENSIONS_DIR",
-                   "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONPATH")
-
-
-def worker_env(device: DeviceInfo, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for Ray actors: the device layer's advice, VLLM_* and pass-through variables."""
-    env = dict(device.env)
-    env.update({k: v for k, v in os.environ.items() if k in WORKER_ENV_KEYS or k.startswith("VLLM_")})
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.update(extra or {})
-    return env
-
-
-def start_ray(cfg: RayConfig, device: DeviceInfo) -> bool:
-    """Attach to `cfg.address` or start a local instance. Returns True if rlkit started it."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    env = {"env_vars": worker_env(device)}
-    if cfg.address:
-        ray.init(address=cfg.address, runtime_env=env, log_to_driver=True)
-        return False
-    num_cpus = cfg.num_cpus or max(os.cpu_count() or 1, 4)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True,
-             configure_logging=True, logging_level="WARNING")
-    return True
-
-
-def actor_resources(device: DeviceInfo, cpus: float, devices: int = 1) -> dict[str, Any]:
-    """`options(...)` for one actor that owns `devices` devices (or only CPUs)."""
-    opts: dict[str, Any] = {"num_cpus": cpus}
-    if device.ray_resource == "GPU":
-        opts["num_gpus"] = devices
-    elif device.ray_resource:
-        opts["resources"] = {device.ray_resource: devices}
-    return opts
-
-
-def placement_group(device: DeviceInfo, n: int, cpus: float, strategy: str = "PACK", devices: int = 1):
-    """A ready placement group of `n` bundles, `devices` devices (or only CPUs) each."""
-    import ray
-    from ray.util.placement_group import placement_group as make_pg
-
-    bundle: dict[str, float] = {"CPU": cpus}
-    if device.ray_resource:
-        bundle[device.ray_resource] = devices
-    pg = make_pg([bundle] * n, strategy=strategy)
-    try:
-        ray.get(pg.ready(), timeout=120)
-    except ray.exceptions.GetTimeoutError:
-        raise RuntimeError(f"Ray could not place {n} actors with {bundle} each within 120 s: "
-                           f"cluster has {ray.cluster_resources()}") from None
-    return pg
+from rlkit.engine.learner import LearnerSpec
+from rlkit.engine.objective import FitResult, MicroBatch, Objective, StepMetrics
+from rlkit.engine.placement import actor_resources, placement_group, worker_env
 
 
 class LearnerGroup:
-    """`num` Learner actors forming one torch.distributed group; `call` runs a method on all ranks."""
+    """Start `num` learners in a placement group (one bundle per rank), join their process group
+    and build their engines; `info` is rank 0's summary."""
 
-    def __init__(self, spec: Any, num: int, device: DeviceInfo, ray_cfg: RayConfig, pg=None, bundle_offset: int = 0):
+    def __init__(self, spec: LearnerSpec, num: int, device: DeviceInfo, ray_cfg: RayConfig):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from rlkit.engine.learner import Learner
 
-        self.pg = pg or placement_group(device, num, ray_cfg.cpus_per_actor)
+        self.pg = placement_group(device, num, ray_cfg.cpus_per_actor)
         opts = actor_resources(device, ray_cfg.cpus_per_actor)
         remote = ray.remote(Learner)
         self.actors = [
             remote.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=bundle_offset + rank),
+                placement_group=self.pg, placement_group_bundle_index=rank),
                 runtime_env={"env_vars": worker_env(device)}).remote(spec, rank, num)
             for rank in range(num)
         ]
         addr, port = ray.get(self.actors[0].address.remote())
-        self.call("init_process_group", addr, port)
-        self.info = self.call("build")[0]
+        self._all("init_process_group", addr, port)
+        self.info: dict[str, Any] = self._all("build")[0]
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run `method(*args)` on every rank; returns the per-rank results."""
-        import ray
+    @property
+    def size(self) -> int:
+        return len(self.actors)
 
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+    # ------------------------------------------------------------------ training
 
-    def call_each(self, method: str, per_rank_args: Sequence[tuple]) -> list[Any]:
-        """Run `method(*per_rank_args[r])` on rank r (for sharded batches)."""
-        import ray
+    def train_step(self, per_rank: Sequence[list[MicroBatch]], objective: Objective) -> list[StepMetrics]:
+        """One optimizer step: rank r runs `per_rank[r]` (its `grad_accum` micro-batches)."""
+        return self._each("train_step", [(mbs, objective) for mbs in per_rank])
 
-        return ray.get([getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)])
+    def fit(self, per_rank: Sequence[list[list[MicroBatch]]], objective: Objective, epochs: int = 1) -> list[FitResult]:
+        """`Learner.fit` on every rank with its own optimizer steps."""
+        return self._each("fit", [(steps, objective, epochs) for steps in per_rank])
+
+    def evaluate(self, per_rank: Sequence[list[MicroBatch]], objective: Objective) -> dict[str, float]:
+        """Metric sums of `Learner.evaluate` over all ranks."""
+        total: dict[str, float] = {}
+        for sums in self._each("evaluate", [(mbs, objective) for mbs in per_rank]):
+            for key, value in sums.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+    # ------------------------------------------------------------------ weights
+
+    def push_weights(self, engines: list[Any], bucket_mib: float,
+                     strategy: str = "object_store") -> list[dict[str, float] | None]:
+        """Current policy -> separate rollout engines. Rank 0 sends and returns its `SyncStats` as a
+        dict; the other ranks only take part in ZeRO-3 gathers (None)."""
+        return self._all("push_weights", engines, bucket_mib, strategy)
+
+    def push_weights_in_process(self) -> list[dict[str, float]]:
+        """Current policy -> each rank's colocated engine; `SyncStats` dict per rank."""
+        return self._all("push_weights_in_process")
+
+    def named_weights(self) -> list[tuple[str, Any]]:
+        """The current policy (LoRA merged) as (HF name, CPU tensor), from rank 0."""
+        return self._all("named_weights")[0]
+
+    # ------------------------------------------------------------------ colocated engines
+
+    def start_engines(self, model_path: str, per_rank_options: Sequence[dict[str, Any]]) -> list[float]:
+        """A vLLM engine in each learner process (`Learner.start_engine`); start seconds per rank."""
+        return self._each("start_engine", [(model_path, options) for options in per_rank_options])
+
+    def engine_sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
+        """Each rank's colocated engine scores `sequences` (weight checks)."""
+        return self._all("engine_sequence_logprobs", sequences)
+
+    def sleep_engines(self) -> None:
+        self._all("sleep_engine")
+
+    # ------------------------------------------------------------------ checkpoints and lifecycle
+
+    def save_checkpoint(self, ckpt_dir: str | Path) -> None:
+        self._all("save_checkpoint", str(ckpt_dir))
+
+    def load_checkpoint(self, ckpt_dir: str | Path) -> None:
+        self._all("load_checkpoint", str(ckpt_dir))
+
+    def save_model(self, out_dir: str | Path, tokenizer_dir: str) -> Path:
+        """The final model from rank 0 (see `Learner.save_model`)."""
+        self._all("save_model", str(out_dir), tokenizer_dir)
+        return Path(out_dir)
 
     def shutdown(self) -> None:
         import ray
@@ -107,3 +111,15 @@ class LearnerGroup:
             ray.kill(a)
         self.actors = []
         ray.util.remove_placement_group(self.pg)
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def _each(self, method: str, per_rank_args: Sequence[tuple]) -> list[Any]:
+        import ray
+
+        if len(per_rank_args) != len(self.actors):
+            raise ValueError(f"{method}: {len(per_rank_args)} shards for {len(self.actors)} learners")
+        return ray.get([getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)])

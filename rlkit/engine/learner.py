@@ -1,7 +1,9 @@
 """The policy learner: one DeepSpeed engine per rank, run inside a Ray actor (see `group.py`).
 
-SFT and GRPO share it. Ranks form a torch.distributed group (gloo on CPU, nccl/hccl on
-accelerators, from the device layer). Batches arrive as dicts of CPU tensors per micro-batch.
+It knows no stage: SFT and GRPO hand it an `Objective` (objective.py) and micro-batches (dicts
+of CPU tensors). Ranks form a torch.distributed group (gloo on CPU, nccl/hccl on accelerators,
+from the device layer). It also scores tokens (policy or frozen reference), pushes its weights
+to rollout engines, checkpoints, and can host a colocated vLLM engine (colocate.py).
 """
 
 from __future__ import annotations
@@ -9,13 +11,15 @@ from __future__ import annotations
 import datetime
 import os
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlkit.config import DeepSpeedConfig, LoraConfig, ModelConfig, OptimConfig, QuantConfig
+from rlkit.engine.objective import LOGPROB_SOURCES, FitResult, MicroBatch, Objective, StepMetrics
 
 
 @dataclass(frozen=True)
@@ -33,16 +37,7 @@ class LearnerSpec:
     total_steps: int  # optimizer steps, for the lr schedule
     seed: int
     device: str = "auto"
-
-
-def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed next-token NLL over labels != -100 and the token count. logits [B,T,V], labels [B,T]."""
-    shift_logits = logits[:, :-1].float()
-    shift_labels = labels[:, 1:]
-    n = (shift_labels != -100).sum()
-    loss = torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1), ignore_index=-100, reduction="sum")
-    return loss, n
+    reference: bool = False  # also hold the frozen starting policy (for KL terms)
 
 
 class Learner:
@@ -57,11 +52,11 @@ class Learner:
         if not self.device_info.is_accelerator:
             configure_cpu_threads()
         self.engine: Any = None
+        self.reference: Any = None
         self.clips = False
         self._ds_hf_config: Any = None  # keeps HfDeepSpeedConfig alive for ZeRO-3 loading
-        self._broadcast: Any = None  # BroadcastSync, set up on first push (rank 0)
-        self.rollout: Any = None  # colocated vLLM engine (RolloutWorker), see start_rollout
-        self._rollout_asleep = False
+        self._broadcast: Any = None  # BroadcastSync, set up on the first broadcast push (rank 0)
+        self.colocated: Any = None  # ColocatedEngine, see start_engine
 
     # ------------------------------------------------------------------ setup
 
@@ -71,10 +66,9 @@ class Learner:
 
         import ray
 
-        ip = ray.util.get_node_ip_address()
         with socket.socket() as s:
             s.bind(("", 0))
-            return ip, s.getsockname()[1]
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         import deepspeed
@@ -85,14 +79,17 @@ class Learner:
                                    timeout=datetime.timedelta(seconds=self.spec.deepspeed.dist_timeout_s))
 
     def build(self) -> dict[str, Any]:
-        """Load the model, wrap it (LoRA/QLoRA), create the DeepSpeed engine. Returns a summary."""
+        """Load the model, wrap it (LoRA/QLoRA), create the DeepSpeed engine (and the reference).
+        Returns a summary."""
         import deepspeed
 
         from rlkit import models
         from rlkit.engine.ds_config import deepspeed_config, learner_clips, lr_lambda
+        from rlkit.engine.logprobs import Reference
+        from rlkit.seeding import seed_everything
 
         spec = self.spec
-        self.seed_everything(spec.seed)
+        seed_everything(spec.seed)
         dtype = models.resolve_dtype(spec.model.dtype, self.device_info.bf16 and self.device_info.is_accelerator)
         precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
         ds_cfg = deepspeed_config(spec.deepspeed, spec.optim, precision, spec.micro_batch_size,
@@ -120,50 +117,81 @@ class Learner:
             # One rank: nothing to reduce, but DeepSpeed would still flatten, all-reduce and copy
             # back every gradient at each step (~8% of a 25M-parameter step on CPU).
             self.engine.enable_backward_allreduce = False
+        if spec.reference:
+            ref_dtype = self.engine.module.dtype if spec.finetuning == "full" else None
+            self.reference = Reference(self.engine.module, spec.finetuning,
+                                       lambda: models.load_model(spec.model, ref_dtype).to(self.engine.device))
         trainable, total = models.trainable_summary(model)
         return {"trainable_params": trainable, "total_params": total, "precision": precision,
                 "device": self.device_info.kind, "zero_stage": spec.deepspeed.zero_stage}
 
-    @staticmethod
-    def seed_everything(seed: int) -> None:
-        random.seed(seed)
-        torch.manual_seed(seed)
-        try:
-            import numpy as np
+    # ------------------------------------------------------------------ training
 
-            np.random.seed(seed % (2**32))
-        except ImportError:
-            pass
-
-    # ------------------------------------------------------------------ SFT
-
-    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.engine.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
-        if "position_ids" in batch:
-            kwargs["position_ids"] = batch["position_ids"]
-        return self.engine(**kwargs, use_cache=False).logits
-
-    def sft_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-        """One optimizer step over `grad_accum` micro-batches (token-mean loss per micro-batch)."""
-        assert len(micro_batches) == self.spec.grad_accum, "driver must send grad_accum micro-batches"
+    def train_step(self, micro_batches: list[MicroBatch], objective: Objective) -> StepMetrics:
+        """One optimizer step over `grad_accum` micro-batches; each micro-batch's loss is
+        `objective(model, micro_batch)` (DeepSpeed divides it by grad_accum)."""
+        if len(micro_batches) != self.spec.grad_accum:
+            raise ValueError(f"train_step needs grad_accum={self.spec.grad_accum} micro-batches, "
+                             f"got {len(micro_batches)}")
         self.engine.train()
-        loss_sum, tokens, norm = 0.0, 0, None
+        sums: dict[str, float] = {}
+        norm = None
         for i, mb in enumerate(micro_batches):
-            mb = self._to_device(mb)
-            nll, n = token_nll(self._forward(mb), mb["labels"])
-            loss = nll / n.clamp(min=1)
+            loss, metrics = objective(self.engine, self._to_device(mb))
             self.engine.backward(loss)
             if i == len(micro_batches) - 1:
                 norm = self._grad_norm_before_step()
             self.engine.step()
-            loss_sum += float(nll.detach())
-            tokens += int(n)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
         norm = self.engine.get_global_grad_norm() if norm is None else norm
-        return {"loss_sum": loss_sum, "tokens": tokens, "grad_norm": float(norm) if norm is not None else float("nan"),
-                "lr": float(self.engine.lr_scheduler.get_last_lr()[0])}
+        return StepMetrics(sums, len(micro_batches), float(norm) if norm is not None else float("nan"),
+                           float(self.engine.lr_scheduler.get_last_lr()[0]))
+
+    def fit(self, steps: list[list[MicroBatch]], objective: Objective, epochs: int = 1) -> FitResult:
+        """Attach the logprobs `objective.needs` to every micro-batch (before any update), then run
+        `epochs` passes of the optimizer steps `steps` (each `grad_accum` micro-batches). The
+        batch arrives once; only metrics go back."""
+        t0 = time.perf_counter()
+        micro = [mb for step in steps for mb in step]
+        for key in objective.needs:
+            scored = self.logprobs(micro, objective.temperature, LOGPROB_SOURCES[key])
+            for mb, logp in zip(micro, scored):
+                mb[key] = logp
+        seconds = time.perf_counter() - t0
+        return FitResult([self.train_step(step, objective) for _ in range(epochs) for step in steps], seconds)
+
+    @torch.no_grad()
+    def evaluate(self, micro_batches: list[MicroBatch], objective: Objective) -> dict[str, float]:
+        """Sums of the objective's metrics over micro-batches, without gradients."""
+        self.engine.eval()
+        sums: dict[str, float] = {}
+        for mb in micro_batches:
+            _, metrics = objective(self.engine, self._to_device(mb))
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+        return sums
+
+    @torch.no_grad()
+    def logprobs(self, micro_batches: list[MicroBatch], temperature: float = 1.0,
+                 model: str = "policy") -> list[torch.Tensor]:
+        """Token logprobs [B, L-1] (CPU) per micro-batch under the current policy or the frozen
+        `"reference"` (see `engine/logprobs.py`)."""
+        from rlkit.engine.logprobs import token_logprobs
+
+        if model == "reference" and self.reference is None:
+            raise RuntimeError("this learner holds no reference policy (LearnerSpec.reference is false)")
+        self.engine.eval()
+        out = []
+        for mb in micro_batches:
+            mb = self._to_device(mb)
+            logp = (self.reference.logprobs(mb, temperature) if model == "reference"
+                    else token_logprobs(self.engine, mb, temperature)[0])
+            out.append(logp.cpu())
+        return out
+
+    def _to_device(self, batch: MicroBatch) -> MicroBatch:
+        return {k: v.to(self.engine.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     def _grad_norm_before_step(self) -> float | None:
         """Clip and return the global grad norm where rlkit clips (see `learner_clips`); else None
@@ -174,155 +202,62 @@ class Learner:
         max_norm = self.spec.optim.max_grad_norm if self.spec.optim.max_grad_norm > 0 else float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
 
-    @torch.no_grad()
-    def eval_nll(self, micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, int]:
-        """(summed NLL, tokens) over this rank's eval shard."""
-        self.engine.eval()
-        total, count = 0.0, 0
-        for mb in micro_batches:
-            mb = self._to_device(mb)
-            nll, n = token_nll(self._forward(mb), mb["labels"])
-            total += float(nll)
-            count += int(n)
-        return total, count
+    # ------------------------------------------------------------------ weights
 
-    # ------------------------------------------------------------------ GRPO
+    def _named_weights(self, all_ranks: bool = False):
+        from rlkit.engine.weight_sync import iter_named_weights
 
-    def build_reference(self) -> None:
-        """Set up the frozen reference policy (only needed when beta > 0)."""
-        from rlkit import models
-        from rlkit.grpo.policy import Reference
+        return iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage,
+                                  lora_merge=self.spec.finetuning != "full", all_ranks=all_ranks)
 
-        dtype = self.engine.module.dtype if self.spec.finetuning == "full" else None
-        self.reference = Reference(self.engine.module, self.spec.finetuning,
-                                   lambda: models.load_model(self.spec.model, dtype).to(self.engine.device))
+    def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store") -> dict | None:
+        """Send the current policy (LoRA merged) to separate rollout engines: through the Ray
+        object store, or by NCCL/HCCL broadcast (`strategy="broadcast"`, accelerators; the group is
+        set up on first use). Every rank must call (ZeRO-3 gathers layer by layer); rank 0 sends
+        and returns the `SyncStats` as a dict."""
+        from rlkit.engine.weight_sync import BroadcastSync, ObjectStoreSync
 
-    @torch.no_grad()
-    def rollout_logprobs(self, micro_batches: list[dict[str, torch.Tensor]], temperature: float,
-                         which: str = "policy") -> list[torch.Tensor]:
-        """logp [B, L-1] per micro-batch under the current policy ("policy") or the reference ("ref")."""
-        from rlkit.grpo.policy import completion_logprobs
-
-        self.engine.eval()
-        out = []
-        for mb in micro_batches:
-            mb = self._to_device(mb)
-            if which == "ref":
-                out.append(self.reference.logprobs(mb, temperature).cpu())
-            else:
-                out.append(completion_logprobs(self.engine, mb, temperature)[0].cpu())
-        return out
-
-    def grpo_step(self, micro_batches: list[dict[str, torch.Tensor]], temperature: float,
-                  loss_args: dict[str, Any]) -> dict[str, float]:
-        """One optimizer step of the clipped policy loss over `grad_accum` micro-batches."""
-        from rlkit.grpo.loss import policy_loss
-        from rlkit.grpo.policy import completion_logprobs
-
-        self.engine.train()
-        sums: dict[str, float] = {}
-        norm = None
-        for i, mb in enumerate(micro_batches):
-            mb = self._to_device(mb)
-            logp, entropy = completion_logprobs(self.engine, mb, temperature, with_entropy=True)
-            out = policy_loss(logp, mb.get("old_logp"), mb["advantages"], mb["completion_mask"][:, 1:].float(),
-                              ref_logp=mb.get("ref_logp"), entropies=entropy, **loss_args)
-            self.engine.backward(out.loss)
-            if i == len(micro_batches) - 1:
-                norm = self._grad_norm_before_step()
-            self.engine.step()
-            for k in ("loss", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "kl_mean", "entropy"):
-                v = getattr(out, k)
-                if v is not None:
-                    sums[k] = sums.get(k, 0.0) + float(v) / len(micro_batches)
-        norm = self.engine.get_global_grad_norm() if norm is None else norm
-        return {**sums, "grad_norm": float(norm) if norm is not None else float("nan"),
-                "lr": float(self.engine.lr_scheduler.get_last_lr()[0])}
-
-    def push_weights(self, engines: list[Any], bucket_mb: float, strategy: str = "object_store") -> dict[str, float] | None:
-        """Send the current policy (LoRA merged) to separate rollout engines; every rank must call
-        (ZeRO-3 gathers layer by layer), rank 0 sends: through the Ray object store, or by
-        NCCL/HCCL broadcast (`strategy="broadcast"`, accelerators; the group is set up on first use)."""
-        from dataclasses import asdict
-
-        from rlkit.engine.weight_sync import BroadcastSync, ObjectStoreSync, iter_named_weights
-
-        named = iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage,
-                                   lora_merge=self.spec.finetuning != "full")
+        named = self._named_weights()
         if self.rank != 0:
             for _ in named:  # take part in the gathers
                 pass
             return None
-        if strategy == "broadcast":
-            if self._broadcast is None:
-                import ray
+        if strategy != "broadcast":
+            return asdict(ObjectStoreSync(engines, bucket_mib).push(named))
+        if self._broadcast is None:
+            self._broadcast = BroadcastSync.connect(engines, self.engine.device,
+                                                    self.device_info.weight_sync_backend, bucket_mib)
+        return asdict(self._broadcast.push(named))
 
-                addr, port = self.address()
-                tp_sizes = ray.get([e.tensor_parallel_size.remote() for e in engines])
-                self._broadcast = BroadcastSync(engines, tp_sizes, addr, port, self.engine.device,
-                                                self.device_info.weight_sync_backend, bucket_mb)
-                self._broadcast.setup()
-            return asdict(self._broadcast.push(named))
-        return asdict(ObjectStoreSync(engines, bucket_mb).push(named))
+    def push_weights_in_process(self) -> dict[str, float]:
+        """Colocated: every rank loads the current policy into its own engine by reference
+        (ZeRO-3: gathered module by module on all ranks)."""
+        return self.colocated.load_weights(self._named_weights(all_ranks=True))
 
-    # ------------------------------------------------------------------ colocated rollout engine
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """(HF name, CPU tensor) of the current policy with LoRA merged; only rank 0 returns tensors."""
+        return [(name, t.detach().cpu()) for name, t in self._named_weights()]
 
-    def start_rollout(self, model_path: str, worker_kwargs: dict[str, Any]) -> float:
-        """Colocated mode (verl's hybrid engine, TRL's colocate): a vLLM engine inside this rank's
-        process. With several ranks vLLM joins the existing torch.distributed world
-        (`external_launcher`); each rank's engine is an independent replica (TP 1). Returns the
-        engine's start seconds."""
-        from rlkit.engine.rollout import RolloutWorker, cpu_engine_env
+    # ------------------------------------------------------------------ colocated engine (colocate.py)
 
-        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-        if not self.device_info.is_accelerator:
-            env = cpu_engine_env(worker_kwargs.get("kv_cache_gib") or 1.0, torch.get_num_threads())
-        for key, value in env.items():
-            os.environ.setdefault(key, value)
-        kwargs = dict(worker_kwargs)
-        engine_kwargs = dict(kwargs.pop("engine_kwargs", None) or {})
-        if self.world_size > 1:
-            engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")
-        self.rollout = RolloutWorker(model_path, engine_kwargs=engine_kwargs, **kwargs)
-        return self.rollout.ready()
+    def start_engine(self, model_path: str, options: dict[str, Any]) -> float:
+        """Start a vLLM engine in this process; returns its start seconds."""
+        from rlkit.engine.colocate import ColocatedEngine
+
+        self.colocated = ColocatedEngine(model_path, options, self.world_size, self.device_info.is_accelerator)
+        return self.colocated.worker.ready()
 
     def generate(self, *args: Any, **kwargs: Any) -> list[Any]:
-        """`RolloutWorker.generate` on this rank's colocated engine."""
-        self._wake_rollout()
-        return self.rollout.generate(*args, **kwargs)
+        return self.colocated.generate(*args, **kwargs)
 
-    def rollout_sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
-        """`RolloutWorker.sequence_logprobs` on the colocated engine (weight checks)."""
-        self._wake_rollout()
-        return self.rollout.sequence_logprobs(sequences)
+    def engine_sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        return self.colocated.sequence_logprobs(sequences)
 
-    def sleep_rollout(self) -> None:
-        """Free the colocated engine's device memory (KV cache, weights to host) while training;
-        vLLM sleep mode, accelerators only (`rollout.sleep`)."""
-        if self.rollout is not None and self.rollout.sleep_enabled and not self._rollout_asleep:
-            self.rollout.llm.sleep(level=1)
-            self._rollout_asleep = True
+    def sleep_engine(self) -> None:
+        if self.colocated is not None:
+            self.colocated.sleep()
 
-    def _wake_rollout(self, tags: list[str] | None = None) -> None:
-        if self._rollout_asleep:
-            self.rollout.llm.wake_up(tags=tags)
-            self._rollout_asleep = tags is not None and "kv_cache" not in tags
-
-    def push_weights_local(self) -> dict[str, float]:
-        """Colocated mode: every rank loads the current policy into its own engine in place;
-        tensors are handed over in-process, never copied or serialised (ZeRO-3: gathered module
-        by module on all ranks)."""
-        from dataclasses import asdict
-
-        from rlkit.engine.weight_sync import InProcessSync, iter_named_weights
-
-        self._wake_rollout(["weights"])
-        named = iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage,
-                                   lora_merge=self.spec.finetuning != "full", all_ranks=True)
-        stats = InProcessSync(self.rollout).push(named)
-        return asdict(stats)
-
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ checkpoints and output
 
     def save_checkpoint(self, ckpt_dir: str) -> None:
         """All ranks: engine (weights/adapter, optimizer, scheduler) + this rank's RNG states."""
@@ -345,11 +280,10 @@ class Learner:
         from transformers import AutoTokenizer
 
         from rlkit import models
-        from rlkit.engine.weight_sync import iter_named_weights
 
         out, module = Path(out_dir), self.engine.module
         if self.spec.finetuning == "full":
-            state = dict(iter_named_weights(module, self.spec.deepspeed.zero_stage, lora_merge=False))
+            state = dict(self._named_weights())
             if self.rank == 0:
                 module.save_pretrained(out, state_dict=state, safe_serialization=True)
         else:
@@ -364,10 +298,3 @@ class Learner:
             return None
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
         return str(out)
-
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """(HF name, CPU tensor) of the current policy with LoRA merged; only rank 0 returns tensors."""
-        from rlkit.engine.weight_sync import iter_named_weights
-
-        return [(name, t.detach().cpu()) for name, t in
-                iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage, lora_merge=True)]

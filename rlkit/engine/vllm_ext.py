@@ -43,6 +43,25 @@ def _quiet_partial_reload():
             lg.setLevel(level)
 
 
+def dtype_name(tensor: torch.Tensor) -> str:
+    """The dtype as `getattr(torch, name)` reads it back ("bfloat16", "float32", ...)."""
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def communicator_class(backend: str) -> Any:
+    """The device communicator for a weight-broadcast group: vLLM's PyNccl (CUDA, ROCm's RCCL)
+    or vllm-ascend's PyHccl (Ascend NPU)."""
+    if backend == "nccl":
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+
+        return PyNcclCommunicator
+    if backend == "hccl":
+        from vllm_ascend.distributed.device_communicators.pyhccl import PyHcclCommunicator  # type: ignore
+
+        return PyHcclCommunicator
+    raise ValueError(f"weight broadcast backend must be 'nccl' or 'hccl', got {backend!r}")
+
+
 def unpack_tensor(name: str, dtype: str, shape: tuple[int, ...], raw: bytes) -> tuple[str, torch.Tensor]:
     """Inverse of `rollout.pack_tensor`."""
     dt = getattr(torch, dtype)
@@ -104,19 +123,9 @@ class WeightSyncExtension:
         """
         from vllm.distributed.utils import StatelessProcessGroup
 
-        if backend == "nccl":
-            from vllm.distributed.device_communicators.pynccl import (
-                PyNcclCommunicator as Communicator,
-            )
-        elif backend == "hccl":
-            from vllm_ascend.distributed.device_communicators.pyhccl import (  # type: ignore
-                PyHcclCommunicator as Communicator,
-            )
-        else:
-            raise ValueError(f"weight broadcast backend must be 'nccl' or 'hccl', got {backend!r}")
         group = StatelessProcessGroup.create(host=master_addr, port=master_port,
                                              rank=rank_offset + self.rank, world_size=world_size)
-        self._rlkit_comm = Communicator(group, device=self.device)
+        self._rlkit_comm = communicator_class(backend)(group, device=self.device)
 
     def update_weights_broadcast(self, specs: list[tuple[str, str, tuple[int, ...]]]) -> int:
         """Receive tensors `(name, dtype name e.g. "bfloat16", shape)` broadcast from rank 0,
@@ -129,10 +138,6 @@ class WeightSyncExtension:
                 yield name, tensor
 
         return self.load_weights_from_iter(received())
-
-    def close_weight_update_group(self) -> None:
-        """Drop the broadcast communicator."""
-        self._rlkit_comm = None
 
     # ------------------------------------------------------------------ debugging
 
@@ -148,10 +153,3 @@ class WeightSyncExtension:
             digest.update(data.numpy().tobytes())
             total += float(data.double().sum())
         return {"sha256": digest.hexdigest(), "sum": total}
-
-    def get_param(self, name: str) -> torch.Tensor:
-        """A CPU copy of one vLLM parameter, by vLLM name (e.g. `model.layers.0.mlp.gate_up_proj.weight`)."""
-        params = dict(self.model_runner.get_model().named_parameters())
-        if name not in params:
-            raise KeyError(f"vLLM model has no parameter {name!r}; some are {sorted(params)[:8]}")
-        return params[name].detach().cpu().clone()

@@ -4,8 +4,8 @@ Learner side: `iter_named_weights(module, zero_stage, lora_merge)` yields `(hf_n
 HF checkpoint naming (ZeRO-3 gathered module by module, LoRA merged). Every learner rank must
 iterate it (ZeRO-3 gathers are collective); only rank 0 gets tensors and calls `push`.
 
-Strategies (one interface, `WeightSync.push(named) -> SyncStats`):
-- `ObjectStoreSync`: default on CPU and across nodes. Buckets of <= `bucket_mb` go through the
+Strategies (each `push(named) -> SyncStats`):
+- `ObjectStoreSync`: default on CPU and across nodes. Buckets of <= `bucket_mib` MiB go through the
   Ray object store, one bucket at a time (at most `max_inflight` in the store), so a large model
   is never held twice in host memory. Engines reload each bucket in place.
 - `BroadcastSync`: NCCL (HCCL) group between learner rank 0 and all engine workers; tensors go
@@ -24,10 +24,12 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
+
+from rlkit.engine.vllm_ext import communicator_class, dtype_name
 
 NamedTensor = tuple[str, torch.Tensor]
 _PREFIXES = ("module.", "base_model.model.", "_orig_mod.")
@@ -55,13 +57,13 @@ def _group_key(name: str) -> str:
     return match.group(1) if match else name.rpartition(".")[0]
 
 
-def bucketize(named: Iterable[NamedTensor], bucket_mb: float) -> Iterator[list[NamedTensor]]:
-    """Group consecutive tensors into buckets of about `bucket_mb` MiB.
+def bucketize(named: Iterable[NamedTensor], bucket_mib: float) -> Iterator[list[NamedTensor]]:
+    """Group consecutive tensors into buckets of about `bucket_mib` MiB.
 
     Tensors of one layer group (same `...layers.<i>` prefix, else same module) stay in one
     bucket even if the group alone exceeds the budget.
     """
-    budget = bucket_mb * 2**20
+    budget = bucket_mib * 2**20
     bucket: list[NamedTensor] = []
     group: list[NamedTensor] = []
     size = group_size = 0
@@ -200,12 +202,6 @@ class SyncStats:
     seconds: float
 
 
-class WeightSync(Protocol):
-    """Pushes one full set of HF-named weights into every rollout engine."""
-
-    def push(self, named: Iterable[NamedTensor]) -> SyncStats: ...
-
-
 class _Counter:
     def __init__(self, named: Iterable[NamedTensor]):
         self.named, self.tensors, self.bytes = named, 0, 0
@@ -218,17 +214,17 @@ class _Counter:
 
 
 class ObjectStoreSync:
-    """Ray object store transfer; `engines` are `RolloutActor` handles.
+    """Ray object store transfer; `engines` are rollout actor handles (`create_rollout_actor`).
 
     Each bucket is `ray.put` once (on CPU, optionally cast to `dtype`) and loaded by all
     engines; at most `max_inflight` buckets live in the store at a time.
     """
 
-    def __init__(self, engines: list[Any], bucket_mb: float = 256.0,
+    def __init__(self, engines: list[Any], bucket_mib: float = 256.0,
                  dtype: torch.dtype | None = None, max_inflight: int = 2):
         if not engines:
             raise ValueError("ObjectStoreSync needs at least one rollout engine")
-        self.engines, self.bucket_mb, self.dtype = list(engines), bucket_mb, dtype
+        self.engines, self.bucket_mib, self.dtype = list(engines), bucket_mib, dtype
         self.max_inflight = max(1, max_inflight)
 
     def push(self, named: Iterable[NamedTensor]) -> SyncStats:
@@ -236,7 +232,7 @@ class ObjectStoreSync:
 
         start, counter, buckets = time.perf_counter(), _Counter(named), 0
         pending: list[list[Any]] = []
-        for bucket in bucketize(counter, self.bucket_mb):
+        for bucket in bucketize(counter, self.bucket_mib):
             ref = ray.put([(n, self._to_host(t)) for n, t in bucket])
             pending.append([e.update_weights.remote(ref, reset_cache=False) for e in self.engines])
             del ref
@@ -260,12 +256,12 @@ class InProcessSync:
     the learner's tensors reach `reload_weights` by reference. Buckets keep fused layers whole.
     """
 
-    def __init__(self, worker: Any, bucket_mb: float = 1024.0):
-        self.worker, self.bucket_mb = worker, bucket_mb
+    def __init__(self, worker: Any, bucket_mib: float = 1024.0):
+        self.worker, self.bucket_mib = worker, bucket_mib
 
     def push(self, named: Iterable[NamedTensor]) -> SyncStats:
         start, counter, buckets = time.perf_counter(), _Counter(named), 0
-        for bucket in bucketize(counter, self.bucket_mb):
+        for bucket in bucketize(counter, self.bucket_mib):
             self.worker.update_weights(bucket, reset_cache=False)
             buckets += 1
         self.worker.reset_prefix_cache()
@@ -275,16 +271,32 @@ class InProcessSync:
 class BroadcastSync:
     """NCCL/HCCL broadcast from learner rank 0 to every engine worker. GPU only, unverified here.
 
-    `engines`: `RolloutActor` handles with their tensor-parallel sizes. Call `setup()` once on
-    learner rank 0 (it joins as rank 0 of a group of `1 + sum(tp_sizes)`), then `push`.
+    `engines`: rollout actor handles with their tensor-parallel sizes. Learner rank 0 joins as
+    rank 0 of a group of `1 + sum(tp_sizes)` (`connect`, once), then calls `push` every sync.
     """
 
     def __init__(self, engines: list[Any], tp_sizes: list[int], master_addr: str,
                  master_port: int, device: torch.device | str, backend: str = "nccl",
-                 bucket_mb: float = 256.0):
+                 bucket_mib: float = 256.0):
         self.engines, self.tp_sizes = list(engines), list(tp_sizes)
         self.addr, self.port, self.device = master_addr, master_port, torch.device(device)
-        self.backend, self.bucket_mb, self.comm = backend, bucket_mb, None
+        self.backend, self.bucket_mib, self.comm = backend, bucket_mib, None
+
+    @classmethod
+    def connect(cls, engines: list[Any], device: torch.device | str, backend: str,
+                bucket_mib: float) -> BroadcastSync:
+        """Set up the group from this process (learner rank 0) to every worker of `engines`."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        tp_sizes = ray.get([e.tensor_parallel_size.remote() for e in engines])
+        sync = cls(engines, tp_sizes, ray.util.get_node_ip_address(), port, device, backend, bucket_mib)
+        sync.setup()
+        return sync
 
     def setup(self) -> None:
         import ray
@@ -295,13 +307,7 @@ class BroadcastSync:
         futures = [e.init_weight_update_group.remote(self.addr, self.port, off, world, self.backend)
                    for e, off in zip(self.engines, offsets)]
         group = StatelessProcessGroup.create(host=self.addr, port=self.port, rank=0, world_size=world)
-        if self.backend == "nccl":
-            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator as Comm
-        else:
-            from vllm_ascend.distributed.device_communicators.pyhccl import (  # type: ignore
-                PyHcclCommunicator as Comm,
-            )
-        self.comm = Comm(group, device=self.device)
+        self.comm = communicator_class(self.backend)(group, device=self.device)
         ray.get(futures)
 
     def push(self, named: Iterable[NamedTensor]) -> SyncStats:
@@ -310,8 +316,8 @@ class BroadcastSync:
         if self.comm is None:
             raise RuntimeError("BroadcastSync.setup() must run before push()")
         start, counter, buckets = time.perf_counter(), _Counter(named), 0
-        for bucket in bucketize(counter, self.bucket_mb):
-            specs = [(n, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in bucket]
+        for bucket in bucketize(counter, self.bucket_mib):
+            specs = [(n, dtype_name(t), tuple(t.shape)) for n, t in bucket]
             futures = [e.update_weights_broadcast.remote(specs) for e in self.engines]
             for _, tensor in bucket:
                 self.comm.broadcast(tensor.to(self.device).contiguous(), src=0)

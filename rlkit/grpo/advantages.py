@@ -14,6 +14,8 @@ Conventions (chosen to equal TRL 1.16, ``trl/trainer/grpo_trainer.py``,
   ``advantages / (std_rewards + 1e-4)``. With eps = 1e-4, a zero-std group gives 0 / 1e-4 = 0.
 * ``"batch"`` scaling centres on the group mean and divides by the std of the whole batch
   (TRL ``scale_rewards="batch"``); ``"none"`` only centres (Dr. GRPO, TRL ``scale_rewards="none"``).
+* A recipe picks a registered estimator by name (``grpo.advantage``): ``grpo``, ``no_std``,
+  ``batch_std``; the registry is the list of accepted names.
 * NaN rewards mean "unscorable": they are excluded from the group mean/std (nan-aware, as in TRL)
   and get advantage 0.
 * A group of size 1 (or a batch of one element for ``"batch"``) has std 0, as in TRL.
@@ -121,20 +123,6 @@ def frac_zero_std(rewards: Tensor, group_size: int, atol: float = 0.0) -> float:
     return zero_std_mask(rewards, group_size, atol).float().mean().item()
 
 
-def filter_groups(rewards: Tensor, group_size: int, atol: float = 0.0) -> Tensor:
-    """DAPO dynamic sampling: long [K] indices of the groups to keep (non-zero reward spread).
-
-    Use :func:`group_to_sample_indices` to turn them into indices of the N completions.
-    """
-    return torch.nonzero(~zero_std_mask(rewards, group_size, atol), as_tuple=False).flatten()
-
-
-def group_to_sample_indices(groups: Tensor, group_size: int) -> Tensor:
-    """long [K * G] completion indices of the given groups, in group order (contiguous layout)."""
-    offsets = torch.arange(group_size, device=groups.device)
-    return (groups.unsqueeze(1) * group_size + offsets).flatten()
-
-
 # --- registry -------------------------------------------------------------------------
 
 
@@ -181,16 +169,17 @@ def grpo_advantages(
     return group_advantages(rewards, group_size, "group", eps, std)
 
 
-@register_advantage("dr_grpo")
-def dr_grpo_advantages(
+@register_advantage("no_std")
+def no_std_advantages(
     rewards: Tensor, group_size: int, *, eps: float = DEFAULT_EPS, std: StdKind = "sample"
 ) -> Tensor:
-    """r - mean_g (eps/std unused). TRL ``scale_rewards="none"``."""
+    """r - mean_g (eps/std unused): Dr. GRPO's advantage (pair it with ``loss_type: dr_grpo`` for
+    Dr. GRPO). TRL ``scale_rewards="none"``."""
     return group_advantages(rewards, group_size, "none", eps, std)
 
 
-@register_advantage("batch")
-def batch_advantages(
+@register_advantage("batch_std")
+def batch_std_advantages(
     rewards: Tensor, group_size: int, *, eps: float = DEFAULT_EPS, std: StdKind = "sample"
 ) -> Tensor:
     """(r - mean_g) / (std_batch + eps). TRL ``scale_rewards="batch"``."""

@@ -1,15 +1,21 @@
-"""Turn scored rollouts into learner micro-batches (pure: torch only, no Ray/vLLM).
+"""One GRPO step's training data as one typed batch, and how it is cut for the learners
+(pure: torch only, no Ray/vLLM).
 
-Samples are prompt-major: completions `[i*G, (i+1)*G)` answer prompt `i`. Each training row
-is prompt tokens + completion tokens; `completion_mask` marks the completion.
+Rows are prompt-major: completions `[i*G, (i+1)*G)` answer prompt `i`. Each row is prompt
+tokens + completion tokens; `completion_mask` marks the completion tokens that count in the
+loss. The driver builds a `GRPOBatch`, plans mini/micro-batches, and sends each learner its
+`shards` once (all optimizer steps of the step); the learners compute what else they need.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
+
+from rlkit.grpo.loss import dapo_normaliser
 
 
 @dataclass(frozen=True)
@@ -22,47 +28,77 @@ class Rollout:
     logprobs: list[float] | None = None  # the sampling engine's logprob of each completion token
 
 
-def collate(rollouts: Sequence[Rollout], advantages: torch.Tensor, pad_id: int,
-            mask_truncated: bool = False, behaviour_logp: bool = False) -> dict[str, torch.Tensor]:
-    """Right-padded tensors: input_ids, attention_mask, completion_mask [B, L]; advantages [B].
+@dataclass(frozen=True)
+class GRPOBatch:
+    """B rows, right-padded to L. `behaviour_logp` [B, L-1] (shifted space: position t scores
+    token t+1) holds the sampling engine's logprobs where they serve as the old policy."""
 
-    With `mask_truncated`, truncated completions get an all-zero completion mask (no loss).
-    With `behaviour_logp`, also `old_logp` [B, L-1] (shifted space) from the engine's sampling
-    logprobs: the importance-ratio denominator when rollouts come from an older policy.
-    """
-    length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
-    B = len(rollouts)
-    ids = torch.full((B, length), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, length), dtype=torch.long)
-    comp = torch.zeros((B, length), dtype=torch.long)
-    for i, r in enumerate(rollouts):
-        p, c = len(r.prompt_ids), len(r.completion_ids)
-        ids[i, :p + c] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
-        attn[i, :p + c] = 1
-        if not (mask_truncated and r.truncated):
-            comp[i, p:p + c] = 1
-    out = {"input_ids": ids, "attention_mask": attn, "completion_mask": comp,
-           "advantages": advantages.to(torch.float32)}
-    if behaviour_logp:
-        old = torch.zeros((B, length - 1), dtype=torch.float32)
+    input_ids: Tensor  # long [B, L]
+    attention_mask: Tensor  # long [B, L]
+    completion_mask: Tensor  # long [B, L]
+    advantages: Tensor  # float [B]
+    behaviour_logp: Tensor | None = None  # float [B, L-1]
+
+    @classmethod
+    def collate(cls, rollouts: Sequence[Rollout], advantages: Tensor, pad_id: int, mask_truncated: bool = False,
+                behaviour_logp: bool = False) -> GRPOBatch:
+        """Pad the rollouts. With `mask_truncated`, truncated completions get an all-zero completion
+        mask (no loss). With `behaviour_logp`, keep the engine's sampling logprobs: the importance
+        ratio's denominator when rollouts come from an older policy."""
+        length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
+        B = len(rollouts)
+        ids = torch.full((B, length), pad_id, dtype=torch.long)
+        attn = torch.zeros((B, length), dtype=torch.long)
+        comp = torch.zeros((B, length), dtype=torch.long)
         for i, r in enumerate(rollouts):
-            if r.logprobs is None or len(r.logprobs) != len(r.completion_ids):
-                raise ValueError(f"rollout {i}: needs one sampling logprob per completion token")
-            p = len(r.prompt_ids)
-            old[i, p - 1:p - 1 + len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float32)
-        out["old_logp"] = old
-    return out
+            p, c = len(r.prompt_ids), len(r.completion_ids)
+            ids[i, :p + c] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
+            attn[i, :p + c] = 1
+            if not (mask_truncated and r.truncated):
+                comp[i, p:p + c] = 1
+        old = None
+        if behaviour_logp:
+            old = torch.zeros((B, length - 1), dtype=torch.float32)
+            for i, r in enumerate(rollouts):
+                if r.logprobs is None or len(r.logprobs) != len(r.completion_ids):
+                    raise ValueError(f"rollout {i}: needs one sampling logprob per completion token")
+                p = len(r.prompt_ids)
+                old[i, p - 1:p - 1 + len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float32)
+        return cls(ids, attn, comp, advantages.to(torch.float32), old)
 
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
 
-def slice_batch(batch: dict[str, torch.Tensor], index: Sequence[int]) -> dict[str, torch.Tensor]:
-    """Rows `index` of every tensor, trimmed to the longest remaining sequence."""
-    idx = torch.as_tensor(list(index), dtype=torch.long)
-    out = {k: v[idx] for k, v in batch.items()}
-    length = int(out["attention_mask"].sum(1).max())
-    for k, v in out.items():
-        if v.dim() == 2:
-            out[k] = v[:, :length if k in ("input_ids", "attention_mask", "completion_mask") else length - 1]
-    return out
+    def micro_batch(self, rows: Sequence[int]) -> dict[str, Tensor]:
+        """The learner's tensors for `rows`, trimmed to their longest sequence. Keys: input_ids,
+        attention_mask, completion_mask [b, l], advantages [b], old_logp [b, l-1] (behaviour)."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        length = int(self.attention_mask[idx].sum(1).max())
+        out = {"input_ids": self.input_ids[idx, :length], "attention_mask": self.attention_mask[idx, :length],
+               "completion_mask": self.completion_mask[idx, :length], "advantages": self.advantages[idx]}
+        if self.behaviour_logp is not None:
+            out["old_logp"] = self.behaviour_logp[idx, :length - 1]
+        return out
+
+    def completion_tokens(self, rows: Sequence[int] | None = None) -> int:
+        """Loss tokens (shifted space: positions 1..L-1) of `rows` (all rows by default)."""
+        mask = self.completion_mask[:, 1:] if rows is None else self.completion_mask[list(rows), 1:]
+        return int(mask.sum())
+
+    def shards(self, plan: list[list[list[list[int]]]]) -> list[list[list[dict[str, Tensor]]]]:
+        """Micro-batches per [rank][optimizer step][micro-batch] from a `plan_micro_batches` plan
+        ([step][rank][micro-batch] row indices). Every micro-batch also carries the step's DAPO
+        normaliser `num_items_in_batch` (the step's loss tokens over all ranks, see
+        `dapo_normaliser`)."""
+        world = len(plan[0])
+        shards: list[list[list[dict[str, Tensor]]]] = [[] for _ in range(world)]
+        for step in plan:
+            grad_accum = len(step[0])
+            tokens = self.completion_tokens([i for rank in step for mb in rank for i in mb])
+            norm = torch.tensor(dapo_normaliser(tokens, world, grad_accum), dtype=torch.float64)
+            for r, rank in enumerate(step):
+                shards[r].append([{**self.micro_batch(mb), "num_items_in_batch": norm} for mb in rank])
+        return shards
 
 
 def plan_micro_batches(n: int, mini_batches: int, world: int, micro: int, seed: int) -> list[list[list[list[int]]]]:
@@ -79,8 +115,3 @@ def plan_micro_batches(n: int, mini_batches: int, world: int, micro: int, seed: 
         plan.append([[rows[r * per_rank + j:r * per_rank + j + micro] for j in range(0, per_rank, micro)]
                      for r in range(world)])
     return plan
-
-
-def completion_tokens(micro_batches: Iterable[dict[str, torch.Tensor]]) -> int:
-    """Completion (loss) tokens in shifted space over micro-batches, for DAPO's token normaliser."""
-    return sum(int(mb["completion_mask"][:, 1:].sum()) for mb in micro_batches)

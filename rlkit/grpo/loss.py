@@ -22,18 +22,17 @@ and divides the loss by GA (DeepSpeed's default), pass
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-KLKind = Literal["k1", "k2", "k3"]
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
-LOSS_TYPES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+# The names a recipe may use (`grpo.loss_type`, `grpo.kl`); the recipe types are built from them.
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+KL_KINDS = ("k1", "k2", "k3")
+LossType = Literal[LOSS_TYPES]
+KLKind = Literal[KL_KINDS]
 
 
 @dataclass(frozen=True)
@@ -174,24 +173,15 @@ def policy_loss(
         )
 
 
-# --- masks and reward shaping ---------------------------------------------------------
+# --- normalisers and reward shaping --------------------------------------------------
 
 
-def is_truncated(completion_ids: Sequence[Sequence[int]], stop_token_ids: Iterable[int]) -> Tensor:
-    """Bool [B]: True where a completion's last token is not a stop token (it hit max_tokens).
-
-    ``completion_ids`` are unpadded token lists; ``stop_token_ids`` are EOS (and pad) ids, as in
-    TRL's ``mask_truncated_completions``. An empty completion counts as not truncated.
-    """
-    stops = set(stop_token_ids)
-    return torch.tensor([len(ids) > 0 and ids[-1] not in stops for ids in completion_ids], dtype=torch.bool)
-
-
-def truncation_mask(mask: Tensor, truncated: Tensor) -> Tensor:
-    """[B, T] loss mask with every token of truncated completions (``truncated`` bool [B]) zeroed."""
-    if truncated.shape != mask.shape[:1]:
-        raise ValueError(f"truncated must be [B]={tuple(mask.shape[:1])}, got {tuple(truncated.shape)}")
-    return mask * (~truncated.to(mask.device)).unsqueeze(1).to(mask.dtype)
+def dapo_normaliser(tokens: int, world_size: int, grad_accum: int) -> float:
+    """``num_items_in_batch`` for ``dapo`` that makes the loss a token mean over a whole optimizer
+    step when the engine averages gradients over ``world_size`` ranks and divides each
+    micro-batch's loss by ``grad_accum`` (DeepSpeed's default): ``max(tokens, 1) / (world_size *
+    grad_accum)``, ``tokens`` = loss tokens of the optimizer step summed over all ranks."""
+    return max(tokens, 1) / (world_size * grad_accum)
 
 
 def soft_overlong_penalty(
@@ -211,33 +201,3 @@ def soft_overlong_penalty(
     out = torch.where(lengths <= start, torch.zeros_like(ramp), ramp)
     out = torch.where(lengths > max_len, torch.full_like(ramp, -1.0), out)
     return out * penalty_factor
-
-
-# --- logits helpers -------------------------------------------------------------------
-
-
-def selective_log_softmax(logits: Tensor, ids: Tensor) -> Tensor:
-    """log_softmax(logits)[..., ids]: [B, T, V] x long [B, T] -> [B, T], without a [B, T, V] copy.
-
-    fp32/fp64: gathered logit minus a per-row logsumexp; bf16/fp16: per-row log_softmax (the
-    logsumexp form is inaccurate in half precision). Matches TRL's ``selective_log_softmax``.
-    """
-    if logits.shape[:-1] != ids.shape:
-        raise ValueError(f"ids shape {tuple(ids.shape)} != logits leading shape {tuple(logits.shape[:-1])}")
-    if logits.dtype in (torch.float32, torch.float64):
-        picked = torch.gather(logits, -1, ids.unsqueeze(-1)).squeeze(-1)
-        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
-        return picked - lse
-    return torch.stack(
-        [F.log_softmax(row, dim=-1).gather(-1, r_ids.unsqueeze(-1)).squeeze(-1) for row, r_ids in zip(logits, ids)]
-    )
-
-
-def entropy_from_logits(logits: Tensor, chunk_size: int = 128) -> Tensor:
-    """Shannon entropy in nats over the last axis: [..., V] -> [...], ``chunk_size`` rows at a time."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    parts = []
-    for chunk in flat.split(chunk_size, dim=0):
-        logps = F.log_softmax(chunk, dim=-1)
-        parts.append(-(logps.exp() * logps).sum(-1))
-    return torch.cat(parts).reshape(logits.shape[:-1])

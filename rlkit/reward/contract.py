@@ -28,17 +28,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from rlkit.errors import RewardError
+
 FIXED_PARAMS = ("prompts", "completions", "completion_ids")
 _PREVIEW = 200
 
 
-class RewardError(ValueError):
-    """A reward is misconfigured or failed; the message is one line meant for the user."""
-
-
 @dataclass(frozen=True)
 class RewardSpec:
-    """One entry of the recipe's ``rewards`` list.
+    """One entry of the recipe's ``rewards`` list (the recipe's own type for it: `GRPOConfig.rewards`).
 
     fn: ``package.module:function``, ``path/to/file.py:function`` or ``module.function``.
     weight: multiplier in the weighted sum. args: extra kwargs for every call (for a class:
@@ -56,20 +54,22 @@ class RewardSpec:
     on_error: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.fn, str) or not self.fn.strip():
-            raise RewardError(f"fn: expected 'module:function', got {self.fn!r}")
+        fn = self.fn.strip() if isinstance(self.fn, str) else ""
+        if not (":" in fn or "." in fn) or fn.startswith((":", ".")) or fn.endswith((":", ".")):
+            raise RewardError("expected 'module.path:function', 'path/to/file.py:function' or TRL's "
+                              f"'module.function', got {self.fn!r}", key="fn")
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
-            raise RewardError(f"weight: expected a finite number, got {self.weight!r}")
+            raise RewardError(f"expected a finite number, got {self.weight!r}", key="weight")
         if not isinstance(self.args, dict):
-            raise RewardError(f"args: expected a mapping, got {type(self.args).__name__}")
+            raise RewardError(f"expected a mapping, got {type(self.args).__name__}", key="args")
         if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
-            raise RewardError(f"timeout_s: expected a positive number or null, got {self.timeout_s!r}")
+            raise RewardError(f"expected a positive number or null, got {self.timeout_s!r}", key="timeout_s")
         if self.on_error is not None:
             if not isinstance(self.on_error, dict) or set(self.on_error) != {"default"}:
-                raise RewardError(f"on_error: expected {{default: <number>}}, got {self.on_error!r}")
+                raise RewardError(f"expected {{default: <number>}}, got {self.on_error!r}", key="on_error")
             d = self.on_error["default"]
             if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
-                raise RewardError(f"on_error.default: expected a finite number, got {d!r}")
+                raise RewardError(f"expected a finite number, got {d!r}", key="on_error.default")
 
 
 def completion_text(c: Any) -> str:

@@ -233,7 +233,8 @@ class RewardScorer:
                 total.append(float(self.default))
             else:
                 msg = (f"every reward returned None for sample {i} ({', '.join(self.names)}) "
-                       f"{_sample(batch, i)}; set a default reward for such samples in the recipe")
+                       f"{_sample(batch, i)}; make one return a number there, or give such samples a reward "
+                       "with `grpo.reward_default` in the recipe")
                 if not self.collect_errors:
                     raise RewardError(msg)
                 failures.setdefault("<total>", []).append((i, msg))

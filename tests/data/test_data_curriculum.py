@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from rlkit.data.curriculum import DEFAULT_PHASES, CurriculumSampler, validate_phases
-from rlkit.data.formats import DataError
+from rlkit.errors import DataError
 
 LEVELS = ("explain", "reasoning", "topology")
 
@@ -144,10 +144,10 @@ def test_custom_levels_and_phases():
 
 
 @pytest.mark.parametrize("levels, phases, msg", [
-    (LEVELS, ((0.5, (1, 0, 0)), (0.4, (1, 0, 0)), (1.0, (1, 0, 0))), "phase 2: end 0.4 must be > 0.5"),
-    (LEVELS, ((0.5, (0.5, 0.5)), (1.0, (1, 0, 0))), "phase 1: mix has 2 values for 3 levels"),
-    (LEVELS, ((1.0, (0.5, 0.3, 0.1)),), "phase 1: mix [0.5, 0.3, 0.1] sums to 0.9, expected 1"),
-    (LEVELS, ((0.5, (1, 0, 0)),), "last phase must end at 1.0"),
+    (LEVELS, ((0.5, (1, 0, 0)), (0.4, (1, 0, 0)), (1.0, (1, 0, 0))), "phases[1].until: phase ends must increase within (0, 1], got 0.4 after 0.5"),
+    (LEVELS, ((0.5, (0.5, 0.5)), (1.0, (1, 0, 0))), "phases[0].mix: needs one share per level ['explain', 'reasoning', 'topology'], got 2"),
+    (LEVELS, ((1.0, (0.5, 0.3, 0.1)),), "phases[0].mix: mix [0.5, 0.3, 0.1] sums to 0.9, expected 1"),
+    (LEVELS, ((0.5, (1, 0, 0)),), "phases: the last phase must end at until: 1.0, got 0.5"),
     (LEVELS, ((1.0, (1.2, -0.2, 0)),), "must be non-negative"),
     (LEVELS, (), "at least one phase"),
     (("a", "a"), ((1.0, (0.5, 0.5)),), "levels must be unique"),

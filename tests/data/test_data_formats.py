@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from rlkit.data.formats import DataError, load_prompts, load_rows
+from rlkit.data.formats import load_prompts, load_rows
+from rlkit.errors import DataError
 
 ROWS = [
     {"instruction": "请解释什么是深度学习", "input": "", "output": "深度学习是...", "difficulty": "explain"},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlkit.data.formats import DataError
+from rlkit.errors import DataError
 from rlkit.data.templates import render_alpaca, render_prompt, render_sft
 
 ROW = {"instruction": "请解释什么是深度学习", "input": "", "output": "深度学习是机器学习的一个分支",

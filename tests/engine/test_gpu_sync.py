@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlkit.sft.objective import NLLObjective
 from tests.engine.conftest import hf_logprobs, load_hf, vocab_size
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -31,10 +32,11 @@ def _group(model_dir):
 def _train_and_expect(group, model_dir):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(4, vocab_size(model_dir), (2, 12), generator=gen)
-    group.call("sft_step", [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
+    group.train_step([[{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}]],
+                     NLLObjective())
     seq = torch.randint(4, vocab_size(model_dir), (16,), generator=gen).tolist()
     reference = load_hf(model_dir)
-    reference.load_state_dict({k: v.cpu() for k, v in group.call("named_weights")[0]}, strict=False)
+    reference.load_state_dict({k: v.cpu() for k, v in group.named_weights()}, strict=False)
     return seq, hf_logprobs(reference, seq)
 
 
@@ -50,11 +52,11 @@ def test_nccl_broadcast_into_separate_engine(ray_local, tiny_models):
                                   gpu_memory_utilization=0.3)
     try:
         seq, expected = _train_and_expect(group, model_dir)
-        stats = group.call("push_weights", [engine], 1.0, "broadcast")[0]
+        stats = group.push_weights([engine], 1.0, "broadcast")[0]
         after = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
         assert stats["buckets"] >= 1 and stats["tensors"] > 0
         assert torch.allclose(after, expected, atol=1e-3), float((after - expected).abs().max())
-        group.call("push_weights", [engine], 1.0, "broadcast")  # the group is reused
+        group.push_weights([engine], 1.0, "broadcast")  # the group is reused
     finally:
         ray.kill(engine)
         group.shutdown()
@@ -65,13 +67,15 @@ def test_colocated_engine_sleeps_and_takes_weights_in_process(ray_local, tiny_mo
     model_dir = tiny_models["tiny"]
     group = _group(model_dir)
     try:
-        group.call("start_rollout", str(model_dir), dict(dtype="float32", max_model_len=128,
-                                                         gpu_memory_utilization=0.3, sleep_mode=True))
-        assert group.call("generate", [[5, 6, 7]], n=2, max_tokens=4, seed=1)[0]
-        group.call("sleep_rollout")
+        import ray
+
+        group.start_engines(str(model_dir), [dict(dtype="float32", max_model_len=128, gpu_memory_utilization=0.3,
+                                                  sleep_mode=True)])
+        assert ray.get(group.actors[0].generate.remote([[5, 6, 7]], n=2, max_tokens=4, seed=1))
+        group.sleep_engines()
         seq, expected = _train_and_expect(group, model_dir)
-        group.call("push_weights_local")
-        after = torch.tensor(group.call("rollout_sequence_logprobs", [seq])[0][0])
+        group.push_weights_in_process()
+        after = torch.tensor(group.engine_sequence_logprobs([seq])[0][0])
         assert torch.allclose(after, expected, atol=1e-3), float((after - expected).abs().max())
     finally:
         group.shutdown()

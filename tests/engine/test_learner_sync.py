@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlkit.sft.objective import NLLObjective
 from tests.engine.conftest import hf_logprobs, load_hf, vocab_size
 
 pytestmark = pytest.mark.slow
@@ -18,7 +19,7 @@ def _train_one_step(group, model_dir) -> torch.Generator:
     for _ in range(2):
         ids = torch.randint(4, vocab_size(model_dir), (2, 12), generator=gen)
         batches.append([{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}])
-    group.call_each("sft_step", [(b,) for b in batches])
+    group.train_step(batches, NLLObjective())
     return gen
 
 
@@ -43,10 +44,10 @@ def test_zero3_learners_sync_into_vllm(ray_local, tiny_models, size):
 
         seq = torch.randint(4, vocab_size(model_dir), (16,), generator=gen).tolist()
         before = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
-        stats = group.call("push_weights", [engine], 0.5)  # small buckets: several reloads
+        stats = group.push_weights([engine], 0.5)  # small buckets: several reloads
         after = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
 
-        weights = dict(group.call("named_weights")[0])
+        weights = dict(group.named_weights())
         reference = load_hf(model_dir)
         missing, unexpected = reference.load_state_dict(weights, strict=False)
         assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied: one tensor for both
@@ -62,6 +63,8 @@ def test_zero3_learners_sync_into_vllm(ray_local, tiny_models, size):
 def test_colocated_engines_take_weights_in_process(ray_local, tiny_models):
     """Two ZeRO-3 learners each host a vLLM engine (external launcher in their torch.distributed
     world); after a training step, every rank's engine holds the gathered policy."""
+    import ray
+
     from rlkit.accel import detect
     from rlkit.config import DeepSpeedConfig, ModelConfig, OptimConfig, RayConfig
     from rlkit.engine.group import LearnerGroup
@@ -74,19 +77,19 @@ def test_colocated_engines_take_weights_in_process(ray_local, tiny_models):
     group = LearnerGroup(spec, 2, detect("cpu"), RayConfig())
     try:
         kwargs = dict(dtype="float32", kv_cache_gib=0.25, max_model_len=128)
-        group.call_each("start_rollout", [(str(model_dir), {**kwargs, "seed": r}) for r in range(2)])
+        group.start_engines(str(model_dir), [{**kwargs, "seed": r} for r in range(2)])
         gen = _train_one_step(group, model_dir)
         # Ranks generate different amounts: the engines must not wait on each other.
-        samples = group.call_each("generate", [([[5, 6, 7]] * (1 + r),) for r in range(2)])
+        samples = ray.get([a.generate.remote([[5, 6, 7]] * (1 + r)) for r, a in enumerate(group.actors)])
         assert [len(s) for s in samples] == [1, 2]
 
         seq = torch.randint(4, vocab_size(model_dir), (16,), generator=gen).tolist()
-        before = [torch.tensor(x[0]) for x in group.call("rollout_sequence_logprobs", [seq])]
-        stats = group.call("push_weights_local")
-        after = [torch.tensor(x[0]) for x in group.call("rollout_sequence_logprobs", [seq])]
+        before = [torch.tensor(x[0]) for x in group.engine_sequence_logprobs([seq])]
+        stats = group.push_weights_in_process()
+        after = [torch.tensor(x[0]) for x in group.engine_sequence_logprobs([seq])]
 
         reference = load_hf(model_dir)
-        reference.load_state_dict(dict(group.call("named_weights")[0]), strict=False)
+        reference.load_state_dict(dict(group.named_weights()), strict=False)
         expected = hf_logprobs(reference, seq)
         assert all(s["tensors"] > 0 for s in stats)  # every rank loads its own engine
         for b, a in zip(before, after):

@@ -79,7 +79,7 @@ def test_object_store_sync_into_actor_matches_hf(actor, tiny_models):
     before = torch.tensor(ray.get(actor.sequence_logprobs.remote([SEQ]))[0])
     assert (before - want).abs().max() > 0.05
 
-    stats = ObjectStoreSync([actor], bucket_mb=0.2).push(iter_named_weights(hf))
+    stats = ObjectStoreSync([actor], bucket_mib=0.2).push(iter_named_weights(hf))
     assert stats.buckets >= 3 and stats.tensors == len(dict(hf.named_parameters()))
     after = torch.tensor(ray.get(actor.sequence_logprobs.remote([SEQ]))[0])
     torch.testing.assert_close(after, want, atol=1e-4, rtol=0)
@@ -116,7 +116,7 @@ def test_tensor_parallel_engine_generates_and_syncs(actor, tiny_models):
         torch.testing.assert_close(torch.tensor(ray.get(tp.sequence_logprobs.remote([SEQ]))[0]),
                                    hf_logprobs(hf, SEQ), atol=1e-4, rtol=0)
         perturb(hf, seed=3)
-        stats = ObjectStoreSync([tp], bucket_mb=0.2).push(iter_named_weights(hf))
+        stats = ObjectStoreSync([tp], bucket_mib=0.2).push(iter_named_weights(hf))
         assert stats.buckets >= 3
         torch.testing.assert_close(torch.tensor(ray.get(tp.sequence_logprobs.remote([SEQ]))[0]),
                                    hf_logprobs(hf, SEQ), atol=1e-4, rtol=0)

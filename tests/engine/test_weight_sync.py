@@ -29,13 +29,13 @@ def test_bucketize_never_splits_a_layer():
     for i in range(3):
         named += [(f"model.layers.{i}.self_attn.{p}_proj.weight", mib) for p in "qkv"]
     named += [("model.norm.weight", mib), ("lm_head.weight", mib)]
-    buckets = list(bucketize(iter(named), bucket_mb=2))
+    buckets = list(bucketize(iter(named), bucket_mib=2))
     assert [n for b in buckets for n, _ in b] == [n for n, _ in named]
     for bucket in buckets:
         layers = {n.split(".")[2] for n, _ in bucket if ".layers." in n}
         assert all(sum(1 for n, _ in bucket if f".layers.{i}." in n) in (0, 3) for i in layers)
     assert [len(b) for b in buckets] == [1, 3, 3, 3, 2]
-    assert [len(b) for b in bucketize(iter(named), bucket_mb=1000)] == [len(named)]
+    assert [len(b) for b in bucketize(iter(named), bucket_mib=1000)] == [len(named)]
 
 
 def test_iter_named_weights_plain_model_matches_state_dict(tiny_models):
@@ -139,7 +139,7 @@ def test_sync_makes_vllm_logprobs_match_perturbed_hf(workers, tiny_models, size)
 
     # Bucketed: one reload per bucket (each a few layers) lands the same weights.
     original = load_hf(tiny_models[size])
-    buckets = list(bucketize(iter_named_weights(original), bucket_mb=0.2))
+    buckets = list(bucketize(iter_named_weights(original), bucket_mib=0.2))
     assert len(buckets) >= 3
     for bucket in buckets:
         worker.update_weights(bucket, reset_cache=False)

@@ -1,25 +1,26 @@
-"""Rollouts -> learner tensors: padding, completion masks, micro-batch plans (hand-checked)."""
+"""Rollouts -> learner tensors: padding, completion masks, micro-batch plans, learner shards (hand-checked)."""
 
+import pytest
 import torch
 
-from rlkit.grpo.batch import Rollout, collate, completion_tokens, plan_micro_batches, slice_batch
+from rlkit.grpo.batch import GRPOBatch, Rollout, plan_micro_batches
 
 
 def test_collate_masks_completion_and_truncated():
     rs = [Rollout([1, 2], [3, 4, 0], False), Rollout([5], [6], True)]
-    b = collate(rs, torch.tensor([0.5, -0.5]), pad_id=9, mask_truncated=True)
-    assert b["input_ids"].tolist() == [[1, 2, 3, 4, 0], [5, 6, 9, 9, 9]]
-    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
-    assert b["completion_mask"].tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 0]]  # truncated: no loss
-    b2 = collate(rs, torch.tensor([0.5, -0.5]), pad_id=9)
-    assert b2["completion_mask"][1].tolist() == [0, 1, 0, 0, 0]
-    assert completion_tokens([b2]) == 4  # shifted space: positions 1..L-1
+    b = GRPOBatch.collate(rs, torch.tensor([0.5, -0.5]), pad_id=9, mask_truncated=True)
+    assert b.input_ids.tolist() == [[1, 2, 3, 4, 0], [5, 6, 9, 9, 9]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert b.completion_mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 0]]  # truncated: no loss
+    b2 = GRPOBatch.collate(rs, torch.tensor([0.5, -0.5]), pad_id=9)
+    assert b2.completion_mask[1].tolist() == [0, 1, 0, 0, 0]
+    assert b2.completion_tokens() == 4  # shifted space: positions 1..L-1
 
 
-def test_slice_batch_trims_padding():
+def test_micro_batch_trims_padding():
     rs = [Rollout([1, 2], [3, 4, 5], False), Rollout([5], [6], False)]
-    b = collate(rs, torch.tensor([1.0, 2.0]), pad_id=0)
-    s = slice_batch(b, [1])
+    b = GRPOBatch.collate(rs, torch.tensor([1.0, 2.0]), pad_id=0)
+    s = b.micro_batch([1])
     assert s["input_ids"].tolist() == [[5, 6]] and s["advantages"].tolist() == [2.0]
 
 
@@ -36,9 +37,24 @@ def test_collate_places_behaviour_logprobs_in_shifted_space():
     # Prompt [1, 2], completion [3, 4]: token 3 is scored at shifted position 1 (logits of
     # position 1), token 4 at position 2.
     rs = [Rollout([1, 2], [3, 4], False, [-0.5, -1.5]), Rollout([5], [6], False, [-2.0])]
-    b = collate(rs, torch.tensor([1.0, -1.0]), pad_id=0, behaviour_logp=True)
-    assert b["old_logp"].tolist() == [[0.0, -0.5, -1.5], [-2.0, 0.0, 0.0]]
-    mask = b["completion_mask"][:, 1:]
-    assert (b["old_logp"] != 0).eq(mask.bool()).all()
-    s = slice_batch(b, [1])
+    b = GRPOBatch.collate(rs, torch.tensor([1.0, -1.0]), pad_id=0, behaviour_logp=True)
+    assert b.behaviour_logp.tolist() == [[0.0, -0.5, -1.5], [-2.0, 0.0, 0.0]]
+    mask = b.completion_mask[:, 1:]
+    assert (b.behaviour_logp != 0).eq(mask.bool()).all()
+    s = b.micro_batch([1])
     assert s["old_logp"].tolist() == [[-2.0]] and s["input_ids"].tolist() == [[5, 6]]
+
+
+def test_shards_give_each_rank_its_steps_and_the_dapo_normaliser():
+    """2 mini-batches x 2 ranks x 2 micro-batches of 1 row: rank r gets its micro-batches of each
+    step, and every micro-batch of a step carries tokens(step, all ranks) / (world * grad_accum)."""
+    rs = [Rollout([1], [2] * (i + 1), False) for i in range(8)]  # row i has i + 1 loss tokens
+    b = GRPOBatch.collate(rs, torch.arange(8, dtype=torch.float32), pad_id=0)
+    plan = [[[[0], [1]], [[2], [3]]], [[[4], [5]], [[6], [7]]]]
+    shards = b.shards(plan)
+    assert len(shards) == 2 and all(len(steps) == 2 and all(len(s) == 2 for s in steps) for steps in shards)
+    assert [mb["advantages"].item() for mb in shards[1][0]] == [2.0, 3.0]
+    assert [mb["advantages"].item() for mb in shards[0][1]] == [4.0, 5.0]
+    # step 0: rows 0-3 hold 1+2+3+4 = 10 tokens -> 10 / (2 ranks * 2 micro-batches); step 1: 5+6+7+8 = 26
+    assert [float(mb["num_items_in_batch"]) for rank in shards for mb in rank[0]] == [2.5] * 4
+    assert [float(mb["num_items_in_batch"]) for rank in shards for mb in rank[1]] == [6.5] * 4

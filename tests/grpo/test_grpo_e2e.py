@@ -22,6 +22,11 @@ def _metrics(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
+def _steps(run):
+    """The training-step records (eval.every 0 still evaluates before the first step)."""
+    return [r for r in _metrics(run) if "reward" in r]
+
+
 def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
     from rlkit.grpo.run import run_grpo
 
@@ -75,8 +80,8 @@ def test_grpo_kill9_then_resume_matches_uninterrupted(sft_model, task_data, tmp_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
     # One seeded engine: the resumed rollouts, rewards and weights equal the uninterrupted run's.
-    ra = {r["step"]: r["reward"] for r in _metrics(clean)}
-    rb = {r["step"]: r["reward"] for r in _metrics(broken)}
+    ra = {r["step"]: r["reward"] for r in _steps(clean)}
+    rb = {r["step"]: r["reward"] for r in _steps(broken)}
     assert sorted(rb) == list(range(1, 13)) and all(ra[s] == pytest.approx(rb[s], abs=1e-6) for s in ra)
     a, b = load_file(clean / "final" / "model.safetensors"), load_file(broken / "final" / "model.safetensors")
     assert all((a[k] - b[k]).abs().max() <= 1e-5 for k in a)
@@ -118,7 +123,7 @@ def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tm
         "rollout.num_engines=2", "grpo.dynamic_sampling=true", "grpo.mask_truncated=true",
         "grpo.overlong_buffer=2"))
     final = run_grpo(cfg, recipe)
-    rows = _metrics(out)
+    rows = _steps(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for name in ("answer_digits", "accuracy", "think_answer"):
         assert f"reward/{name}/mean" in rows[0], name
@@ -145,7 +150,7 @@ def test_async_generation_uses_engine_logprobs_as_old_policy(sft_model, task_dat
                                                           "grpo.async_generation=true", "eval.every=0",
                                                           "checkpoint.every=0", "optim.lr=5e-3"))
     run_grpo(cfg, GRPO_RECIPE)
-    rows = _metrics(out)
+    rows = _steps(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert rows[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert any(abs(r["train/ratio_mean"] - 1.0) > 1e-4 for r in rows[1:])
@@ -164,6 +169,6 @@ def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path)
     run_grpo(cfg, GRPO_RECIPE)
     rows = _metrics(out)
     train = [r["reward"] for r in rows if r.get("reward") is not None]
-    assert len(train) == 16 and all(r["sync_mb"] > 0 for r in rows if "reward" in r)
+    assert len(train) == 16 and all(r["sync_mib"] > 0 for r in rows if "reward" in r)
     assert sum(train[-6:]) / 6 > sum(train[:4]) / 4, f"train reward did not rise: {train}"
     assert "eval/exact_match" in rows[0] and "eval_reward" in rows[-1]

@@ -5,15 +5,8 @@ import math
 import pytest
 import torch
 
-from rlkit.grpo.loss import (
-    entropy_from_logits,
-    is_truncated,
-    kl_penalty,
-    policy_loss,
-    selective_log_softmax,
-    soft_overlong_penalty,
-    truncation_mask,
-)
+from rlkit.engine.logprobs import selective_log_softmax
+from rlkit.grpo.loss import dapo_normaliser, kl_penalty, policy_loss, soft_overlong_penalty
 
 D = torch.float64
 
@@ -146,15 +139,6 @@ def test_clipped_token_has_no_gradient():
     torch.testing.assert_close(logp.grad, expected)
 
 
-def test_truncation():
-    trunc = is_truncated([[5, 9], [5, 6], [], [7, 0]], stop_token_ids=[9, 0])
-    assert trunc.tolist() == [False, True, False, False]
-    mask = torch.ones(4, 2)
-    assert truncation_mask(mask, trunc).tolist() == [[1, 1], [0, 0], [1, 1], [1, 1]]
-    with pytest.raises(ValueError, match="truncated"):
-        truncation_mask(mask, trunc[:2])
-
-
 def test_soft_overlong_penalty():
     # max 100, buffer 20 -> free up to 80; 90 -> (80-90)/20 = -0.5; 100 -> -1; 101 -> -1
     lengths = torch.tensor([50, 80, 90, 100, 101])
@@ -164,22 +148,17 @@ def test_soft_overlong_penalty():
         soft_overlong_penalty(lengths, 100, 0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_selective_log_softmax_matches_gather(dtype):
-    torch.manual_seed(0)
-    logits = (torch.randn(3, 5, 11) * 4).to(dtype)
-    ids = torch.randint(0, 11, (3, 5))
-    ref = logits.log_softmax(-1).gather(-1, ids[..., None]).squeeze(-1)
-    torch.testing.assert_close(selective_log_softmax(logits, ids), ref)
-    with pytest.raises(ValueError, match="ids shape"):
-        selective_log_softmax(logits, ids[:, :2])
-
-
-def test_entropy_from_logits():
-    torch.manual_seed(0)
-    logits = torch.randn(3, 5, 11, dtype=D)
-    p = logits.softmax(-1)
-    ref = -(p * p.log()).sum(-1)
-    torch.testing.assert_close(entropy_from_logits(logits, chunk_size=4), ref)  # 15 rows in 4 chunks
-    # uniform over V=11 -> ln 11
-    assert entropy_from_logits(torch.zeros(1, 1, 11)).item() == pytest.approx(math.log(11), rel=1e-6)
+def test_dapo_normaliser_makes_a_global_token_mean():
+    """DeepSpeed averages gradients over P ranks and divides each micro-batch loss by GA: with the
+    normaliser tokens / (P * GA), P ranks x GA micro-batches of per-token losses l sum to
+    sum(l) / tokens, the token mean of the whole optimizer step."""
+    assert dapo_normaliser(120, world_size=2, grad_accum=3) == 20.0
+    assert dapo_normaliser(0, 2, 3) == 1 / 6  # no loss token: clamped to one, no division by zero
+    # 2 ranks x 2 micro-batches with 3, 5, 1, 7 loss tokens, each token's loss 1.0:
+    tokens = [3, 5, 1, 7]
+    norm = dapo_normaliser(sum(tokens), 2, 2)
+    per_micro = [policy_loss(torch.zeros(1, n, dtype=D), None, torch.tensor([-1.0], dtype=D),
+                             torch.ones(1, n, dtype=D), loss_type="dapo", num_items_in_batch=norm).loss
+                 for n in tokens]  # ratio 1, A = -1: every token's loss is exactly 1
+    step = sum(per_micro) / 2 / 2  # DeepSpeed: / GA per micro-batch, then the mean over 2 ranks
+    assert step.item() == pytest.approx(1.0)  # the mean over all 16 tokens

@@ -129,7 +129,7 @@ def test_module_path_next_to_recipe(tmp_path, monkeypatch):
     ("{f}:Scaled", {}, None, r"rewards\[0\]\.args: Scaled\(\) — missing a required argument: 'factor'"),
     ("{f}:exact", {"answer": "x"}, {"answer"}, r"'answer' is also a dataset column"),
     ("missing.py:f", {}, None, r"file .*missing.py not found"),
-    ("nocolon", {}, None, r"expected 'module:function'"),
+    ("nocolon", {}, None, r"^fn: expected 'module.path:function', 'path/to/file.py:function' or TRL's"),
 ])
 def test_resolve_errors_are_one_line_naming_the_key(mod, fn, args, columns, message):
     with pytest.raises(RewardError, match=message) as e:

@@ -1,0 +1,154 @@
+"""Read the records of a data source; what a row means is `formats.py`'s business.
+
+Sources (detected from the path):
+
+- a ``.json`` file holding a list of rows, or a ``.jsonl`` file (one row per line);
+- a LLaMA-Factory ``dataset_info.json`` (the file, or a folder holding it) plus a
+  ``dataset`` name; its entry gives ``file_name``, ``formatting`` (alpaca | sharegpt),
+  ``columns`` and, for sharegpt, ``tags``;
+- a folder written by ``datasets`` ``save_to_disk`` (a Dataset or a DatasetDict; ``split``
+  picks one, default ``train`` or the only split).
+
+JSON and JSONL are parsed with the standard library, not ``datasets.load_dataset``: Arrow
+infers one type per column and would coerce or reject a bad row without saying which one,
+while here every error names the file and the row (for JSONL, the line number; for a JSON
+list or a saved dataset, the 1-based position).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from rlkit.errors import DataError
+
+Record = tuple[int, Any]  # (row number as the user counts it, parsed row)
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """What a dataset_info.json entry says about its rows (LLaMA-Factory's keys)."""
+
+    where: str  # "<info file>: dataset '<name>'", for messages
+    formatting: str  # "alpaca" | "sharegpt"
+    columns: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Records:
+    """All records of a source; `entry` is set when they come through a dataset_info.json."""
+
+    records: list[Record]
+    source: str
+    entry: DatasetEntry | None = None
+
+
+def read_records(path: str, dataset: str | None = None, split: str | None = None) -> Records:
+    """Read every record of `path` (any source above)."""
+    path = os.fspath(path)
+    is_info = os.path.basename(path) == "dataset_info.json" and os.path.isfile(path)
+    if is_info or (os.path.isdir(path) and not _is_saved_dataset(path)
+                   and os.path.isfile(os.path.join(path, "dataset_info.json"))):
+        return _read_dataset_info(path, dataset, split)
+    records, source = _read_container(path, split)
+    return Records(list(records), source)
+
+
+def _read_json_file(path: str) -> Iterator[tuple[int, Any]]:
+    """Yield (row number, parsed row). JSONL row numbers are line numbers."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read file ({e})") from None
+    if path.endswith(".json") and not text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
+        yield from enumerate(data, start=1)
+        return
+    # JSONL (a .json file starting with '{' is read as JSONL too).
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            if lineno == 1 and path.endswith(".json"):  # a single pretty-printed object
+                raise DataError(f"{path}: expected a JSON list of rows or JSON lines") from None
+            raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
+
+
+def _is_saved_dataset(path: str) -> bool:
+    return os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, n)) for n in ("state.json", "dataset_dict.json"))
+
+
+def _read_saved_dataset(path: str, split: str | None) -> Iterator[tuple[int, Any]]:
+    import datasets  # lazy: heavy import
+
+    try:
+        ds = datasets.load_from_disk(path)
+    except Exception as e:  # noqa: BLE001 - any failure is a user-data problem here
+        raise DataError(f"{path}: cannot load saved dataset ({type(e).__name__}: {e})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        names = list(ds)
+        if split is None:
+            split = "train" if "train" in ds else (names[0] if len(names) == 1 else None)
+        if split not in ds:
+            raise DataError(f"{path}: split {split!r} not found (available: {', '.join(names)}); "
+                            "set split")
+        ds = ds[split]
+    elif split not in (None, "train"):
+        raise DataError(f"{path}: is a single Dataset, it has no split {split!r}")
+    yield from enumerate(ds.to_list(), start=1)
+
+
+def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Records:
+    info_path = os.path.join(path, "dataset_info.json") if os.path.isdir(path) else path
+    try:
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{info_path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(info, dict):
+        raise DataError(f"{info_path}: expected a JSON object of dataset entries")
+    if dataset is None:
+        raise DataError(f"{info_path}: name the dataset to use (available: {', '.join(info)})")
+    if dataset not in info:
+        raise DataError(f"{info_path}: dataset {dataset!r} not found "
+                        f"(available: {', '.join(info) or 'none'})")
+    entry = info[dataset]
+    where = f"{info_path}: dataset {dataset!r}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
+        raise DataError(f"{where}: needs a 'file_name' (only local files are supported)")
+    formatting = entry.get("formatting", "alpaca")
+    if formatting not in ("alpaca", "sharegpt"):
+        raise DataError(f"{where}: formatting {formatting!r} not supported "
+                        "(expected alpaca or sharegpt)")
+    file_path = os.path.join(os.path.dirname(info_path), entry["file_name"])
+    records, source = _read_container(file_path, split)
+    return Records(list(records), source,
+                   DatasetEntry(where, formatting, dict(entry.get("columns") or {}), entry.get("tags")))
+
+
+def _read_container(path: str, split: str | None) -> tuple[Iterator[tuple[int, Any]], str]:
+    if _is_saved_dataset(path):
+        return _read_saved_dataset(path, split), path
+    if os.path.isdir(path):
+        raise DataError(f"{path}: folder is neither a saved dataset (save_to_disk) "
+                        "nor holds a dataset_info.json")
+    if not os.path.exists(path):
+        raise DataError(f"{path}: file not found")
+    if not path.endswith((".json", ".jsonl")):
+        raise DataError(f"{path}: unsupported file type (expected .json, .jsonl, a "
+                        "dataset_info.json, or a folder saved with datasets save_to_disk)")
+    return _read_json_file(path), path

@@ -1,0 +1,169 @@
+"""Rollout engines as a group: where they run, how prompts are split, how weights reach them.
+
+Two placements behind one interface (`RolloutEngines`):
+- `SeparateEngines` (default): each vLLM engine in its own Ray actor and placement-group bundle
+  (with its tensor-parallel devices), weights pushed by learner rank 0 through the Ray object
+  store or an NCCL/HCCL broadcast.
+- `ColocatedEngines` (`rollout.colocate`): one engine inside each learner process, weights
+  handed over in-process; on accelerators the engines sleep while the learners train.
+
+Prompts are split contiguously over the engines; samples come back prompt-major.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from rlkit.accel import DeviceInfo
+from rlkit.config import ModelConfig, RayConfig, RolloutConfig
+from rlkit.engine.group import LearnerGroup
+from rlkit.engine.rollout import Sample, Sampling
+from rlkit.errors import UserError
+from rlkit.seeding import derive_seed
+
+
+class RolloutEngines(Protocol):
+    """What a driver needs from its rollout engines."""
+
+    def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]: ...
+    def gather(self, futures: list[Any]) -> list[Sample]: ...
+    def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]: ...
+    def sync_from(self, learners: LearnerGroup) -> dict[str, float]: ...
+    def idle(self) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+def sampling(rollout: RolloutConfig) -> Sampling:
+    """The recipe's sampling settings."""
+    return Sampling(rollout.temperature, rollout.top_p, rollout.max_tokens, tuple(rollout.stop))
+
+
+def sync_strategy(rollout: RolloutConfig, device: DeviceInfo) -> str:
+    """What `rollout.sync` resolves to on `device`; a user error if it cannot run there."""
+    if rollout.sync == "auto":
+        return "in_process" if rollout.colocate else "object_store"
+    if rollout.sync == "broadcast" and device.weight_sync_backend is None:
+        raise UserError(f"rollout.sync: broadcast needs NCCL/HCCL between devices, but rlkit runs on "
+                        f"{device.kind}; use sync: object_store (or auto)")
+    return rollout.sync
+
+
+def worker_options(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, seed: int) -> dict[str, Any]:
+    """`RolloutWorker` keyword arguments of one engine, separate or colocated alike."""
+    return dict(dtype="float32" if model.dtype == "fp32" else "auto", seed=seed,
+                max_model_len=rollout.max_model_len, gpu_memory_utilization=rollout.gpu_memory_utilization,
+                kv_cache_gib=None if device.is_accelerator else rollout.kv_cache_gib)
+
+
+def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
+                  learners: LearnerGroup, seed: int) -> RolloutEngines:
+    """The recipe's engines, loaded from `model.path`, placed as `rollout.colocate` says."""
+    if rollout.colocate:
+        return ColocatedEngines(learners, rollout, model, device, seed)
+    return SeparateEngines(rollout, model, device, ray_cfg, seed)
+
+
+def _shards(prompts: list[str], k: int) -> list[list[str]]:
+    size = -(-len(prompts) // k)
+    return [prompts[i * size:(i + 1) * size] for i in range(k)]
+
+
+def _generate_async(handles: list[Any], prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
+    """Start `n` samples per prompt on the engines behind `handles` (actor handles with a
+    `generate` method); Ray futures, in prompt order."""
+    return [h.generate.remote(shard, n=n, seed=derive_seed(seed, i), **sampling.kwargs())
+            for i, (h, shard) in enumerate(zip(handles, _shards(prompts, len(handles)))) if shard]
+
+
+def _gather(futures: list[Any]) -> list[Sample]:
+    import ray
+
+    return [s for part in ray.get(futures) for s in part]
+
+
+class SeparateEngines:
+    """`rollout.num_engines` engines, each its own actor in its own bundle of `tp` devices (or `tp`
+    CPUs: vLLM runs one process per TP rank inside the actor), apart from the learners' bundles."""
+
+    def __init__(self, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
+                 seed: int):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from rlkit.engine.placement import actor_resources, placement_group, worker_env
+        from rlkit.engine.rollout import create_rollout_actor
+
+        tp = rollout.tensor_parallel_size
+        cpus = ray_cfg.cpus_per_actor * (1 if device.is_accelerator else tp)
+        opts = actor_resources(device, cpus, devices=tp)
+        resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
+                     **opts.get("resources", {})}
+        self.rollout, self.strategy = rollout, sync_strategy(rollout, device)
+        self.pg = placement_group(device, rollout.num_engines, cpus, devices=tp)
+        self.handles = [
+            create_rollout_actor(
+                model.path, resources=resources, env_vars=worker_env(device),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                                     placement_group_bundle_index=i),
+                tensor_parallel_size=tp, **worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31)))
+            for i in range(rollout.num_engines)]
+        ray.get([h.ready.remote() for h in self.handles])
+
+    def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
+        """Start generating; returns at once (Ray futures for `gather`)."""
+        return _generate_async(self.handles, prompts, n, sampling, seed)
+
+    def gather(self, futures: list[Any]) -> list[Sample]:
+        """The samples of `generate_async`, prompt-major."""
+        return _gather(futures)
+
+    def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
+        """`n` samples per prompt, prompt-major, reproducible for `seed`."""
+        return self.gather(self.generate_async(prompts, n, sampling, seed))
+
+    def sync_from(self, learners: LearnerGroup) -> dict[str, float]:
+        """The learners' current policy into every engine, in place (no restart)."""
+        return learners.push_weights(self.handles, self.rollout.sync_bucket_mib, self.strategy)[0]
+
+    def idle(self) -> None:
+        """Nothing to free: separate engines keep their memory."""
+
+    def shutdown(self) -> None:
+        import ray
+
+        for h in self.handles:
+            ray.kill(h)
+        ray.util.remove_placement_group(self.pg)
+
+
+class ColocatedEngines:
+    """One engine inside each learner process (`Learner.start_engine`); the learner group owns
+    the actors."""
+
+    def __init__(self, learners: LearnerGroup, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo,
+                 seed: int):
+        self.learners = learners
+        learners.start_engines(model.path, [
+            {**worker_options(rollout, model, device, derive_seed(seed, "engine", rank, bits=31)), "sleep_mode": rollout.sleep}
+            for rank in range(learners.size)])
+
+    def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
+        return _generate_async(self.learners.actors, prompts, n, sampling, seed)
+
+    def gather(self, futures: list[Any]) -> list[Sample]:
+        return _gather(futures)
+
+    def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
+        return self.gather(self.generate_async(prompts, n, sampling, seed))
+
+    def sync_from(self, learners: LearnerGroup) -> dict[str, float]:
+        """Every rank loads its own engine by reference; rank 0's stats."""
+        return learners.push_weights_in_process()[0]
+
+    def idle(self) -> None:
+        """Generation is over until the next sync: on accelerators the engines sleep (vLLM sleep
+        mode) so the learners get the device memory back."""
+        self.learners.sleep_engines()
+
+    def shutdown(self) -> None:
+        """Nothing of its own: the engines go with the learner actors."""

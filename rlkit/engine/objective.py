@@ -1,0 +1,72 @@
+"""What a stage hands the learner (an `Objective`) and what it gets back (`StepMetrics`).
+
+The learner knows nothing of SFT or GRPO: a stage builds its objective once from its recipe
+section, a small frozen (hence picklable) object, and the learner calls it on each micro-batch
+inside its DeepSpeed step. A new loss is a new objective, in the stage's own package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from torch import Tensor
+
+MicroBatch = dict[str, Tensor]  # the tensors of one forward/backward, CPU on arrival
+Steps = list[list[MicroBatch]]  # optimizer steps of one rank, each `grad_accum` micro-batches
+
+# Per-token logprobs a learner can attach to micro-batches before its first update (`Learner.fit`):
+# key -> the model that scores the batch. Shifted space, [B, L-1], at the objective's temperature.
+LOGPROB_SOURCES = {"ref_logp": "reference", "old_logp": "policy"}
+
+
+class Objective(Protocol):
+    """A training objective: frozen, picklable, built once per run by its stage.
+
+    `temperature`: logits are divided by it wherever logprobs are computed for this objective.
+    `needs`: keys of `LOGPROB_SOURCES` the learner attaches to every micro-batch before the first
+    update of a `fit` (e.g. the reference policy's logprobs for a KL term).
+    `__call__(model, batch) -> (loss, metrics)`: the loss to backpropagate for one micro-batch and
+    metrics as 0-dim tensors or floats; the learner sums metrics over micro-batches.
+    """
+
+    temperature: float
+    needs: tuple[str, ...]
+
+    def __call__(self, model: Any, batch: MicroBatch) -> tuple[Tensor, dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One optimizer step on one rank: metric sums over its micro-batches, their count, the global
+    grad norm (before clipping) and the learning rate the step used."""
+
+    sums: dict[str, float]
+    micro_batches: int
+    grad_norm: float
+    lr: float
+
+    def mean(self, key: str) -> float:
+        """Mean of a metric over this step's micro-batches."""
+        return self.sums[key] / max(self.micro_batches, 1)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What `Learner.fit` returns: its optimizer steps in order, and the seconds spent computing the
+    logprobs the objective needs before the first update."""
+
+    steps: list[StepMetrics] = field(default_factory=list)
+    logprob_seconds: float = 0.0
+
+
+def mean_metrics(steps: Sequence[StepMetrics]) -> dict[str, float]:
+    """Per-micro-batch means averaged over steps (and ranks), plus `grad_norm` and `lr` averaged."""
+    if not steps:
+        return {}
+    keys = sorted({k for s in steps for k in s.sums})
+    out = {k: sum(s.mean(k) for s in steps if k in s.sums) / sum(k in s.sums for s in steps) for k in keys}
+    out["grad_norm"] = sum(s.grad_norm for s in steps) / len(steps)
+    out["lr"] = sum(s.lr for s in steps) / len(steps)
+    return out

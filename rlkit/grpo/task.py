@@ -1,0 +1,57 @@
+"""The RL task of a GRPO run: prompt rows (train and held-out), how a row becomes prompt text,
+and the reward functions. Loaded and checked before any actor starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlkit.config import DataConfig, ModelConfig
+from rlkit.reward import RewardScorer, RewardSpec
+
+
+@dataclass
+class Task:
+    """Prompt rows keep their dataset columns: the reward functions receive them as kwargs."""
+
+    rows: list[dict[str, Any]]
+    eval_rows: list[dict[str, Any]]
+    template: str
+    tokenizer: Any
+    scorer: RewardScorer
+
+    def render(self, row: dict[str, Any]) -> str:
+        """The prompt text of a row (the recipe's template)."""
+        from rlkit.data.templates import render_prompt
+
+        return render_prompt(row, self.template, self.tokenizer)
+
+    @property
+    def difficulties(self) -> list[str | None]:
+        return [r.get("difficulty") for r in self.rows]
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+
+def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, ...],
+              reward_default: float | None, recipe_dir: str | None) -> Task:
+    """Load the prompts, the tokenizer and the rewards (resolved against the prompts' columns;
+    `file.py:function` paths are relative to `recipe_dir`)."""
+    from rlkit.data.formats import load_prompts
+    from rlkit.models import load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    rows = load_prompts(data.train, data.format, data.dataset, data.skip_bad_rows).rows
+    eval_rows = load_prompts(data.eval, data.format, data.dataset).rows if data.eval else []
+    scorer = RewardScorer(list(rewards), recipe_dir, columns=set(rows[0]) if rows else None, default=reward_default)
+    task = Task(rows, eval_rows, data.template, tokenizer, scorer)
+    task.render(rows[0])  # a template that cannot render these rows fails here, before launch
+    return task
+
+
+def recipe_dir(recipe_path: str | Path | None) -> str | None:
+    """The folder `file.py:function` reward paths are relative to."""
+    return str(Path(recipe_path).resolve().parent) if recipe_path else None
