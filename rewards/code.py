@@ -13,7 +13,8 @@ Containment, in layers (each is tested in ``tests/rewards/test_reward_code.py``)
   RLIMIT_FSIZE (file size), RLIMIT_NOFILE, no core dumps;
 * as root: a fresh network namespace (``unshare(CLONE_NEWNET)``: no interface but a down
   loopback, so nothing is reachable), a fresh PID namespace (the runner is its pid 1; when
-  it exits the kernel kills and reaps all its descendants, so no zombies), and a throwaway uid (with RLIMIT_NPROC, which the
+  it exits the kernel kills and reaps all its descendants, so no zombies), and a throwaway uid
+  (with RLIMIT_NPROC, which the
   kernel does not enforce for uid 0: fork bombs stop at ``max_procs``). That uid owns only
   the workdir, so writing elsewhere fails with EACCES, except world-writable dirs, which
   are swept of its files afterwards. It keeps CAP_DAC_READ_SEARCH (read-only) so it can
@@ -28,6 +29,7 @@ process (e.g. forging result lines); it protects the host, not the reward's inte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -280,10 +282,8 @@ def run_tests(code: str, tests: list, *, timeout_s: float = 5.0, memory_mb: int 
 
 
 def _killpg(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _tests_of(t: Any) -> list | None:

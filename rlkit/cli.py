@@ -12,7 +12,7 @@ import sys
 from rlkit.errors import UserError
 
 EXIT_USER_ERROR = 2
-STAGES = {"sft": "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
+STAGE_HELP = {"sft": "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
           "grpo": "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe"}
 
 
@@ -26,12 +26,12 @@ def _add_recipe_stage(sub, name: str, help_text: str) -> None:
 
 
 def _run_stage(args: argparse.Namespace) -> int:
-    from rlkit import config
+    from rlkit.stages import load
 
     overrides = list(args.overrides)
     if args.address:
         overrides.append(f"ray.address={args.address}")
-    cfg = config.load(args.stage, args.recipe, overrides)
+    cfg = load(args.stage, args.recipe, overrides)
     if args.print_config:
         import yaml
 
@@ -75,7 +75,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description="RL post-training for LLMs")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for name, help_text in STAGES.items():
+    for name, help_text in STAGE_HELP.items():
         _add_recipe_stage(sub, name, help_text)
 
     p = sub.add_parser("tiny-model", help="build a tiny model + tokenizer offline (no hub)")

@@ -1,32 +1,30 @@
-"""Typed recipes: one frozen dataclass per stage (`SFTConfig`, `GRPOConfig`) built from shared parts.
+"""The recipe sections the stages share: model, adapters, data, curriculum, optimiser, DeepSpeed,
+rollout engines, evaluation, checkpoints, logging, Ray.
 
-`load(stage, path, overrides)` reads the YAML, applies `key.sub=value` overrides and checks
-types and cross-field rules before any work starts; see `rlkit.recipe` for the error format.
+Each stage owns its recipe type (`sft/config.py: SFTConfig`, `grpo/config.py: GRPOConfig`),
+built from these parts; `rlkit.stages.load` reads a recipe into it. Every section is a frozen
+dataclass whose `__post_init__` checks its values (`check(cond, key, message)`), so a mistake
+is one line naming the file and the key before any work starts (see `rlkit.recipe`).
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from rlkit.data.curriculum import DEFAULT_LEVELS, DEFAULT_PHASES, validate_phases
 from rlkit.data.formats import ROW_FORMATS
 from rlkit.data.templates import TEMPLATES
-from rlkit.errors import ConfigError
-from rlkit.grpo.advantages import ADVANTAGES
-from rlkit.grpo.loss import KL_KINDS, LOSS_TYPES
-from rlkit.recipe import build, check, merge, parse_overrides, read_yaml
-from rlkit.reward.contract import RewardSpec
+from rlkit.recipe import check
+from rlkit.tiny import SIZES
 
-# The accepted values come from the code that reads them (the loader, the templates, the loss).
+# The accepted values come from the code that reads them (the loader, the templates, tiny models).
 Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 DataFormat = Literal[ROW_FORMATS]
 Template = Literal[TEMPLATES]
-LossType = Literal[LOSS_TYPES]
-KLKind = Literal[KL_KINDS]
+TinyName = Literal[tuple(SIZES)]
 Device = Literal["auto", "cuda", "rocm", "npu", "cpu"]
+Finetuning = Literal["full", "lora", "qlora"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +35,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
-    tiny: Literal["tiny", "tiny-untied", "25m"] | None = None  # build offline at `path` if missing
+    tiny: TinyName | None = None  # build offline at `path` if missing
 
 
 @dataclass(frozen=True)
@@ -78,17 +76,6 @@ class DataConfig:
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {
         "cutoff_len": "SFT only: GRPO prompts are not cut, completions end at rollout.max_tokens",
         "packing": "SFT only: GRPO learner batches are not packed"}
-
-
-@dataclass(frozen=True)
-class SFTDataConfig(DataConfig):
-    cutoff_len: int = 1024
-    packing: bool = False
-
-    READ_ELSEWHERE: ClassVar[dict[str, str]] = {}
-
-    def __post_init__(self):
-        check(self.cutoff_len >= 8, "cutoff_len", f"must be >= 8, got {self.cutoff_len}")
 
 
 @dataclass(frozen=True)
@@ -157,34 +144,6 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
-class SFTEvalConfig(EvalConfig):
-    max_batches: int | None = None
-    patience: int | None = None  # early stopping after this many evals without improvement
-    min_delta: float = 0.0
-
-    READ_ELSEWHERE: ClassVar[dict[str, str]] = {
-        "temperature": "GRPO only: SFT evaluates the loss, it does not generate",
-        "samples_per_prompt": "GRPO only: SFT evaluates the loss, it does not generate"}
-
-
-@dataclass(frozen=True)
-class GRPOEvalConfig(EvalConfig):
-    """Held-out prompts are generated and scored by the reward functions."""
-
-    temperature: float | None = None  # None = rollout.temperature; 0 = greedy
-    samples_per_prompt: int = 1
-
-    READ_ELSEWHERE: ClassVar[dict[str, str]] = {
-        "max_batches": "SFT only: GRPO evaluates every held-out prompt",
-        "patience": "SFT only: GRPO does not stop early", "min_delta": "SFT only: GRPO does not stop early"}
-
-    def __post_init__(self):
-        super().__post_init__()
-        check(self.temperature is None or self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-        check(self.samples_per_prompt >= 1, "samples_per_prompt", f"must be >= 1, got {self.samples_per_prompt}")
-
-
-@dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 0  # steps between checkpoints; 0 = only the final one
     keep_last: int = 2
@@ -210,54 +169,14 @@ class RayConfig:
     cpus_per_actor: float = 1.0
 
 
-@dataclass(frozen=True)
-class SFTTrainConfig:
-    num_learners: int = 1
-    micro_batch_size: int = 4
-    grad_accum: int = 1
-    max_steps: int | None = None  # default: epochs over the training rows
-    epochs: float = 1.0
-
-    def __post_init__(self):
-        check(self.num_learners >= 1, "num_learners", f"must be >= 1, got {self.num_learners}")
-        check(self.micro_batch_size >= 1, "micro_batch_size", f"must be >= 1, got {self.micro_batch_size}")
-        check(self.grad_accum >= 1, "grad_accum", f"must be >= 1, got {self.grad_accum}")
-        check(self.max_steps is None or self.max_steps >= 1, "max_steps", "must be >= 1")
-
-
-Finetuning = Literal["full", "lora", "qlora"]
-
-
-def _check_finetuning(cfg: Any) -> None:
+def check_finetuning(cfg: Any) -> None:
+    """Cross-section rules of a stage recipe's `finetuning`, `lora`, `qlora` and `deepspeed`."""
     check(cfg.finetuning == "full" or cfg.lora is not None, "lora",
           f"finetuning: {cfg.finetuning} needs a lora section (r, alpha, target_modules)")
     check(cfg.qlora is None or cfg.finetuning == "qlora", "qlora",
           "a qlora section needs finetuning: qlora (QLoRA trains LoRA adapters on 4-bit weights)")
     check(cfg.finetuning != "qlora" or cfg.deepspeed.zero_stage != 3, "deepspeed.zero_stage",
           "QLoRA 4-bit weights cannot be partitioned by ZeRO-3; use zero_stage 0-2")
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    model: ModelConfig
-    data: SFTDataConfig
-    output_dir: str
-    seed: int = 42
-    device: Device = "auto"
-    finetuning: Finetuning = "full"
-    lora: LoraConfig | None = None
-    qlora: QuantConfig | None = None
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
-    eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-
-    def __post_init__(self):
-        _check_finetuning(self)
 
 
 @dataclass(frozen=True)
@@ -292,117 +211,3 @@ class RolloutConfig:
         check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
-
-
-# Names a user may reach for that are not advantage estimators of their own.
-_ADVANTAGE_HINTS = {"dr_grpo": "Dr. GRPO is `advantage: no_std` together with `loss_type: dr_grpo`",
-                    "batch": "did you mean 'batch_std'?"}
-
-
-@dataclass(frozen=True)
-class GRPOAlgoConfig:
-    steps: int = 100
-    prompts_per_step: int = 8
-    group_size: int = 8  # G completions per prompt
-    epochs: int = 1  # mu: optimisation passes over each rollout batch
-    mini_batches: int = 1  # optimiser steps per pass
-    micro_batch_size: int = 8  # completions per forward/backward on one learner
-    num_learners: int = 1
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2  # clip-higher (DAPO: 0.28)
-    beta: float = 0.0  # KL coefficient; 0 skips the reference model
-    kl: KLKind = "k3"
-    # How the per-token loss is averaged (grpo/loss.py); `dr_grpo` is Dr. GRPO's constant normaliser.
-    loss_type: LossType = "dapo"
-    # A registered estimator (grpo/advantages.py): grpo = (r - mean) / (std + eps) per group,
-    # no_std = r - mean (Dr. GRPO's advantage), batch_std = (r - group mean) / (batch std + eps).
-    advantage: str = "grpo"
-    advantage_eps: float = 1e-4
-    reward_default: float | None = None  # total reward of a sample every reward function skipped (None)
-    async_generation: bool = False  # generate step k+1 while step k trains (one step off-policy)
-    dynamic_sampling: bool = False  # DAPO: drop all-equal groups and refill
-    max_refill_rounds: int = 3
-    mask_truncated: bool = False
-    overlong_buffer: int = 0  # DAPO soft overlong punishment buffer (tokens); 0 = off
-    overlong_penalty: float = 1.0
-
-    def __post_init__(self):
-        for name in ("steps", "prompts_per_step", "epochs", "mini_batches", "micro_batch_size", "num_learners"):
-            check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        check(self.group_size >= 2, "group_size", f"group-relative advantages need >= 2, got {self.group_size}")
-        rollouts = self.prompts_per_step * self.group_size
-        per_mb = rollouts // self.mini_batches
-        check(rollouts % self.mini_batches == 0, "mini_batches",
-              f"{rollouts} completions per step (prompts_per_step x group_size) do not split into "
-              f"{self.mini_batches} mini-batches")
-        check(per_mb % (self.micro_batch_size * self.num_learners) == 0, "micro_batch_size",
-              f"a mini-batch of {per_mb} completions does not divide into micro_batch_size "
-              f"{self.micro_batch_size} x num_learners {self.num_learners}")
-        check(0 <= self.epsilon_low < 1, "epsilon_low", f"must be in [0, 1), got {self.epsilon_low}")
-        check(self.epsilon_high >= 0, "epsilon_high", f"must be >= 0, got {self.epsilon_high}")
-        check(self.beta >= 0, "beta", f"must be >= 0, got {self.beta}")
-        if self.advantage not in ADVANTAGES:
-            near = difflib.get_close_matches(self.advantage, list(ADVANTAGES), n=1)
-            hint = _ADVANTAGE_HINTS.get(self.advantage) or (f"did you mean {near[0]!r}?" if near else "")
-            check(False, "advantage", f"unknown estimator {self.advantage!r} (registered: "
-                                      f"{', '.join(sorted(ADVANTAGES))}){'; ' + hint if hint else ''}")
-
-    @property
-    def grad_accum(self) -> int:
-        """Micro-batches per optimizer step on one learner."""
-        return self.prompts_per_step * self.group_size // (self.mini_batches * self.num_learners * self.micro_batch_size)
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    model: ModelConfig
-    data: DataConfig
-    output_dir: str
-    rewards: tuple[RewardSpec, ...]
-    seed: int = 42
-    device: Device = "auto"
-    finetuning: Finetuning = "full"
-    lora: LoraConfig | None = None
-    qlora: QuantConfig | None = None
-    grpo: GRPOAlgoConfig = field(default_factory=GRPOAlgoConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, scheduler="constant"))
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    eval: GRPOEvalConfig = field(default_factory=GRPOEvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-
-    def __post_init__(self):
-        _check_finetuning(self)
-        check(len(self.rewards) > 0, "rewards", "name at least one reward function")
-        check(self.rollout.max_tokens < self.rollout.max_model_len, "rollout.max_tokens",
-              f"must be < rollout.max_model_len ({self.rollout.max_model_len})")
-        check(self.grpo.overlong_buffer < self.rollout.max_tokens, "grpo.overlong_buffer",
-              f"must be < rollout.max_tokens ({self.rollout.max_tokens})")
-        if self.rollout.colocate:
-            check(self.rollout.num_engines == self.grpo.num_learners, "rollout.num_engines",
-                  f"colocated engines are one per learner: set it to grpo.num_learners ({self.grpo.num_learners})")
-            check(not self.grpo.async_generation, "grpo.async_generation",
-                  "colocated engines share the learners' processes, so generation cannot overlap training;"
-                  " set rollout.colocate: false to overlap")
-
-
-STAGES: dict[str, type] = {"sft": SFTConfig, "grpo": GRPOConfig}
-
-
-def load(stage: str, path: str | Path, overrides: list[str] | None = None) -> Any:
-    """Read a recipe for `stage`, apply overrides, return the frozen config. Raises ConfigError."""
-    if stage not in STAGES:
-        raise ConfigError(f"unknown stage {stage!r}; expected one of {sorted(STAGES)}")
-    data = read_yaml(path)
-    declared = data.pop("stage", stage)
-    if declared != stage:
-        raise ConfigError(f"{path}: stage: this recipe is for {declared!r}, not {stage!r}")
-    if overrides:
-        data = merge(data, parse_overrides(overrides))
-    return build(STAGES[stage], data, str(path))
-
-
-__all__ = ["ConfigError", "load", "SFTConfig", "GRPOConfig", "STAGES"]

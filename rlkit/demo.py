@@ -10,6 +10,7 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 def run_demo(out_dir: str | Path = "runs/demo", stages: list[str] | None = None) -> Iterator[str]:
     """Yield one line per finished step, naming where its outputs are."""
+    from rlkit.stages import load
     from rlkit.tiny import build_tiny_model, write_task_data
 
     out = Path(out_dir)
@@ -22,18 +23,16 @@ def run_demo(out_dir: str | Path = "runs/demo", stages: list[str] | None = None)
     yield f"synthetic data: {', '.join(str(p) for p in paths.values())}"
     wanted = stages or ["sft", "grpo"]
     if "sft" in wanted:
-        from rlkit import config
         from rlkit.sft.run import run_sft
 
-        cfg = config.load("sft", RECIPES / "tiny-sft.yaml", [
+        cfg = load("sft", RECIPES / "tiny-sft.yaml", [
             f"model.path={model_dir}", f"data.train={data_dir / 'sft_train.jsonl'}",
             f"data.eval={data_dir / 'sft_eval.jsonl'}", f"output_dir={out / 'sft'}"])
         yield f"sft: final model in {run_sft(cfg, recipe_path=RECIPES / 'tiny-sft.yaml')}"
     if "grpo" in wanted:
-        from rlkit import config
         from rlkit.grpo.run import run_grpo
 
-        cfg = config.load("grpo", RECIPES / "tiny-grpo.yaml", [
+        cfg = load("grpo", RECIPES / "tiny-grpo.yaml", [
             f"model.path={out / 'sft' / 'final'}", f"data.train={data_dir / 'grpo_train.jsonl'}",
             f"data.eval={data_dir / 'grpo_eval.jsonl'}", f"output_dir={out / 'grpo'}"])
         final = run_grpo(cfg, recipe_path=RECIPES / "tiny-grpo.yaml")

@@ -30,7 +30,7 @@ class MetricsLogger:
         self.path = self.run_dir / "metrics.jsonl"
         kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= start_step]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open until close()
         self._tb = self._wandb = None
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter

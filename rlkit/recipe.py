@@ -127,63 +127,70 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return _convert_dataclass(tp, value, key)
     if origin in (Union, types.UnionType):
-        args = get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        candidates = [a for a in args if a is not type(None)]
-        if len(candidates) == 1:  # Optional[X]: X's own, more precise error
-            return _convert(candidates[0], value, key)
-        for arg in candidates:
-            try:
-                return _convert(arg, value, key)
-            except ConfigError:
-                continue
-        raise _invalid(key, f"expected {_type_name(tp)}, got {_describe(value)}")
+        return _convert_union(tp, value, key)
     if origin is Literal:
-        if value in get_args(tp) and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in get_args(tp))):
+        bool_for_non_bool = isinstance(value, bool) and not any(isinstance(a, bool) for a in get_args(tp))
+        if value in get_args(tp) and not bool_for_non_bool:
             return value
         raise _invalid(key, f"expected one of {_type_name(tp)}, got {value!r}")
     if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            if isinstance(value, str) and get_args(tp) and get_args(tp)[0] is str:
-                value = [v.strip() for v in value.split(",") if v.strip()]  # "q_proj,v_proj"
-            else:
-                raise _invalid(key, f"expected a list, got {_describe(value)}")
-        args = get_args(tp)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise _invalid(key, f"expected a list of {len(args)} items, got {len(value)}")
-            return tuple(_convert(a, v, _join(key, i)) for i, (a, v) in enumerate(zip(args, value)))
-        item = args[0] if args else Any
-        return tuple(_convert(item, v, _join(key, i)) for i, v in enumerate(value))
+        return _convert_sequence(tp, value, key)
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise _invalid(key, f"expected a mapping, got {_describe(value)}")
         return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _invalid(key, f"expected true or false, got {_describe(value)}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise _invalid(key, f"expected an integer, got {_describe(value)}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise _invalid(key, f"expected a number, got {_describe(value)}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise _invalid(key, f"expected a string, got {_describe(value)}")
+    if tp in (bool, int, float, str):
+        return _convert_scalar(tp, value, key)
     raise TypeError(f"recipe type {tp!r} at {key} is not supported")  # a bug in rlkit's schema
+
+
+def _convert_union(tp: Any, value: Any, key: str) -> Any:
+    args = get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    candidates = [a for a in args if a is not type(None)]
+    if len(candidates) == 1:  # Optional[X]: X's own, more precise error
+        return _convert(candidates[0], value, key)
+    for arg in candidates:
+        try:
+            return _convert(arg, value, key)
+        except ConfigError:
+            continue
+    raise _invalid(key, f"expected {_type_name(tp)}, got {_describe(value)}")
+
+
+def _convert_sequence(tp: Any, value: Any, key: str) -> tuple:
+    args = get_args(tp)
+    if not isinstance(value, (list, tuple)):
+        if isinstance(value, str) and args and args[0] is str:
+            value = [v.strip() for v in value.split(",") if v.strip()]  # "q_proj,v_proj"
+        else:
+            raise _invalid(key, f"expected a list, got {_describe(value)}")
+    if get_origin(tp) is tuple and args and args[-1] is not Ellipsis:
+        if len(value) != len(args):
+            raise _invalid(key, f"expected a list of {len(args)} items, got {len(value)}")
+        return tuple(_convert(a, v, _join(key, i)) for i, (a, v) in enumerate(zip(args, value)))
+    item = args[0] if args else Any
+    return tuple(_convert(item, v, _join(key, i)) for i, v in enumerate(value))
+
+
+def _convert_scalar(tp: type, value: Any, key: str) -> Any:
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is int and is_number and (isinstance(value, int) or value.is_integer()):
+        return int(value)
+    if tp is float and is_number:
+        return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is str and isinstance(value, str):
+        return value
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
+    raise _invalid(key, f"expected {expected}, got {_describe(value)}")
 
 
 def _convert_dataclass(cls: Any, value: Any, key: str) -> Any:

@@ -239,6 +239,6 @@ def _print_probes(console: Any, scorer: RewardScorer, result: RewardResult,
         t.add_row(label, preview(c, 30) or "''", *cells, _fmt(tot), flag)
     console.print(t)
     for label, _, res in probes:
-        for name, fails in res.failures.items():
+        for fails in res.failures.values():
             console.print(f"probe {label!r}: {fails[0][1]}", markup=False, highlight=False)
     return failed

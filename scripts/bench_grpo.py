@@ -1,6 +1,7 @@
 """Throughput of `rlkit grpo` against TRL's `GRPOTrainer`, and rlkit's overhead over its parts.
 
     python scripts/bench_grpo.py                     # 25m model, 4 prompts x 8, 96 tokens, fp32, async
+    python scripts/bench_grpo.py --repeat 3          # each phase three times, medians over all timed steps
     python scripts/bench_grpo.py --size tiny --steps 3 --warmup 1 --prompts 2 --group 4 --max-tokens 8
 
 Four phases run one after another, each in a fresh (spawned) process so that no engine, Ray
@@ -35,11 +36,11 @@ Phases
           generates and trains on the same number of completions as one rlkit step. A callback
           stamps each step's end; steps after `--warmup` are timed.
 
-Each figure is the fastest timed step (per step for rlkit and TRL, per call for the bare
-parts): on a shared machine the minimum is the figure least disturbed by other processes; all
-per-step times go to `--json`.  samples/s = prompts*group / that step time.  overhead = rlkit
-step / (bare generate + bare train) - 1: what Ray calls, DeepSpeed, reward scoring, collation
-and weight sync add.
+Each figure is the median over the timed steps of all `--repeat` runs of a phase (per step for
+rlkit and TRL, per call for the bare parts); rlkit's breakdown is that of its median step, so its
+parts add up to its step time. All per-step times go to `--json`.  samples/s = prompts*group /
+median step time.  overhead = rlkit step / (bare generate + bare train) - 1: what Ray calls,
+DeepSpeed, reward scoring, collation and weight sync add.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--sync-generation", action="store_true",
                    help="rlkit without grpo.async_generation (generation and training in sequence)")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each phase (fresh processes); medians pool them")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trl-mode", default="generate", choices=TRL_MODES,
                    help="TRL generation: generate (HF generate), cb (transformers continuous batching), "
@@ -99,6 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--phases: choose from rlkit, bare, trl; got {args.phases}")
     if args.intermediate is None and args.size == "25m":
         args.intermediate = 2304
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
     if args.group < 2:
         p.error("--group must be >= 2")
     if (args.prompts * args.group) % args.micro_batch:
@@ -106,9 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _best(xs: list[float]) -> float:
-    """The fastest timed step: the figure least disturbed by other processes on a shared machine."""
-    return min(xs) if xs else float("nan")
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
 
 
 def build_model(out: Path, size: str, intermediate: int | None, seed: int) -> Path:
@@ -152,7 +155,7 @@ def run_phase(fn: Any, *args: Any) -> Any:
 
 
 def phase_rlkit(args: argparse.Namespace, model_dir: str, data: str, out: str) -> dict[str, Any]:
-    from rlkit import config
+    from rlkit import stages
     from rlkit.grpo.run import run_grpo
     from rlkit.metrics import read_jsonl
 
@@ -169,23 +172,30 @@ def phase_rlkit(args: argparse.Namespace, model_dir: str, data: str, out: str) -
         "checkpoint.resume=never", "logging.tensorboard=false", "logging.progress=none", "logging.every=1",
         f"grpo.async_generation={'false' if args.sync_generation else 'true'}",
     ]
-    cfg = config.load("grpo", RECIPE, overrides)
+    cfg = stages.load("grpo", RECIPE, overrides)
     started = time.perf_counter()
     run_grpo(cfg)
     total = time.perf_counter() - started
     records = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "time/step" in r]
     if len(records) != args.steps:
         raise RuntimeError(f"{out}/metrics.jsonl: {len(records)} step records, expected {args.steps}")
-    timed = records[args.warmup:]
-    keys = ("time/step", "time/generate", "time/reward", "time/ref", "time/train", "time/sync",
-            "completion/len_mean")
-    best = min(timed, key=lambda r: r["time/step"])  # its parts add up to its step time
-    res: dict[str, Any] = {k: best[k] for k in keys}
+    timed = [{k: r[k] for k in RLKIT_KEYS} for r in records[args.warmup:]]
+    return {"timed": timed, "wall_s": total, "steps": [r["time/step"] for r in records]}
+
+
+RLKIT_KEYS = ("time/step", "time/generate", "time/reward", "time/ref", "time/train", "time/sync",
+              "completion/len_mean")
+
+
+def summarise_rlkit(runs: list[dict[str, Any]], sync_generation: bool) -> dict[str, Any]:
+    """The median step over all runs' timed steps, with its breakdown (its parts add up to it)."""
+    timed = sorted((r for run in runs for r in run["timed"]), key=lambda r: r["time/step"])
+    median = timed[(len(timed) - 1) // 2]
+    res: dict[str, Any] = {k: median[k] for k in RLKIT_KEYS}
     res["completion/len_mean"] = statistics.fmean(r["completion/len_mean"] for r in timed)
-    overlapped = ("time/generate",) if not args.sync_generation else ()  # async: spans the previous step
-    res["time/other"] = best["time/step"] - sum(best[k] for k in keys[1:6] if k not in overlapped)
-    res["time/step_median"] = statistics.median(r["time/step"] for r in timed)
-    res.update(wall_s=total, steps=[r["time/step"] for r in records])
+    overlapped = ("time/generate",) if not sync_generation else ()  # async: spans the previous step
+    res["time/other"] = median["time/step"] - sum(median[k] for k in RLKIT_KEYS[1:6] if k not in overlapped)
+    res.update(wall_s=[run["wall_s"] for run in runs], steps=[t for run in runs for t in run["steps"]])
     return res
 
 
@@ -215,7 +225,7 @@ def phase_bare_generate(args: argparse.Namespace, model_dir: str, data: str, sam
         batches.append([[s.prompt_token_ids, s.token_ids] for s in samples])
     worker.shutdown()
     Path(samples_out).write_text(json.dumps(batches))
-    return {"time/generate": _best(times), "completion/len_mean": statistics.fmean(lengths), "generate_steps": times}
+    return {"generate_steps": times, "lengths": lengths}
 
 
 def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str) -> dict[str, Any]:
@@ -253,7 +263,15 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str) 
         opt.zero_grad(set_to_none=True)
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-    return {"time/train": _best(times), "train_steps": times}
+    return {"train_steps": times}
+
+
+def summarise_bare(generate: list[dict[str, Any]], train: list[dict[str, Any]]) -> dict[str, Any]:
+    gen = [t for run in generate for t in run["generate_steps"]]
+    steps = [t for run in train for t in run["train_steps"]]
+    lengths = [n for run in generate for n in run["lengths"]]
+    return {"time/generate": _median(gen), "time/train": _median(steps),
+            "completion/len_mean": statistics.fmean(lengths), "generate_steps": gen, "train_steps": steps}
 
 
 # ---------------------------------------------------------------- TRL
@@ -322,9 +340,15 @@ def phase_trl(args: argparse.Namespace, model_dir: str, data: str, out: str) -> 
         raise RuntimeError(f"TRL ran {len(stamps)} steps, expected {args.steps}")
     step_logs = [r for r in logs if "completions/mean_length" in r]
     steps = [b - a for a, b in zip(stamps[args.warmup - 1:], stamps[args.warmup:])]
-    return {"time/step": _best(steps), "time/generate": _best(gen_times[args.warmup:]),
-            "completion/len_mean": statistics.fmean([r["completions/mean_length"] for r in step_logs[args.warmup:]]),
-            "wall_s": total, "mode": mode, "steps": steps}
+    return {"steps": steps, "generate_steps": gen_times[args.warmup:],
+            "lengths": [r["completions/mean_length"] for r in step_logs[args.warmup:]], "wall_s": total, "mode": mode}
+
+
+def summarise_trl(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    steps = [t for run in runs for t in run["steps"]]
+    return {"time/step": _median(steps), "time/generate": _median([t for run in runs for t in run["generate_steps"]]),
+            "completion/len_mean": statistics.fmean([n for run in runs for n in run["lengths"]]),
+            "wall_s": [run["wall_s"] for run in runs], "mode": runs[0]["mode"], "steps": steps}
 
 
 # ---------------------------------------------------------------- main
@@ -342,12 +366,16 @@ def main(argv: list[str] | None = None) -> int:
                                 args.seed)
         data = write_task_data(work / "data", seed=args.seed)["grpo_train"]
         m, d, samples = str(model_dir), str(data), str(work / "bare-samples.json")
-        ours = run_phase(phase_rlkit, args, m, d, str(work / "rlkit")) if "rlkit" in args.phases else None
-        bare = None
+        runs = range(args.repeat)
+        ours = bare = theirs = None
+        if "rlkit" in args.phases:
+            ours = summarise_rlkit([run_phase(phase_rlkit, args, m, d, str(work / f"rlkit-{i}")) for i in runs],
+                                   args.sync_generation)
         if "bare" in args.phases:
-            bare = run_phase(phase_bare_generate, args, m, d, samples)
-            bare.update(run_phase(phase_bare_train, args, m, samples))
-        theirs = run_phase(phase_trl, args, m, d, str(work / "trl")) if "trl" in args.phases else None
+            generated = [run_phase(phase_bare_generate, args, m, d, samples) for _ in runs]
+            bare = summarise_bare(generated, [run_phase(phase_bare_train, args, m, samples) for _ in runs])
+        if "trl" in args.phases:
+            theirs = summarise_trl([run_phase(phase_trl, args, m, d, str(work / f"trl-{i}")) for i in runs])
         elapsed = time.perf_counter() - started
         results = report(args, model_dir, ours, bare, theirs)
         print(f"total time {elapsed:.0f} s")
@@ -367,8 +395,9 @@ def report(args: argparse.Namespace, model_dir: Path, ours: dict | None, bare: d
     out: dict[str, Any] = {"rlkit": ours, "bare": bare, "trl": theirs}
     print(f"model {args.size} ({_params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
           f"{args.prompts} prompts x group {args.group} = {n} completions/step, max_tokens {args.max_tokens}, "
-          f"micro batch {args.micro_batch}, steps {args.steps} (first {args.warmup} not timed), lr {args.lr}")
-    print("samples/s = completions per step / fastest timed step (per-step times are in --json)")
+          f"micro batch {args.micro_batch}, steps {args.steps} (first {args.warmup} not timed) x {args.repeat} run(s), "
+          f"lr {args.lr}, avx512_bf16 {'yes' if _has_avx512_bf16() else 'no'}")
+    print("samples/s = completions per step / median timed step (per-step times are in --json)")
     print(f"{'':<26}{'samples/s':>10}{'step s':>9}{'generate s':>12}{'mean len':>10}")
     rows = [("rlkit grpo", ours), (f"TRL GRPOTrainer ({args.trl_mode})", theirs)]
     for name, r in rows:
@@ -396,6 +425,13 @@ def report(args: argparse.Namespace, model_dir: Path, ours: dict | None, bare: d
             line += f"; rlkit overhead {100 * out['overhead']:.1f}%"
         print(line)
     return out
+
+
+def _has_avx512_bf16() -> bool:
+    try:
+        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
 
 
 def _params(model_dir: Path) -> str:

@@ -39,8 +39,8 @@ How tokens/s is counted (the same on both sides)
           tokens of each batch it receives (attention-mask sum, or the flattened length when
           padding-free).  Time includes data loading, forward, backward, optimizer, callbacks.
   Startup (Ray, DeepSpeed engine, TRL dataset preparation) is excluded on both sides.
-  With `--repeat R` each side runs R times per mode, in alternating order, and its best run
-  counts (wall time on a shared machine is noisy; the JSON keeps every run).  The "pad"
+  With `--repeat R` each side runs R times per mode, in alternating order, and its median run
+  (by tokens/s; the lower middle one for even R) counts; the JSON keeps every run.  The "pad"
   columns give the share of padding in the tokens each side fed the model.
 """
 
@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cutoff", type=int, default=256, help="data.cutoff_len / TRL max_length")
     p.add_argument("--rows", type=int, default=512, help="training rows to generate")
     p.add_argument("--modes", default="nopack,pack", help="comma list of: nopack, pack")
-    p.add_argument("--repeat", type=int, default=1, help="runs per side and mode (alternating); best counts")
+    p.add_argument("--repeat", type=int, default=1, help="runs per side and mode (alternating); the median counts")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", help="keep model, data and runs here (default: a temp dir)")
@@ -180,7 +180,7 @@ def padded_tokens(batch: list[dict], packing: bool, cutoff: int) -> int:
 def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list[list[int]],
                 args: argparse.Namespace, packing: bool, out: Path) -> Result:
     """Run `run_sft`, then time the steady-state steps from its metrics.jsonl."""
-    from rlkit import config
+    from rlkit import stages
     from rlkit.metrics import read_jsonl
     from rlkit.sft.run import run_sft
 
@@ -193,7 +193,7 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list
         "eval.every=0", "checkpoint.every=0", "checkpoint.resume=never", "logging.tensorboard=false",
         "logging.progress=none", "logging.every=1",
     ]
-    run_sft(config.load("sft", RECIPE, overrides))
+    run_sft(stages.load("sft", RECIPE, overrides))
     records = [r for r in read_jsonl(out / "metrics.jsonl") if "tokens_per_s" in r]
     if len(records) != args.steps:
         raise RuntimeError(f"{out / 'metrics.jsonl'}: {len(records)} step records, expected {args.steps}")
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def bench_mode(model_dir: Path, data: Path, samples: list[dict], schedule: list[list[int]], ordered: list[dict],
                args: argparse.Namespace, mode: str, work: Path) -> dict[str, Any]:
-    """Both trainers, `--repeat` times each in alternating order; the best run of each side counts."""
+    """Both trainers, `--repeat` times each in alternating order; the median run of each side counts."""
     packing = MODES[mode]
     ours, theirs, shape = [], [], (0, 0)
     for r in range(args.repeat):
@@ -319,13 +319,17 @@ def bench_mode(model_dir: Path, data: Path, samples: list[dict], schedule: list[
             else:
                 result, *shape = bench_trl(model_dir, ordered, args, packing, work / f"trl-{mode}-{r}")
                 theirs.append(result)
-    best_ours = max(ours, key=lambda x: x.tokens_per_s)
-    best_theirs = max(theirs, key=lambda x: x.tokens_per_s)
-    return {"rlkit_tokens_per_s": best_ours.tokens_per_s, "trl_tokens_per_s": best_theirs.tokens_per_s,
-            "ratio": best_ours.tokens_per_s / best_theirs.tokens_per_s,
-            "rlkit_pad_share": best_ours.pad_share, "trl_pad_share": best_theirs.pad_share,
+    median_ours, median_theirs = _median_run(ours), _median_run(theirs)
+    return {"rlkit_tokens_per_s": median_ours.tokens_per_s, "trl_tokens_per_s": median_theirs.tokens_per_s,
+            "ratio": median_ours.tokens_per_s / median_theirs.tokens_per_s,
+            "rlkit_pad_share": median_ours.pad_share, "trl_pad_share": median_theirs.pad_share,
             "rlkit_runs": [vars(x) for x in ours], "trl_runs": [vars(x) for x in theirs],
             "trl_batch": shape[0], "trl_max_length": shape[1]}
+
+
+def _median_run(runs: list[Any]) -> Any:
+    """The run with the median tokens/s (the lower middle one for an even count)."""
+    return sorted(runs, key=lambda x: x.tokens_per_s)[(len(runs) - 1) // 2]
 
 
 def print_table(args: argparse.Namespace, model_dir: Path, samples: list[dict], results: dict[str, dict],

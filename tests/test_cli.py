@@ -22,7 +22,8 @@ def test_help_lists_the_working_commands():
 
 def test_bad_row_names_file_row_and_field(tmp_path, tiny_model):
     data = tmp_path / "train.jsonl"
-    rows = [{"instruction": "计算", "input": "1+1=", "output": "2"}, {"instruction": "计算", "input": "2+2=", "output": ""}]
+    rows = [{"instruction": "计算", "input": "1+1=", "output": "2"},
+            {"instruction": "计算", "input": "2+2=", "output": ""}]
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     out = _rlkit("sft", "recipes/tiny-sft.yaml", f"model.path={tiny_model}", "model.tiny=null",
                  f"data.train={data}", "data.eval=null", "data.synthetic_seed=null", f"output_dir={tmp_path / 'o'}")

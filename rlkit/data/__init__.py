@@ -6,8 +6,7 @@ names are loaded on first use, so ``from rlkit.data import DataError`` does not 
 
 from typing import Any
 
-from rlkit.data.curriculum import (DEFAULT_LEVELS, DEFAULT_PHASES, CurriculumSampler,
-                                   validate_phases)
+from rlkit.data.curriculum import DEFAULT_LEVELS, DEFAULT_PHASES, CurriculumSampler, validate_phases
 from rlkit.data.formats import LoadedRows, load_prompts, load_rows
 from rlkit.data.templates import TEMPLATES, render_alpaca, render_prompt, render_sft
 from rlkit.errors import DataError

@@ -11,12 +11,13 @@ flash path detects packed sequences from the position restarts.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from rlkit.errors import DataError
 from rlkit.data.templates import render_sft
+from rlkit.errors import DataError
 
 IGNORE_INDEX = -100
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rlkit.errors import DataError
 

@@ -105,7 +105,8 @@ class SeparateEngines:
                 model.path, resources=resources, env_vars=worker_env(device),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                      placement_group_bundle_index=i),
-                tensor_parallel_size=tp, **worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31)))
+                tensor_parallel_size=tp,
+                **worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31)))
             for i in range(rollout.num_engines)]
         ray.get([h.ready.remote() for h in self.handles])
 
@@ -143,9 +144,9 @@ class ColocatedEngines:
     def __init__(self, learners: LearnerGroup, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo,
                  seed: int):
         self.learners = learners
-        learners.start_engines(model.path, [
-            {**worker_options(rollout, model, device, derive_seed(seed, "engine", rank, bits=31)), "sleep_mode": rollout.sleep}
-            for rank in range(learners.size)])
+        options = [worker_options(rollout, model, device, derive_seed(seed, "engine", rank, bits=31))
+                   for rank in range(learners.size)]
+        learners.start_engines(model.path, [{**o, "sleep_mode": rollout.sleep} for o in options])
 
     def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
         return _generate_async(self.learners.actors, prompts, n, sampling, seed)

@@ -94,10 +94,10 @@ class GRPOBatch:
         shards: list[list[list[dict[str, Tensor]]]] = [[] for _ in range(world)]
         for step in plan:
             grad_accum = len(step[0])
-            tokens = self.completion_tokens([i for rank in step for mb in rank for i in mb])
+            tokens = self.completion_tokens([i for rank_rows in step for rows in rank_rows for i in rows])
             norm = torch.tensor(dapo_normaliser(tokens, world, grad_accum), dtype=torch.float64)
-            for r, rank in enumerate(step):
-                shards[r].append([{**self.micro_batch(mb), "num_items_in_batch": norm} for mb in rank])
+            for r, rank_rows in enumerate(step):  # rank r's micro-batches (row index lists) of this step
+                shards[r].append([{**self.micro_batch(rows), "num_items_in_batch": norm} for rows in rank_rows])
         return shards
 
 

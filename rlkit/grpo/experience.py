@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from rlkit.config import GRPOAlgoConfig
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.grpo.advantages import frac_zero_std, get_advantage, zero_std_mask
 from rlkit.grpo.batch import Rollout
+from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.loss import soft_overlong_penalty
 from rlkit.grpo.task import Task
 

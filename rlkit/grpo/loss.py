@@ -88,23 +88,10 @@ def _check_shapes(logp: Tensor, mask: Tensor, advantages: Tensor, **others: Tens
         )
 
 
-def policy_loss(
-    logp: Tensor,
-    old_logp: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    ref_logp: Tensor | None = None,
-    beta: float = 0.0,
-    kl: KLKind = "k3",
-    loss_type: LossType = "grpo",
-    max_completion_length: int | None = None,
-    delta: float | None = None,
-    num_items_in_batch: float | Tensor | None = None,
-    entropies: Tensor | None = None,
-) -> LossOutput:
+def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask: Tensor, *, epsilon_low: float = 0.2,
+                epsilon_high: float = 0.2, ref_logp: Tensor | None = None, beta: float = 0.0, kl: KLKind = "k3",
+                loss_type: LossType = "grpo", max_completion_length: int | None = None, delta: float | None = None,
+                num_items_in_batch: float | Tensor | None = None, entropies: Tensor | None = None) -> LossOutput:
     """Clipped-surrogate GRPO loss (to minimise) with optional KL penalty.
 
     Per token, with ratio r = exp(logp - old_logp) and A the advantage:
@@ -122,15 +109,7 @@ def policy_loss(
     ``entropies`` [B, T] (optional) is only reported, not added to the loss.
     """
     _check_shapes(logp, mask, advantages, old_logp=old_logp, ref_logp=ref_logp, entropies=entropies)
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-    if beta != 0.0 and ref_logp is None:
-        raise ValueError(f"beta={beta} needs ref_logp (reference-model log-probs)")
-    if loss_type == "dr_grpo" and max_completion_length is None:
-        raise ValueError("loss_type='dr_grpo' needs max_completion_length (its fixed normaliser)")
-    if delta is not None and delta <= 1.0 + epsilon_high:
-        raise ValueError(f"delta={delta} must be > 1 + epsilon_high = {1.0 + epsilon_high}")
-
+    _check_options(loss_type, beta, ref_logp, max_completion_length, delta, epsilon_high)
     mask = mask.to(logp.dtype)
     if old_logp is None:
         old_logp = logp.detach()
@@ -148,29 +127,41 @@ def policy_loss(
         if beta != 0.0:
             per_token = per_token + beta * per_token_kl
 
-    masked = per_token * mask
-    if loss_type == "grpo":
-        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif loss_type == "bnpo":
-        loss = masked.sum() / mask.sum().clamp(min=1.0)
-    elif loss_type == "dr_grpo":
-        loss = masked.sum() / (logp.shape[0] * max_completion_length)
-    else:  # dapo
-        n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=logp.dtype)
-        loss = masked.sum() / n.clamp(min=1.0)
-
+    loss = aggregate(per_token, mask, loss_type, max_completion_length, num_items_in_batch)
     with torch.no_grad():
         low = ((ratio < 1 - epsilon_low) & (adv < 0)).to(logp.dtype)
         high = ((ratio > 1 + epsilon_high) & (adv > 0)).to(logp.dtype)
-        return LossOutput(
-            loss=loss,
-            clip_frac_low=_masked_mean(low, mask),
-            clip_frac_high=_masked_mean(high, mask),
-            clip_frac=_masked_mean(torch.maximum(low, high), mask),
-            ratio_mean=_masked_mean(ratio, mask),
-            kl_mean=None if per_token_kl is None else _masked_mean(per_token_kl, mask),
-            entropy=None if entropies is None else _masked_mean(entropies, mask),
-        )
+        return LossOutput(loss, _masked_mean(low, mask), _masked_mean(high, mask),
+                          _masked_mean(torch.maximum(low, high), mask), _masked_mean(ratio, mask),
+                          kl_mean=None if per_token_kl is None else _masked_mean(per_token_kl, mask),
+                          entropy=None if entropies is None else _masked_mean(entropies, mask))
+
+
+def _check_options(loss_type: str, beta: float, ref_logp: Tensor | None, max_completion_length: int | None,
+                   delta: float | None, epsilon_high: float) -> None:
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if beta != 0.0 and ref_logp is None:
+        raise ValueError(f"beta={beta} needs ref_logp (reference-model log-probs)")
+    if loss_type == "dr_grpo" and max_completion_length is None:
+        raise ValueError("loss_type='dr_grpo' needs max_completion_length (its fixed normaliser)")
+    if delta is not None and delta <= 1.0 + epsilon_high:
+        raise ValueError(f"delta={delta} must be > 1 + epsilon_high = {1.0 + epsilon_high}")
+
+
+def aggregate(per_token: Tensor, mask: Tensor, loss_type: LossType, max_completion_length: int | None = None,
+              num_items_in_batch: float | Tensor | None = None) -> Tensor:
+    """The scalar loss from per-token losses [B, T] and the float mask [B, T] (see `policy_loss`
+    for the four aggregations); denominators are clamped to >= 1 as in TRL."""
+    masked = per_token * mask
+    if loss_type == "grpo":
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return masked.sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return masked.sum() / (per_token.shape[0] * max_completion_length)
+    n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=per_token.dtype)
+    return masked.sum() / n.clamp(min=1.0)  # dapo
 
 
 # --- normalisers and reward shaping --------------------------------------------------

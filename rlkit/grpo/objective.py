@@ -13,8 +13,9 @@ from typing import Any
 
 from torch import Tensor
 
-from rlkit.config import GRPOAlgoConfig, RolloutConfig
+from rlkit.config import RolloutConfig
 from rlkit.engine.logprobs import token_logprobs
+from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.loss import policy_loss
 
 METRICS = ("loss", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "kl_mean", "entropy")

@@ -13,19 +13,20 @@ that generation to finish and never lands mid-generation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from rlkit.config import GRPOConfig
+from rlkit.driver import RunDir, curriculum_sampler, learner_group, learner_spec, prepare_inputs
 from rlkit.engine.objective import mean_metrics
 from rlkit.grpo.batch import GRPOBatch, plan_micro_batches
+from rlkit.grpo.config import GRPOConfig
 from rlkit.grpo.experience import Generation, advantages, collect, evaluate, start_generation
 from rlkit.grpo.objective import GRPOObjective
 from rlkit.grpo.task import Task, load_task, recipe_dir
 from rlkit.seeding import derive_seed
-from rlkit.stage import RunDir, curriculum_sampler, learner_group, learner_spec, prepare_inputs
 
 
 def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
@@ -82,7 +83,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
     pending = start(step) if step < total else None
     while step < total:
         t0 = time.perf_counter()
-        exp = collect(pending, lambda attempt: start(step, attempt), task.scorer, g, cfg.rollout.max_tokens)
+        exp = collect(pending, functools.partial(start, step), task.scorer, g, cfg.rollout.max_tokens)
         engines.idle()                                                            # generate, score (+ refills)
         adv, adv_metrics = advantages(exp.rewards, g)
         batch = GRPOBatch.collate(exp.rollouts, adv, task.pad_id, g.mask_truncated, g.async_generation)

@@ -8,7 +8,11 @@ No Ray, DeepSpeed or vLLM imports here.
 """
 
 from rlkit.reward.contract import (
-    RewardError, RewardResult, RewardSpec, completion_text, prompt_text,
+    RewardError,
+    RewardResult,
+    RewardSpec,
+    completion_text,
+    prompt_text,
 )
 from rlkit.reward.resolve import ResolvedReward, resolve
 from rlkit.reward.score import RewardScorer

@@ -10,9 +10,10 @@ import os
 import sys
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from rlkit.reward.contract import FIXED_PARAMS, RewardError, RewardSpec, did_you_mean
 
@@ -129,6 +130,21 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
     ``args``; its ``setup()`` is deferred to the first call. Raises RewardError (one line,
     prefixed with ``key``).
     """
+    obj, attr = _find(spec, base_dir, key)
+    setup = None
+    if inspect.isclass(obj):
+        call = _instantiate(obj, attr, spec.args, key)
+        setup, target, fn_args = getattr(call, "setup", None), call.__call__, {}
+    else:
+        call, target, fn_args = obj, obj, spec.args
+    named, var_kw = _check_signature(target, attr, fn_args, columns, spec, key)
+    name = spec.name or getattr(obj, "__name__", attr)
+    return ResolvedReward(spec=spec, key=key, name=name, fn=call, is_instance=inspect.isclass(obj),
+                          accepts=frozenset(named), var_kw=var_kw, setup=setup if callable(setup) else None)
+
+
+def _find(spec: RewardSpec, base_dir: str | None, key: str) -> tuple[Any, str]:
+    """The callable `spec.fn` names, and its attribute name."""
     ref = spec.fn.strip()
     if ":" in ref:
         mod, _, attr = ref.rpartition(":")
@@ -145,20 +161,24 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
     obj = getattr(module, attr)
     if not callable(obj):
         raise _err(key, spec, f"{attr!r} is a {type(obj).__name__}, not a function or class")
-    setup = None
-    if inspect.isclass(obj):
-        try:
-            inspect.signature(obj).bind(**spec.args)
-        except TypeError as e:
-            raise RewardError(f"{key}.args: {attr}({_fmt_args(spec.args)}) — {e}") from None
-        try:
-            inst = obj(**spec.args)
-        except Exception as e:
-            raise RewardError(f"{key}.args: constructing {attr} failed: {type(e).__name__}: {e}") from None
-        setup = getattr(inst, "setup", None)
-        call, target, fn_args = inst, inst.__call__, {}
-    else:
-        call, target, fn_args = obj, obj, spec.args
+    return obj, attr
+
+
+def _instantiate(cls: type, attr: str, args: dict[str, Any], key: str) -> Any:
+    """A reward class built with the recipe's `args` (its `setup()` runs on first call)."""
+    try:
+        inspect.signature(cls).bind(**args)
+    except TypeError as e:
+        raise RewardError(f"{key}.args: {attr}({_fmt_args(args)}) — {e}") from None
+    try:
+        return cls(**args)
+    except Exception as e:
+        raise RewardError(f"{key}.args: constructing {attr} failed: {type(e).__name__}: {e}") from None
+
+
+def _check_signature(target: Callable[..., Any], attr: str, fn_args: dict[str, Any], columns: set[str] | None,
+                     spec: RewardSpec, key: str) -> tuple[dict[str, inspect.Parameter], bool]:
+    """Check the call contract; returns the keyword parameters and whether it takes **kwargs."""
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
@@ -186,10 +206,7 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
         have = ", ".join(sorted(columns or ())) or "none"
         raise RewardError(f"{key}: {attr} needs {', '.join(repr(m) for m in missing)} — not a dataset column "
                           f"(columns: {have}) nor in args")
-    name = spec.name or getattr(obj, "__name__", attr)
-    return ResolvedReward(spec=spec, key=key, name=name, fn=call, is_instance=inspect.isclass(obj),
-                          accepts=frozenset(named),
-                          var_kw=var_kw, setup=setup if callable(setup) else None)
+    return named, var_kw
 
 
 def _fmt_args(args: dict) -> str:

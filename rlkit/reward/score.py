@@ -6,12 +6,13 @@ import math
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from numbers import Real
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
-from rlkit.reward.contract import RewardError, RewardResult, RewardSpec, preview, prompt_text, completion_text
+from rlkit.reward.contract import RewardError, RewardResult, RewardSpec, completion_text, preview, prompt_text
 from rlkit.reward.resolve import ResolvedReward, resolve
 
 Parallel = Literal["thread", "process", "none"]
@@ -89,7 +90,7 @@ class RewardScorer:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
-    def __enter__(self) -> "RewardScorer":
+    def __enter__(self) -> RewardScorer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

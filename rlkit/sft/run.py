@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlkit.config import SFTConfig, SFTDataConfig, SFTEvalConfig
+from rlkit.driver import RunDir, curriculum_sampler, learner_group, learner_spec, prepare_inputs
+from rlkit.sft.config import SFTConfig, SFTDataConfig, SFTEvalConfig
 from rlkit.sft.objective import NLLObjective
-from rlkit.stage import RunDir, curriculum_sampler, learner_group, learner_spec, prepare_inputs
 
 log = logging.getLogger("rlkit")
 

@@ -76,6 +76,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # a DeepSpeed ZeRO-3 engine (its comm op is JIT-built on first use)
 def test_iter_named_weights_gathers_zero3(tiny_models, monkeypatch):
     deepspeed = pytest.importorskip("deepspeed")
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
@@ -116,6 +117,7 @@ def workers(tiny_models):
     torch.set_num_threads = set_num_threads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["tiny", "tiny-untied"])
 def test_sync_makes_vllm_logprobs_match_perturbed_hf(workers, tiny_models, size):
     worker = workers[size]
@@ -148,6 +150,7 @@ def test_sync_makes_vllm_logprobs_match_perturbed_hf(workers, tiny_models, size)
                                hf_logprobs(original, SEQ), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_checksum_tracks_weights(workers, tiny_models):
     worker = workers["tiny"]
     hf = load_hf(tiny_models["tiny"])

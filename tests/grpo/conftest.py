@@ -15,11 +15,11 @@ def sft_model(tiny_model, task_data, tmp_path_factory):
     answer styles, so an exact-answer reward has signal."""
     import ray
 
-    from rlkit import config
+    from rlkit import stages
     from rlkit.sft.run import run_sft
 
     out = tmp_path_factory.mktemp("sft-start")
-    cfg = config.load("sft", ROOT / "recipes" / "tiny-sft.yaml",
+    cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml",
                       sft_overrides(tiny_model, task_data, out, "train.max_steps=600", "eval.every=0",
                                     "checkpoint.every=0"))
     final = run_sft(cfg)

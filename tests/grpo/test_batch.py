@@ -1,6 +1,5 @@
 """Rollouts -> learner tensors: padding, completion masks, micro-batch plans, learner shards (hand-checked)."""
 
-import pytest
 import torch
 
 from rlkit.grpo.batch import GRPOBatch, Rollout, plan_micro_batches

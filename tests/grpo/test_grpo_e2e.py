@@ -12,7 +12,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from rlkit import config
+from rlkit import stages
 from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
     from rlkit.grpo.run import run_grpo
 
     out = tmp_path / "grpo"
-    cfg = config.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=24",
+    cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=24",
                                                           "eval.every=12", "checkpoint.every=0",
                                                           "curriculum.enabled=false"))
     final = run_grpo(cfg, GRPO_RECIPE)
@@ -116,7 +116,7 @@ def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tm
     out = tmp_path / "grpo-lora"
     rewards = ("rewards=[{fn: 'my_rewards.py:answer_digits'}, {fn: 'rewards.math:accuracy'}, "
                "{fn: 'rewards.format:think_answer', weight: 0.1}]")
-    cfg = config.load("grpo", recipe, grpo_overrides(
+    cfg = stages.load("grpo", recipe, grpo_overrides(
         sft_model, task_data, out, rewards, "finetuning=lora", "lora.r=8", "lora.alpha=16", "lora.dropout=0.0",
         "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]", "grpo.beta=0.05",
         "grpo.steps=4", "grpo.epochs=2", "eval.every=0", "checkpoint.every=0", "optim.lr=5e-3",
@@ -146,7 +146,7 @@ def test_async_generation_uses_engine_logprobs_as_old_policy(sft_model, task_dat
     from rlkit.grpo.run import run_grpo
 
     out = tmp_path / "async"
-    cfg = config.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=5",
+    cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=5",
                                                           "grpo.async_generation=true", "eval.every=0",
                                                           "checkpoint.every=0", "optim.lr=5e-3"))
     run_grpo(cfg, GRPO_RECIPE)
@@ -162,7 +162,7 @@ def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path)
     from rlkit.grpo.run import run_grpo
 
     out = tmp_path / "colocated"
-    cfg = config.load("grpo", GRPO_RECIPE, grpo_overrides(
+    cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(
         sft_model, task_data, out, "grpo.steps=16", "grpo.num_learners=2", "rollout.num_engines=2",
         "grpo.micro_batch_size=8", "rollout.colocate=true", "deepspeed.zero_stage=2", "eval.every=8",
         "checkpoint.every=0", "curriculum.enabled=false"))

@@ -37,17 +37,3 @@ def tiny_rm(tmp_path_factory):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
-
-
-@pytest.fixture(scope="session")
-def tiny_lm(tmp_path_factory):
-    """Directory of a random-init Qwen2ForCausalLM."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny_lm")
-    tok = _tokenizer(path)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(_config(Qwen2Config, tok)).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)

@@ -1,12 +1,12 @@
 """Early stopping and best-checkpoint bookkeeping (hand-checked sequences)."""
 
-from rlkit import config
+from rlkit import stages
 from rlkit.sft.run import EarlyStopping
 from tests.sft.conftest import ROOT
 
 
 def _cfg(*extra):
-    return config.load("sft", ROOT / "recipes" / "tiny-sft.yaml", list(extra))
+    return stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml", list(extra))
 
 
 def test_patience_counts_evals_without_improvement():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlkit.errors import DataError
 from rlkit.data.templates import render_alpaca, render_prompt, render_sft
+from rlkit.errors import DataError
 
 ROW = {"instruction": "请解释什么是深度学习", "input": "", "output": "深度学习是机器学习的一个分支",
        "system": "", "history": [], "difficulty": None}

@@ -1,4 +1,4 @@
-"""What every training stage shares: inputs checked before launch, the run directory, the
+"""What every stage driver shares: inputs checked before launch, the run directory, the
 curriculum sampler, and Ray with the learner group.
 
 A stage driver (`sft/run.py`, `grpo/run.py`) loads and checks its data first, then opens its

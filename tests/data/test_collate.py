@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.data.collate import (IGNORE_INDEX, block_causal_mask, encode_sft, pack_bins,
-                                pack_collate, pad_collate, truncate_lengths)
+from rlkit.data.collate import (
+    IGNORE_INDEX,
+    block_causal_mask,
+    encode_sft,
+    pack_bins,
+    pack_collate,
+    pad_collate,
+    truncate_lengths,
+)
 
 ROW = {"instruction": "请解释什么是深度学习", "input": "", "output": "深度学习是机器学习",
        "system": "", "history": [], "difficulty": None}

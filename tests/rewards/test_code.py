@@ -19,7 +19,9 @@ def fenced(code):
 
 
 def sandbox_processes():
-    """Live processes running under a sandbox uid, or children of this test process."""
+    """Live processes running under a sandbox uid, or children of this test process (other than
+    Python's multiprocessing resource tracker, which a spawn pool of an earlier test leaves for
+    the life of this process)."""
     left = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -29,7 +31,11 @@ def sandbox_processes():
             continue
         uid = int(fields["Uid"].split()[0])
         if uid >= _UID_BASE or (int(fields["PPid"]) == os.getpid() and fields.get("State", "").split()[0] != "Z"):
-            left.append((pid, fields["Name"].strip(), fields["State"].strip(), uid, open(f"/proc/{pid}/cmdline").read()[:150]))
+            with open(f"/proc/{pid}/cmdline") as f:
+                cmdline = f.read()[:150]
+            if uid < _UID_BASE and "multiprocessing.resource_tracker" in cmdline:
+                continue
+            left.append((pid, fields["Name"].strip(), fields["State"].strip(), uid, cmdline))
     return left
 
 
@@ -70,9 +76,10 @@ ATTACKS = {
     "infinite_loop": "while True:\n    pass",
     "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
     "large_allocation": "x = bytearray(8 * 1024 ** 3)\ny = [0] * (10 ** 9)",
-    "socket_connect": "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\ns.sendall(b'pwned')",
-    "write_outside": "for p in {paths!r}:\n    try:\n        open(p, 'w').write('pwned')\n    except OSError:\n        pass\n"
-                     "raise SystemExit(1)",
+    "socket_connect": "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+                      "s.sendall(b'pwned')",
+    "write_outside": "for p in {paths!r}:\n    try:\n        open(p, 'w').write('pwned')\n    except OSError:\n"
+                     "        pass\nraise SystemExit(1)",
 }
 
 

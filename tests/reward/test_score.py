@@ -1,79 +1,11 @@
-"""The reward contract: resolution checks, weighted scoring, failures, timeouts, concurrency."""
+"""Scoring: weighted sums, None, failures naming the sample, on_error defaults, timeouts, concurrency."""
 
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
 
-from rlkit.reward import RewardError, RewardScorer, RewardSpec, resolve
-
-MODULE = '''
-import asyncio, time
-
-def exact(completions, answer, **kwargs):            # written the TRL way
-    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
-
-def length(completions, scale=1.0):
-    return [scale * len(c) for c in completions]
-
-def maybe(completions, **kwargs):
-    return [None if c == "" else 1.0 for c in completions]
-
-def needs_col(prompts, completions, difficulty):
-    return [float(d) for d in difficulty]
-
-async def async_len(completions, **kwargs):
-    await asyncio.sleep(0)
-    return [float(len(c)) for c in completions]
-
-def boom(completions, **kwargs):
-    return [1.0 / (len(c) - 3) for c in completions]   # raises on a 3-char completion
-
-def batch_boom(completions, **kwargs):
-    if len(completions) > 1:
-        raise RuntimeError("batch only")
-    return [1.0]
-
-def short(completions, **kwargs):
-    return [1.0]
-
-def text(completions, **kwargs):
-    return ["high" for _ in completions]
-
-def nan(completions, **kwargs):
-    return [float("nan") for _ in completions]
-
-def sleepy(completions, seconds=1.0, **kwargs):
-    time.sleep(seconds)
-    return [1.0 for _ in completions]
-
-def chat(completions, **kwargs):
-    return [float(len(c[0]["content"])) for c in completions]
-
-class Scaled:
-    def __init__(self, factor):
-        self.factor = factor
-        self.ready = False
-    def setup(self):
-        self.ready = True
-    def __call__(self, prompts, completions, **kwargs):
-        assert self.ready
-        return [self.factor * len(c) for c in completions]
-
-NOT_CALLABLE = 3
-'''
-
-
-@pytest.fixture
-def mod(tmp_path):
-    (tmp_path / "my_rewards.py").write_text(MODULE)
-    return tmp_path
-
-
-def spec(mod, fn_name, **kw):
-    return RewardSpec(fn=f"{mod / 'my_rewards.py'}:{fn_name}", **kw)
+from rlkit.reward import RewardError, RewardScorer
+from tests.reward.conftest import spec
 
 
 def test_trl_style_reward_scores_with_dataset_column(mod):
@@ -108,51 +40,6 @@ def test_async_class_and_chat_completions(mod):
     chat = RewardScorer([spec(mod, "chat")]).score([[{"role": "user", "content": "hi"}]],
                                                    [[{"role": "assistant", "content": "hello"}]], None, {})
     assert chat.total == [5.0]
-
-
-def test_module_path_next_to_recipe(tmp_path, monkeypatch):
-    d = tmp_path / "recipe_dir"
-    d.mkdir()
-    (d / "rlkit_test_rewards_mod_a.py").write_text(MODULE)
-    r = resolve(RewardSpec(fn="rlkit_test_rewards_mod_a:exact"), base_dir=str(d), columns={"answer"})
-    assert r.name == "exact"
-    dotted = resolve(RewardSpec(fn="rlkit_test_rewards_mod_a.length"), base_dir=str(d))  # TRL's dotted form
-    assert dotted.name == "length"
-
-
-@pytest.mark.parametrize("fn, args, columns, message", [
-    ("nope_mod_xyz:f", {}, None, r"^rewards\[0\]\.fn: 'nope_mod_xyz:f' — no module 'nope_mod_xyz'"),
-    ("{f}:exactt", {}, None, r"has no function 'exactt' \(did you mean 'exact'\?\)"),
-    ("{f}:NOT_CALLABLE", {}, None, r"'NOT_CALLABLE' is a int, not a function"),
-    ("{f}:length", {"scael": 2}, None, r"rewards\[0\]\.args: 'scael' is not a parameter of length \(did you mean 'scale'\?\)"),
-    ("{f}:needs_col", {}, {"answer"}, r"needs_col needs 'difficulty' — not a dataset column \(columns: answer\)"),
-    ("{f}:Scaled", {}, None, r"rewards\[0\]\.args: Scaled\(\) — missing a required argument: 'factor'"),
-    ("{f}:exact", {"answer": "x"}, {"answer"}, r"'answer' is also a dataset column"),
-    ("missing.py:f", {}, None, r"file .*missing.py not found"),
-    ("nocolon", {}, None, r"^fn: expected 'module.path:function', 'path/to/file.py:function' or TRL's"),
-])
-def test_resolve_errors_are_one_line_naming_the_key(mod, fn, args, columns, message):
-    with pytest.raises(RewardError, match=message) as e:
-        resolve(RewardSpec(fn=fn.format(f=mod / "my_rewards.py"), args=args), str(mod), columns)
-    assert "\n" not in str(e.value)
-
-
-def test_column_check_passes_when_column_or_arg_present(mod):
-    resolve(spec(mod, "needs_col"), None, {"difficulty"})
-    resolve(spec(mod, "needs_col", args={"difficulty": [1]}), None, set())
-
-
-def test_spec_validation():
-    with pytest.raises(RewardError, match="on_error: expected"):
-        RewardSpec(fn="a:b", on_error={"defualt": 0})
-    with pytest.raises(RewardError, match="weight: expected a finite number"):
-        RewardSpec(fn="a:b", weight=float("nan"))
-
-
-def test_import_failure_names_the_line(tmp_path):
-    (tmp_path / "broken.py").write_text("x = 1\nundefined_name\n")
-    with pytest.raises(RewardError, match=r"importing .*broken.py failed: NameError: .* \(broken.py, line 2\)"):
-        resolve(RewardSpec(fn=f"{tmp_path}/broken.py:f"), None, None, key="rewards[3]")
 
 
 def test_duplicate_names_rejected(mod):
@@ -233,14 +120,3 @@ def test_serial_mode_and_collect_errors(mod):
     assert r.per_fn["boom"] == [None, 1.0]
     assert [i for i, _ in r.failures["boom"]] == [0]
     assert r.total == [3.0, 5.0]
-
-
-def test_core_modules_do_not_import_ray_or_vllm():
-    code = textwrap.dedent("""
-        import sys
-        import rlkit.reward, rlkit.reward_cli
-        import rewards.math, rewards.format, rewards.length, rewards.exact, rewards.code, rewards.model
-        bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'deepspeed', 'torch')]
-        assert not bad, bad
-    """)
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,7 +1,8 @@
 """rewards.exact: normalised string match and number match (hand-computed)."""
 
-from rewards.exact import exact_match, normalize_text, number_match, parse_number
 from fractions import Fraction
+
+from rewards.exact import exact_match, normalize_text, number_match, parse_number
 
 
 def test_normalize_text():

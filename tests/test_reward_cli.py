@@ -57,14 +57,16 @@ def test_recipe_rewards_with_args(work, capsys):
 
 
 def test_probe_flags_a_hackable_reward(work, capsys):
-    (work / "hack.py").write_text("def longer(completions, **kw):\n    return [min(1.0, len(c) / 10) for c in completions]\n")
+    (work / "hack.py").write_text("def longer(completions, **kw):\n"
+                                  "    return [min(1.0, len(c) / 10) for c in completions]\n")
     assert cli("hack.py:longer", "--data", "samples.jsonl") == 0
     out = capsys.readouterr().out
     assert "scores like real data" in out
 
 
 def test_failing_call_exits_1_with_the_sample(work, capsys):
-    (work / "samples.jsonl").write_text('{"prompt": "说点什么", "completion": ""}\n{"prompt": "p", "completion": "ok"}\n')
+    (work / "samples.jsonl").write_text('{"prompt": "说点什么", "completion": ""}\n'
+                                        '{"prompt": "p", "completion": "ok"}\n')
     assert cli("my_rewards:fragile", "--data", "samples.jsonl") == 1
     out = capsys.readouterr().out
     assert "ZeroDivisionError" in out and "说点什么" in out and "FAILED" in out
@@ -86,8 +88,9 @@ def test_bad_input_exits_2_with_one_line(work, capsys, argv, message):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_generate_with_model(work, capsys, tiny_lm):
-    (work / "prompts.jsonl").write_text('{"prompt": "1 + 1 =", "answer": "2"}\n{"prompt": "hello", "answer": "world"}\n')
-    assert cli("rewards.exact:exact_match", "--data", "prompts.jsonl", "--model", tiny_lm,
+def test_generate_with_model(work, capsys, tiny_model):
+    (work / "prompts.jsonl").write_text('{"prompt": "1 + 1 =", "answer": "2"}\n'
+                                        '{"prompt": "hello", "answer": "world"}\n')
+    assert cli("rewards.exact:exact_match", "--data", "prompts.jsonl", "--model", str(tiny_model),
                "--max-new-tokens", "4") == 0
     assert "exact_match" in capsys.readouterr().out

@@ -144,8 +144,10 @@ def test_custom_levels_and_phases():
 
 
 @pytest.mark.parametrize("levels, phases, msg", [
-    (LEVELS, ((0.5, (1, 0, 0)), (0.4, (1, 0, 0)), (1.0, (1, 0, 0))), "phases[1].until: phase ends must increase within (0, 1], got 0.4 after 0.5"),
-    (LEVELS, ((0.5, (0.5, 0.5)), (1.0, (1, 0, 0))), "phases[0].mix: needs one share per level ['explain', 'reasoning', 'topology'], got 2"),
+    (LEVELS, ((0.5, (1, 0, 0)), (0.4, (1, 0, 0)), (1.0, (1, 0, 0))),
+     "phases[1].until: phase ends must increase within (0, 1], got 0.4 after 0.5"),
+    (LEVELS, ((0.5, (0.5, 0.5)), (1.0, (1, 0, 0))), "phases[0].mix: needs one share per level "
+                                                 "['explain', 'reasoning', 'topology'], got 2"),
     (LEVELS, ((1.0, (0.5, 0.3, 0.1)),), "phases[0].mix: mix [0.5, 0.3, 0.1] sums to 0.9, expected 1"),
     (LEVELS, ((0.5, (1, 0, 0)),), "phases: the last phase must end at until: 1.0, got 0.5"),
     (LEVELS, ((1.0, (1.2, -0.2, 0)),), "must be non-negative"),

@@ -1,0 +1,85 @@
+"""The SFT recipe type: the shared sections (`rlkit/config.py`) plus SFT's data, training and
+evaluation sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from rlkit.config import (
+    CheckpointConfig,
+    CurriculumConfig,
+    DataConfig,
+    DeepSpeedConfig,
+    Device,
+    EvalConfig,
+    Finetuning,
+    LoggingConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    QuantConfig,
+    RayConfig,
+    check_finetuning,
+)
+from rlkit.recipe import check
+
+
+@dataclass(frozen=True)
+class SFTDataConfig(DataConfig):
+    cutoff_len: int = 1024
+    packing: bool = False
+
+    READ_ELSEWHERE: ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self):
+        check(self.cutoff_len >= 8, "cutoff_len", f"must be >= 8, got {self.cutoff_len}")
+
+
+@dataclass(frozen=True)
+class SFTEvalConfig(EvalConfig):
+    max_batches: int | None = None
+    patience: int | None = None  # early stopping after this many evals without improvement
+    min_delta: float = 0.0
+
+    READ_ELSEWHERE: ClassVar[dict[str, str]] = {
+        "temperature": "GRPO only: SFT evaluates the loss, it does not generate",
+        "samples_per_prompt": "GRPO only: SFT evaluates the loss, it does not generate"}
+
+
+@dataclass(frozen=True)
+class SFTTrainConfig:
+    num_learners: int = 1
+    micro_batch_size: int = 4
+    grad_accum: int = 1
+    max_steps: int | None = None  # default: epochs over the training rows
+    epochs: float = 1.0
+
+    def __post_init__(self):
+        check(self.num_learners >= 1, "num_learners", f"must be >= 1, got {self.num_learners}")
+        check(self.micro_batch_size >= 1, "micro_batch_size", f"must be >= 1, got {self.micro_batch_size}")
+        check(self.grad_accum >= 1, "grad_accum", f"must be >= 1, got {self.grad_accum}")
+        check(self.max_steps is None or self.max_steps >= 1, "max_steps", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    model: ModelConfig
+    data: SFTDataConfig
+    output_dir: str
+    seed: int = 42
+    device: Device = "auto"
+    finetuning: Finetuning = "full"
+    lora: LoraConfig | None = None
+    qlora: QuantConfig | None = None
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
+    eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self):
+        check_finetuning(self)

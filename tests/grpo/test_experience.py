@@ -1,0 +1,70 @@
+"""Experience assembly: scoring, DAPO dynamic-sampling refills and their fallback, hand-checked.
+
+The engines are replaced by canned samples (what `gather` returns); the rewards are the shipped
+exact-match reward run by the real scorer, and the advantages the registered estimator.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkit.engine.rollout import Sample
+from rlkit.grpo.config import GRPOAlgoConfig
+from rlkit.grpo.experience import Generation, advantages, collect
+from rlkit.reward import RewardScorer, RewardSpec
+
+
+class Canned:
+    """Stands in for the rollout engines: `gather` returns the texts given for a generation."""
+
+    def gather(self, texts: list[str]) -> list[Sample]:
+        return [Sample(i // 2, [1, 2], [3] * len(t), t, [-0.1] * len(t), "stop") for i, t in enumerate(texts)]
+
+
+def _generation(answers: list[str], texts: list[str]) -> Generation:
+    rows = [{"prompt": f"q{a}", "answer": a} for a in answers]
+    return Generation(rows, [r["prompt"] for r in rows], texts, Canned(), started=0.0)
+
+
+@pytest.fixture()
+def scorer():
+    with RewardScorer([RewardSpec(fn="rewards.exact:exact_match")], parallel="none") as s:
+        yield s
+
+
+def test_dynamic_sampling_refills_until_enough_groups_vary(scorer):
+    algo = GRPOAlgoConfig(prompts_per_step=2, group_size=2, micro_batch_size=4, dynamic_sampling=True,
+                          max_refill_rounds=3)
+    first = _generation(["1", "2"], ["1", "1", "2", "9"])  # group 0 all right (no signal), group 1 varies
+    refills = {1: _generation(["3", "4"], ["0", "0", "4", "0"])}  # group 0 all wrong, group 1 varies
+    calls = []
+    exp = collect(first, lambda attempt: calls.append(attempt) or refills[attempt], scorer, algo, max_tokens=8)
+    assert calls == [1]  # two varying groups after one refill: stop
+    assert exp.rewards == [1.0, 0.0, 1.0, 0.0]  # group "2" then group "4", in the order found
+    assert [len(r.completion_ids) for r in exp.rollouts] == [1, 1, 1, 1]
+    assert exp.metrics["frac_zero_std"] == 0.5 and exp.metrics["dynamic_sampling/kept_groups"] == 2.0
+    assert exp.metrics["reward/mean"] == 0.75  # metrics describe the first generation
+    adv, _ = advantages(exp.rewards, algo)
+    assert (adv != 0).all()
+
+
+def test_refills_that_never_vary_fall_back_to_set_aside_groups(scorer):
+    algo = GRPOAlgoConfig(prompts_per_step=2, group_size=2, micro_batch_size=4, dynamic_sampling=True,
+                          max_refill_rounds=2)
+    first = _generation(["1", "2"], ["1", "1", "2", "0"])
+    flat = lambda attempt: _generation(["5", "6"], ["5", "5", "0", "0"])  # noqa: E731 - all groups flat
+    exp = collect(first, flat, scorer, algo, max_tokens=8)
+    assert exp.rewards == [1.0, 0.0, 1.0, 1.0]  # the varying group, then the first set-aside group
+    assert exp.metrics["dynamic_sampling/kept_groups"] == 1.0
+    adv, _ = advantages(exp.rewards, algo)
+    torch.testing.assert_close(adv[2:], torch.zeros(2))  # a set-aside group carries no advantage
+
+
+def test_without_dynamic_sampling_nothing_is_refilled(scorer):
+    algo = GRPOAlgoConfig(prompts_per_step=2, group_size=2, micro_batch_size=4, overlong_buffer=2)
+    first = _generation(["1", "2"], ["1", "1", "22", "2"])
+    exp = collect(first, lambda attempt: pytest.fail("refilled"), scorer, algo, max_tokens=2)
+    # soft overlong penalty: max 2, buffer 2 -> free up to 0 tokens; 1 token -> -0.5, 2 tokens -> -1
+    assert exp.rewards == [0.5, 0.5, -1.0, 0.5]
+    assert exp.metrics["completion/len_max"] == 2.0 and exp.metrics["reward/overlong_penalty"] == -0.625

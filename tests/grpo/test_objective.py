@@ -1,0 +1,43 @@
+"""The GRPO objective: which logprobs it asks the learner for, and its loss on a real model equals
+the pure loss on the model's token logprobs."""
+
+import pytest
+import torch
+
+from rlkit.config import RolloutConfig
+from rlkit.grpo.config import GRPOAlgoConfig
+from rlkit.grpo.objective import GRPOObjective
+
+
+@pytest.mark.parametrize("algo, needs", [
+    (dict(), ()),
+    (dict(beta=0.1), ("ref_logp",)),
+    (dict(epochs=2), ("old_logp",)),
+    (dict(mini_batches=2, micro_batch_size=4), ("old_logp",)),
+    (dict(epochs=2, beta=0.1, async_generation=True), ("ref_logp",)),  # the engine's logprobs are the old policy
+])
+def test_needs_follow_the_recipe(algo, needs):
+    objective = GRPOObjective.from_config(GRPOAlgoConfig(**algo), RolloutConfig(temperature=0.7, max_tokens=32))
+    assert objective.needs == needs and objective.temperature == 0.7 and objective.max_completion_length == 32
+
+
+def test_loss_is_the_policy_loss_of_the_token_logprobs(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.engine.logprobs import token_logprobs
+    from rlkit.grpo.batch import GRPOBatch, Rollout
+    from rlkit.grpo.loss import policy_loss
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    rollouts = [Rollout([5, 6, 7], [8, 9], False), Rollout([5, 6], [10, 11, 12], False)]
+    batch = GRPOBatch.collate(rollouts, torch.tensor([1.0, -0.5]), pad_id=0)
+    mb = {**batch.micro_batch([0, 1]), "num_items_in_batch": torch.tensor(2.5, dtype=torch.float64)}
+    objective = GRPOObjective.from_config(GRPOAlgoConfig(epsilon_high=0.28), RolloutConfig(temperature=0.9))
+    with torch.no_grad():
+        loss, metrics = objective(model, mb)
+        logp, _ = token_logprobs(model, mb, 0.9)
+        want = policy_loss(logp, None, mb["advantages"], mb["completion_mask"][:, 1:].float(), epsilon_high=0.28,
+                           loss_type="dapo", num_items_in_batch=2.5)
+    torch.testing.assert_close(loss, want.loss)
+    assert set(metrics) == {"loss", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "entropy"}
+    assert metrics["ratio_mean"].item() == pytest.approx(1.0)  # on-policy: the ratio is 1

@@ -1,0 +1,89 @@
+"""Recipes -> typed configs: overrides, types, unknown keys, keys another stage reads, stage
+mismatch; every mistake is one line naming the file and the key (exit 2 from the CLI)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlkit import stages
+from rlkit.errors import ConfigError
+from rlkit.recipe import parse_overrides
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def test_overrides_apply_and_parse_types():
+    cfg = stages.load("sft", RECIPES / "tiny-sft.yaml",
+                      ["optim.lr=1e-4", "train.max_steps=7", "finetuning=lora", "lora.r=4",
+                       "lora.target_modules=q_proj,v_proj"])
+    assert cfg.optim.lr == 1e-4 and cfg.train.max_steps == 7
+    assert cfg.lora.r == 4 and cfg.lora.target_modules == ("q_proj", "v_proj")
+    assert parse_overrides(["a.b.c=[1, 2]"]) == {"a": {"b": {"c": [1, 2]}}}
+
+
+def test_configs_are_frozen():
+    cfg = stages.load("sft", RECIPES / "tiny-sft.yaml")
+    with pytest.raises(AttributeError):
+        cfg.optim.lr = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train.micro_batch_sz=3", "tiny-sft.yaml: train.micro_batch_sz: unknown key (did you mean 'micro_batch_size'?)"),
+    ("train.micro_batch_size=abc", "tiny-sft.yaml: train.micro_batch_size: expected an integer, got str 'abc'"),
+    ("deepspeed.offload_param=true", "tiny-sft.yaml: deepspeed.offload_param: needs zero_stage: 3"),
+    ("finetuning=qlora", "tiny-sft.yaml: lora: finetuning: qlora needs a lora section"),
+    ("lora.r=0", "tiny-sft.yaml: lora.r: LoRA rank must be > 0, got 0"),
+    ("curriculum.phases=[{until: 0.5, mix: [1, 0, 0]}]", "curriculum.phases: the last phase must end at until: 1.0"),
+    ("curriculum.phases=[{until: 1.0, mix: [0.5, 0.5]}]", "curriculum.phases[0].mix: needs one share per level"),
+])
+def test_cli_user_errors_are_one_line_exit_2(override, expected):
+    recipe = RECIPES / "tiny-sft.yaml"
+    extra = ["finetuning=lora"] if override.startswith("lora.") else []
+    out = subprocess.run([sys.executable, "-m", "rlkit.cli", "sft", str(recipe), override, *extra, "--print-config"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert expected in lines[0] and "Traceback" not in out.stderr
+
+
+def test_missing_recipe_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="recipe file not found"):
+        stages.load("sft", tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: line \d+ not valid YAML"):
+        stages.load("sft", bad)
+
+
+def test_required_key_and_stage_mismatch(tmp_path):
+    r = tmp_path / "r.yaml"
+    r.write_text("stage: sft\noutput_dir: x\nmodel: {path: m}\n")
+    with pytest.raises(ConfigError, match=r"r.yaml: data: required key is missing"):
+        stages.load("sft", r)
+    r.write_text("stage: grpo\n")
+    with pytest.raises(ConfigError, match="this recipe is for 'grpo', not 'sft'"):
+        stages.load("sft", r)
+
+
+GRPO_BASE = ("stage: grpo\noutput_dir: o\nmodel: {path: m}\ndata: {train: t.jsonl}\n"
+             "rewards: [{fn: 'rewards.exact:exact_match'}]\n")
+
+
+@pytest.mark.parametrize("stage, override, message", [
+    ("grpo", "data.cutoff_len=512", "data.cutoff_len: this stage does not read it (SFT only: GRPO prompts are not cut"),
+    ("grpo", "data.packing=true", "data.packing: this stage does not read it (SFT only"),
+    ("grpo", "eval.patience=3", "eval.patience: this stage does not read it (SFT only: GRPO does not stop early)"),
+    ("grpo", "eval.max_batches=3", "eval.max_batches: this stage does not read it (SFT only"),
+    ("sft", "eval.temperature=0", "eval.temperature: this stage does not read it (GRPO only"),
+    ("sft", "eval.samples_per_prompt=2", "eval.samples_per_prompt: this stage does not read it (GRPO only"),
+])
+def test_a_key_the_stage_does_not_read_is_an_error(tmp_path, stage, override, message):
+    r = tmp_path / "r.yaml"
+    sft = "stage: sft\noutput_dir: o\nmodel: {path: m}\ndata: {train: t.jsonl}\n"
+    r.write_text(GRPO_BASE if stage == "grpo" else sft)
+    with pytest.raises(ConfigError) as e:
+        stages.load(stage, r, [override])
+    assert message in str(e.value) and "\n" not in str(e.value)
