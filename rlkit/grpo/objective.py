@@ -50,4 +50,4 @@ class GRPOObjective:
                           epsilon_high=self.epsilon_high, beta=self.beta, kl=self.kl, loss_type=self.loss_type,
                           max_completion_length=self.max_completion_length,
                           num_items_in_batch=batch["num_items_in_batch"])
-        return out.loss, {k: getattr(out, k) for k in METRICS if getattr(out, k) is not None}
+        return out.loss, {k: getattr(out, k).detach() for k in METRICS if getattr(out, k) is not None}

@@ -41,3 +41,5 @@ def test_loss_is_the_policy_loss_of_the_token_logprobs(tiny_model):
     torch.testing.assert_close(loss, want.loss)
     assert set(metrics) == {"loss", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "entropy"}
     assert metrics["ratio_mean"].item() == pytest.approx(1.0)  # on-policy: the ratio is 1
+    loss, metrics = objective(model, mb)  # with gradients, as in a train step
+    assert loss.requires_grad and not any(v.requires_grad for v in metrics.values())  # metrics go back detached
