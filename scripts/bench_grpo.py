@@ -188,9 +188,10 @@ RLKIT_KEYS = ("time/step", "time/generate", "time/reward", "time/ref", "time/tra
 
 
 def summarise_rlkit(runs: list[dict[str, Any]], sync_generation: bool) -> dict[str, Any]:
-    """The median step over all runs' timed steps, with its breakdown (its parts add up to it)."""
+    """The median step over all runs' timed steps (the slower middle one for an even count, never
+    flattering rlkit), with its breakdown (its parts add up to it)."""
     timed = sorted((r for run in runs for r in run["timed"]), key=lambda r: r["time/step"])
-    median = timed[(len(timed) - 1) // 2]
+    median = timed[len(timed) // 2]
     res: dict[str, Any] = {k: median[k] for k in RLKIT_KEYS}
     res["completion/len_mean"] = statistics.fmean(r["completion/len_mean"] for r in timed)
     overlapped = ("time/generate",) if not sync_generation else ()  # async: spans the previous step

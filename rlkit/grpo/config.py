@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from rlkit.config import (
     CheckpointConfig,
@@ -26,12 +26,9 @@ from rlkit.config import (
     check_finetuning,
 )
 from rlkit.grpo.advantages import ADVANTAGES
-from rlkit.grpo.loss import KL_KINDS, LOSS_TYPES
+from rlkit.grpo.loss import KLKind, LossType
 from rlkit.recipe import check
 from rlkit.reward.contract import RewardSpec
-
-LossType = Literal[LOSS_TYPES]
-KLKind = Literal[KL_KINDS]
 
 
 @dataclass(frozen=True)
