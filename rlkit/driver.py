@@ -22,6 +22,7 @@ from rlkit.data.curriculum import CurriculumSampler
 from rlkit.recipe import to_dict
 
 log = logging.getLogger("rlkit")
+PAYLOAD_FILE = "driver_payload.pt"
 
 
 def prepare_inputs(model: ModelConfig, data: DataConfig) -> None:
@@ -72,12 +73,25 @@ class RunDir:
         log.warning("resumed from %s (step %d)", self.resume_from, saved["step"])
         return saved["step"], saved.get("driver", {})
 
+    def resume_payload(self) -> Any:
+        """The driver payload of the checkpoint to resume from (None without one)."""
+        if self.resume_from is None or not (self.resume_from / PAYLOAD_FILE).exists():
+            return None
+        import torch
+
+        return torch.load(self.resume_from / PAYLOAD_FILE, weights_only=True)
+
     def checkpoint(self, step: int, learners: Any, sampler_state: dict, driver: dict | None = None,
-                   protect: set[int] = frozenset()) -> None:
+                   protect: set[int] = frozenset(), payload: Any = None) -> None:
         """An atomic checkpoint after `step`: learner states, then the sampler and driver state.
-        `sampler_state` is the sampler as it was before the next step's rows were drawn."""
+        `sampler_state` is the sampler as the next step will find it; `payload` (plain containers
+        of tensors, numbers and strings: e.g. rollouts in flight) goes beside them."""
         staging = self.ckpts.staging_dir(step)
         learners.save_checkpoint(staging)
+        if payload is not None:
+            import torch
+
+            torch.save(payload, staging / PAYLOAD_FILE)
         self.ckpts.commit(staging, step, {"sampler": sampler_state, **({"driver": driver} if driver else {})},
                           protect)
 

@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=16, help="completions per forward/backward")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--sync-generation", action="store_true",
-                   help="rlkit without grpo.async_generation (generation and training in sequence)")
+                   help="rlkit with grpo.max_staleness 0 (generation and training in sequence)")
     p.add_argument("--repeat", type=int, default=1, help="runs of each phase (fresh processes); medians pool them")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trl-mode", default="generate", choices=TRL_MODES,
@@ -170,7 +170,7 @@ def phase_rlkit(args: argparse.Namespace, model_dir: str, data: str, out: str) -
         f"rollout.max_model_len={max(128, 64 + args.max_tokens)}", f"optim.lr={args.lr}", "optim.scheduler=constant",
         "optim.max_grad_norm=1.0", "deepspeed.zero_stage=0", "eval.every=0", "checkpoint.every=0",
         "checkpoint.resume=never", "logging.tensorboard=false", "logging.progress=none", "logging.every=1",
-        f"grpo.async_generation={'false' if args.sync_generation else 'true'}",
+        f"grpo.max_staleness={0 if args.sync_generation else 1}",
     ]
     cfg = stages.load("grpo", RECIPE, overrides)
     started = time.perf_counter()

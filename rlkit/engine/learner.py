@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from rlkit.config import DeepSpeedConfig, LoraConfig, ModelConfig, OptimConfig, QuantConfig
-from rlkit.engine.objective import LOGPROB_SOURCES, FitResult, MicroBatch, Objective, StepMetrics
+from rlkit.engine.objective import LOGPROB_SOURCES, FitResult, MicroBatch, Objective, StepMetrics, accumulate
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class Learner:
                 norm = self._grad_norm_before_step()
             self.engine.step()
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
+                accumulate(sums, key, float(value))
         norm = self.engine.get_global_grad_norm() if norm is None else norm
         return StepMetrics(sums, len(micro_batches), float(norm) if norm is not None else float("nan"),
                            float(self.engine.lr_scheduler.get_last_lr()[0]))
@@ -169,7 +169,7 @@ class Learner:
         for mb in micro_batches:
             _, metrics = objective(self.engine, self._to_device(mb))
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
+                accumulate(sums, key, float(value))
         return sums
 
     @torch.no_grad()

@@ -28,13 +28,28 @@ class Objective(Protocol):
     `needs`: keys of `LOGPROB_SOURCES` the learner attaches to every micro-batch before the first
     update of a `fit` (e.g. the reference policy's logprobs for a KL term).
     `__call__(model, batch) -> (loss, metrics)`: the loss to backpropagate for one micro-batch and
-    metrics as 0-dim tensors or floats; the learner sums metrics over micro-batches.
+    metrics as 0-dim tensors or floats; the learner sums metrics over micro-batches, except names
+    ending in `_max` / `_min`, which it reduces with max / min (see `accumulate`).
     """
 
     temperature: float
     needs: tuple[str, ...]
 
     def __call__(self, model: Any, batch: MicroBatch) -> tuple[Tensor, dict[str, Any]]: ...
+
+
+def reduction(key: str) -> str:
+    """How a metric combines over micro-batches, steps and ranks: "max", "min" or "mean"."""
+    return "max" if key.endswith("_max") else "min" if key.endswith("_min") else "mean"
+
+
+def accumulate(sums: dict[str, float], key: str, value: float) -> None:
+    """Add one micro-batch's metric into `sums` (a running max / min for `_max` / `_min` names)."""
+    kind = reduction(key)
+    if key not in sums or kind == "mean":
+        sums[key] = sums.get(key, 0.0) + value
+    else:
+        sums[key] = max(sums[key], value) if kind == "max" else min(sums[key], value)
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,9 @@ class StepMetrics:
     lr: float
 
     def mean(self, key: str) -> float:
-        """Mean of a metric over this step's micro-batches."""
+        """Mean of a metric over this step's micro-batches (its max / min for `_max` / `_min` names)."""
+        if reduction(key) != "mean":
+            return self.sums[key]
         return self.sums[key] / max(self.micro_batches, 1)
 
 
@@ -62,11 +79,16 @@ class FitResult:
 
 
 def mean_metrics(steps: Sequence[StepMetrics]) -> dict[str, float]:
-    """Per-micro-batch means averaged over steps (and ranks), plus `grad_norm` and `lr` averaged."""
+    """Per-micro-batch means averaged over steps (and ranks), `_max` / `_min` metrics reduced with
+    max / min, plus `grad_norm` and `lr` averaged."""
     if not steps:
         return {}
     keys = sorted({k for s in steps for k in s.sums})
-    out = {k: sum(s.mean(k) for s in steps if k in s.sums) / sum(k in s.sums for s in steps) for k in keys}
+    out = {}
+    for k in keys:
+        values = [s.mean(k) for s in steps if k in s.sums]
+        kind = reduction(k)
+        out[k] = max(values) if kind == "max" else min(values) if kind == "min" else sum(values) / len(values)
     out["grad_norm"] = sum(s.grad_norm for s in steps) / len(steps)
     out["lr"] = sum(s.lr for s in steps) / len(steps)
     return out

@@ -14,8 +14,11 @@ Conventions (chosen to equal TRL 1.16, ``trl/trainer/grpo_trainer.py``,
   ``advantages / (std_rewards + 1e-4)``. With eps = 1e-4, a zero-std group gives 0 / 1e-4 = 0.
 * ``"batch"`` scaling centres on the group mean and divides by the std of the whole batch
   (TRL ``scale_rewards="batch"``); ``"none"`` only centres (Dr. GRPO, TRL ``scale_rewards="none"``).
-* A recipe picks a registered estimator by name (``grpo.advantage``): ``grpo``, ``no_std``,
-  ``batch_std``; the registry is the list of accepted names.
+* A recipe picks a registered estimator by name (``grpo.advantage``): ``grpo``, ``no_std`` (= ``dr_grpo``),
+  ``batch_std``, ``rloo``, ``reinforce_pp``, ``reinforce_pp_baseline``; the registry is the list of
+  accepted names. Several reward functions are summed (weighted) before the estimator, or, with
+  ``grpo.multi_objective_aggregation: normalize_then_sum``, normalised one by one first
+  (:func:`normalize_then_sum`, GDPO).
 * NaN rewards mean "unscorable": they are excluded from the group mean/std (nan-aware, as in TRL)
   and get advantage 0.
 * A group of size 1 (or a batch of one element for ``"batch"``) has std 0, as in TRL.
@@ -170,6 +173,7 @@ def grpo_advantages(
 
 
 @register_advantage("no_std")
+@register_advantage("dr_grpo")
 def no_std_advantages(
     rewards: Tensor, group_size: int, *, eps: float = DEFAULT_EPS, std: StdKind = "sample"
 ) -> Tensor:
@@ -184,3 +188,68 @@ def batch_std_advantages(
 ) -> Tensor:
     """(r - mean_g) / (std_batch + eps). TRL ``scale_rewards="batch"``."""
     return group_advantages(rewards, group_size, "batch", eps, std)
+
+
+@register_advantage("rloo")
+def rloo_advantages(
+    rewards: Tensor, group_size: int, *, eps: float = DEFAULT_EPS, std: StdKind = "sample"
+) -> Tensor:
+    """Leave-one-out baseline: r_i - mean_{j != i} r_j over the group's n valid (non-NaN) rewards,
+    = n / (n - 1) * (r_i - mean_g); 0 for a group with fewer than two valid rewards (eps/std
+    unused). RLOO (Ahmadian et al. 2024; TRL's RLOOTrainer)."""
+    num_groups = _check_layout(rewards, group_size)
+    grouped = rewards.view(num_groups, group_size)
+    n = (~torch.isnan(grouped)).sum(dim=1, keepdim=True).to(rewards.dtype)
+    others = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (n - 1).clamp(min=1.0)
+    adv = torch.where(n > 1, grouped - others, torch.zeros_like(grouped))
+    return torch.nan_to_num(adv.reshape(-1), nan=0.0)
+
+
+def _whiten(x: Tensor, eps: float, std: StdKind) -> Tensor:
+    """(x - mean) / (std + eps) over all valid (non-NaN) elements of a flat tensor; NaN -> 0."""
+    return torch.nan_to_num((x - torch.nanmean(x)) / (_nanstd(x, dim=None, std=std) + eps), nan=0.0)
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_advantages(
+    rewards: Tensor, group_size: int, *, eps: float = DEFAULT_EPS, std: StdKind = "sample"
+) -> Tensor:
+    """REINFORCE++ (Hu 2025) for an outcome reward: the batch-whitened reward
+    (r - mean_batch) / (std_batch + eps), no group baseline."""
+    _check_layout(rewards, group_size)
+    return _whiten(rewards, eps, std)
+
+
+@register_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline_advantages(
+    rewards: Tensor, group_size: int, *, eps: float = DEFAULT_EPS, std: StdKind = "sample"
+) -> Tensor:
+    """REINFORCE++-baseline: subtract the group mean, then whiten over the batch:
+    (c - mean_batch(c)) / (std_batch(c) + eps) with c = r - mean_g."""
+    num_groups = _check_layout(rewards, group_size)
+    grouped = rewards.view(num_groups, group_size)
+    centred = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).reshape(-1)
+    return _whiten(centred, eps, std)
+
+
+def normalize_then_sum(per_fn: Tensor, weights: Tensor, group_size: int, eps: float = DEFAULT_EPS,
+                       std: StdKind = "sample") -> Tensor:
+    """GDPO multi-reward advantages (TRL 1.16 ``multi_objective_aggregation="normalize_then_sum"``).
+
+    per_fn: float [N, K], one column per reward function (NaN where it gave None), groups of
+    ``group_size`` contiguous; weights: [K]. Each column is normalised within each group,
+    (r - mean_g) / (std_g + eps); the columns are summed with ``weights`` (NaN as 0); the sum is
+    whitened over the batch, (s - mean) / (std + eps). Rows where every function gave None -> 0.
+    Returns float [N].
+    """
+    if per_fn.dim() != 2 or weights.shape != per_fn.shape[1:]:
+        raise ValueError(f"per_fn must be [N, K] with weights [K], got {tuple(per_fn.shape)} and "
+                         f"{tuple(weights.shape)}")
+    num_groups = _check_layout(per_fn[:, 0], group_size)
+    grouped = per_fn.view(num_groups, group_size, -1)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    spread = _nanstd(grouped, dim=1, std=std).unsqueeze(1) if group_size > 1 else torch.zeros_like(mean)
+    normed = ((grouped - mean) / (spread + eps)).view(-1, per_fn.shape[1])
+    summed = (normed * weights.to(per_fn.dtype)).nansum(dim=1)
+    summed[torch.isnan(per_fn).all(dim=1)] = float("nan")
+    return _whiten(summed, eps, std)

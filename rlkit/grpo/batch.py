@@ -26,25 +26,26 @@ class Rollout:
     completion_ids: list[int]
     truncated: bool  # hit max_tokens without a stop
     logprobs: list[float] | None = None  # the sampling engine's logprob of each completion token
+    policy_version: int = 0  # the policy version (optimizer steps synced) whose weights generated it
 
 
 @dataclass(frozen=True)
 class GRPOBatch:
-    """B rows, right-padded to L. `behaviour_logp` [B, L-1] (shifted space: position t scores
-    token t+1) holds the sampling engine's logprobs where they serve as the old policy."""
+    """B rows, right-padded to L. `engine_logp` [B, L-1] (shifted space: position t scores
+    token t+1) holds the sampling engine's logprobs of the completion tokens (0 elsewhere), for the
+    rollout correction and the mismatch metrics."""
 
     input_ids: Tensor  # long [B, L]
     attention_mask: Tensor  # long [B, L]
     completion_mask: Tensor  # long [B, L]
     advantages: Tensor  # float [B]
-    behaviour_logp: Tensor | None = None  # float [B, L-1]
+    engine_logp: Tensor | None = None  # float [B, L-1]
 
     @classmethod
-    def collate(cls, rollouts: Sequence[Rollout], advantages: Tensor, pad_id: int, mask_truncated: bool = False,
-                behaviour_logp: bool = False) -> GRPOBatch:
+    def collate(cls, rollouts: Sequence[Rollout], advantages: Tensor, pad_id: int,
+                mask_truncated: bool = False) -> GRPOBatch:
         """Pad the rollouts. With `mask_truncated`, truncated completions get an all-zero completion
-        mask (no loss). With `behaviour_logp`, keep the engine's sampling logprobs: the importance
-        ratio's denominator when rollouts come from an older policy."""
+        mask (no loss). The engine's sampling logprobs are kept when every rollout has them."""
         length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
         B = len(rollouts)
         ids = torch.full((B, length), pad_id, dtype=torch.long)
@@ -57,7 +58,7 @@ class GRPOBatch:
             if not (mask_truncated and r.truncated):
                 comp[i, p:p + c] = 1
         old = None
-        if behaviour_logp:
+        if all(r.logprobs is not None for r in rollouts):
             old = torch.zeros((B, length - 1), dtype=torch.float32)
             for i, r in enumerate(rollouts):
                 if r.logprobs is None or len(r.logprobs) != len(r.completion_ids):
@@ -71,13 +72,13 @@ class GRPOBatch:
 
     def micro_batch(self, rows: Sequence[int]) -> dict[str, Tensor]:
         """The learner's tensors for `rows`, trimmed to their longest sequence. Keys: input_ids,
-        attention_mask, completion_mask [b, l], advantages [b], old_logp [b, l-1] (behaviour)."""
+        attention_mask, completion_mask [b, l], advantages [b], engine_logp [b, l-1]."""
         idx = torch.as_tensor(list(rows), dtype=torch.long)
         length = int(self.attention_mask[idx].sum(1).max())
         out = {"input_ids": self.input_ids[idx, :length], "attention_mask": self.attention_mask[idx, :length],
                "completion_mask": self.completion_mask[idx, :length], "advantages": self.advantages[idx]}
-        if self.behaviour_logp is not None:
-            out["old_logp"] = self.behaviour_logp[idx, :length - 1]
+        if self.engine_logp is not None:
+            out["engine_logp"] = self.engine_logp[idx, :length - 1]
         return out
 
     def completion_tokens(self, rows: Sequence[int] | None = None) -> int:

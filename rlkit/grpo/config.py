@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from rlkit.config import (
     CheckpointConfig,
@@ -26,7 +26,8 @@ from rlkit.config import (
     check_finetuning,
 )
 from rlkit.grpo.advantages import ADVANTAGES
-from rlkit.grpo.loss import KLKind, LossType
+from rlkit.grpo.correction import CorrectionMode
+from rlkit.grpo.loss import ISLevel, KLKind, LossType
 from rlkit.recipe import check
 from rlkit.reward.contract import RewardSpec
 
@@ -49,8 +50,8 @@ class GRPOEvalConfig(EvalConfig):
 
 
 # Names a user may reach for that are not advantage estimators of their own.
-_ADVANTAGE_HINTS = {"dr_grpo": "Dr. GRPO is `advantage: no_std` together with `loss_type: dr_grpo`",
-                    "batch": "did you mean 'batch_std'?"}
+_ADVANTAGE_HINTS = {"batch": "did you mean 'batch_std'?", "reinforce++": "did you mean 'reinforce_pp'?",
+                    "gdpo": "GDPO is `multi_objective_aggregation: normalize_then_sum`"}
 
 
 @dataclass(frozen=True)
@@ -66,19 +67,42 @@ class GRPOAlgoConfig:
     epsilon_high: float = 0.2  # clip-higher (DAPO: 0.28)
     beta: float = 0.0  # KL coefficient; 0 skips the reference model
     kl: KLKind = "k3"
-    # How the per-token loss is averaged (grpo/loss.py); `dr_grpo` is Dr. GRPO's constant normaliser.
+    # The per-token loss and how it is averaged (grpo/loss.py): grpo, bnpo, dr_grpo (Dr. GRPO's
+    # constant normaliser), dapo, cispo (epsilon_high is then the weight cap, e.g. 5), sapo, luspo, vespo.
     loss_type: LossType = "dapo"
+    importance_sampling_level: ISLevel = "token"  # sequence = GSPO's length-normalised sequence ratio
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
     # A registered estimator (grpo/advantages.py): grpo = (r - mean) / (std + eps) per group,
-    # no_std = r - mean (Dr. GRPO's advantage), batch_std = (r - group mean) / (batch std + eps).
+    # no_std or dr_grpo = r - mean, batch_std = (r - group mean) / (batch std + eps), rloo = leave-one-out
+    # baseline, reinforce_pp = batch-whitened reward, reinforce_pp_baseline = group-centred then whitened.
     advantage: str = "grpo"
     advantage_eps: float = 1e-4
+    # Several reward functions: sum_then_normalize = the weighted sum goes to `advantage`;
+    # normalize_then_sum = GDPO (each normalised per group, summed, whitened over the batch).
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
     reward_default: float | None = None  # total reward of a sample every reward function skipped (None)
-    async_generation: bool = False  # generate step k+1 while step k trains (one step off-policy)
+    # Rollouts may come from a policy up to K updates older than the one they train: 0 = on-policy
+    # (generate, then train), 1 = generate step k+1 while step k trains, K = K steps ahead.
+    max_staleness: int = 0
+    # Importance weights pi_learner / pi_engine on the policy loss (grpo/correction.py): the
+    # engine/learner numeric gap and staleness. Default token_truncate at 2 (TIS): see the README.
+    rollout_correction: CorrectionMode = "token_truncate"
+    correction_clip_min: float | None = None
+    correction_clip_max: float | None = 2.0
+    off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2 sequence masking (e.g. 0.5); None = off
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups and refill
     max_refill_rounds: int = 3
     mask_truncated: bool = False
     overlong_buffer: int = 0  # DAPO soft overlong punishment buffer (tokens); 0 = off
     overlong_penalty: float = 1.0
+
+    READ_ELSEWHERE: ClassVar[dict[str, str]] = {
+        "async_generation": "replaced by max_staleness: 1 generates step k+1 while step k trains"}
 
     def __post_init__(self):
         for name in ("steps", "prompts_per_step", "epochs", "mini_batches", "micro_batch_size", "num_learners"):
@@ -95,11 +119,36 @@ class GRPOAlgoConfig:
         check(0 <= self.epsilon_low < 1, "epsilon_low", f"must be in [0, 1), got {self.epsilon_low}")
         check(self.epsilon_high >= 0, "epsilon_high", f"must be >= 0, got {self.epsilon_high}")
         check(self.beta >= 0, "beta", f"must be >= 0, got {self.beta}")
+        check(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")
+        self._check_correction()
         if self.advantage not in ADVANTAGES:
             near = difflib.get_close_matches(self.advantage, list(ADVANTAGES), n=1)
             hint = _ADVANTAGE_HINTS.get(self.advantage) or (f"did you mean {near[0]!r}?" if near else "")
             check(False, "advantage", f"unknown estimator {self.advantage!r} (registered: "
                                       f"{', '.join(sorted(ADVANTAGES))}){'; ' + hint if hint else ''}")
+
+    def _check_correction(self) -> None:
+        lo, hi = self.correction_clip_min, self.correction_clip_max
+        if self.rollout_correction != "none":
+            check(lo is not None or hi is not None, "correction_clip_max",
+                  f"rollout_correction {self.rollout_correction} needs a bound: set correction_clip_max (e.g. 2.0)")
+        check(lo is None or lo >= 0, "correction_clip_min", f"must be >= 0, got {lo}")
+        check(lo is None or hi is None or lo < hi, "correction_clip_min",
+              f"must be < correction_clip_max ({hi}), got {lo}")
+        check(self.off_policy_mask_threshold is None or self.off_policy_mask_threshold > 0,
+              "off_policy_mask_threshold", f"must be > 0 (or null), got {self.off_policy_mask_threshold}")
+        check(self.loss_type != "vespo" or not self.rollout_correction.startswith("sequence"), "rollout_correction",
+              "vespo weighs whole sequences itself: use token_truncate, token_mask or none")
+        check(self.loss_type != "cispo" or self.epsilon_high > 1, "epsilon_high",
+              f"cispo caps the importance weight at epsilon_high: use a value > 1 (MiniMax: 5), "
+              f"got {self.epsilon_high}")
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
+
+    @property
+    def async_generation(self) -> bool:
+        """Whether generation overlaps training (max_staleness >= 1)."""
+        return self.max_staleness > 0
 
     @property
     def grad_accum(self) -> int:
@@ -139,6 +188,6 @@ class GRPOConfig:
         if self.rollout.colocate:
             check(self.rollout.num_engines == self.grpo.num_learners, "rollout.num_engines",
                   f"colocated engines are one per learner: set it to grpo.num_learners ({self.grpo.num_learners})")
-            check(not self.grpo.async_generation, "grpo.async_generation",
+            check(not self.grpo.async_generation, "grpo.max_staleness",
                   "colocated engines share the learners' processes, so generation cannot overlap training;"
-                  " set rollout.colocate: false to overlap")
+                  " use max_staleness: 0, or set rollout.colocate: false to overlap")

@@ -3,6 +3,7 @@ and the held-out evaluation. Generation runs on the rollout engines (`engine/eng
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 
 from rlkit.engine.rollout import Sample, Sampling
-from rlkit.grpo.advantages import frac_zero_std, get_advantage, zero_std_mask
+from rlkit.grpo.advantages import frac_zero_std, get_advantage, normalize_then_sum, zero_std_mask
 from rlkit.grpo.batch import Rollout
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.loss import soft_overlong_penalty
@@ -27,26 +28,43 @@ class Generation:
     futures: list[Any]
     engines: Any
     started: float
-    sampler_state: dict | None = None  # the sampler before these rows were drawn (for checkpoints)
+    version: int = 0  # the policy version (optimizer steps synced into the engines) that generates
+    samples: list[Sample] | None = None  # once gathered (or restored from a checkpoint)
 
     def wait(self) -> list[Sample]:
         """The samples, prompt-major (G per row)."""
-        return self.engines.gather(self.futures)
+        if self.samples is None:
+            self.samples = self.engines.gather(self.futures)
+        return self.samples
+
+    def state_dict(self) -> dict[str, Any]:
+        """Waits for the samples; everything needed to score and train on them after a restart."""
+        return {"rows": self.rows, "prompts": self.prompts, "version": self.version,
+                "samples": [dataclasses.asdict(s) for s in self.wait()]}
+
+    @classmethod
+    def restored(cls, state: dict[str, Any]) -> Generation:
+        """A finished generation from `state_dict`."""
+        return cls(state["rows"], state["prompts"], [], None, time.perf_counter(), version=state["version"],
+                   samples=[Sample(**s) for s in state["samples"]])
 
 
 @dataclass
 class Experience:
     rollouts: list[Rollout] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # weighted totals [N]
+    per_fn: list[list[float]] = field(default_factory=list)  # [N][K] per reward function, NaN = None
+    weights: list[float] = field(default_factory=list)  # [K]
     metrics: dict[str, float] = field(default_factory=dict)
 
 
 def start_generation(rows: list[dict], task: Task, engines: Any, sampling: Sampling, group_size: int, seed: int,
-                     sampler_state: dict | None = None) -> Generation:
-    """Start generating `group_size` completions for each row; returns at once."""
+                     version: int = 0) -> Generation:
+    """Start generating `group_size` completions for each row with the engines' policy `version`;
+    returns at once."""
     prompts = [task.render(r) for r in rows]
     futures = engines.generate_async(prompts, group_size, sampling, seed)
-    return Generation(rows, prompts, futures, engines, time.perf_counter(), sampler_state)
+    return Generation(rows, prompts, futures, engines, time.perf_counter(), version=version)
 
 
 def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[Sample], n: int) -> Any:
@@ -57,28 +75,37 @@ def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[
 
 
 def score_samples(generation: Generation, samples: list[Sample], scorer: Any, algo: GRPOAlgoConfig,
-                  max_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
-    """Rewards [N] (weighted sum, plus the soft overlong penalty when on) and reward metrics."""
+                  max_tokens: int) -> tuple[torch.Tensor, torch.Tensor, list[float], dict[str, float]]:
+    """Rewards [N] (weighted sum, plus the soft overlong penalty when on), the rewards per
+    function [N, K] (NaN where one gave None; the penalty is a last column of weight 1), the
+    weights [K], and reward metrics."""
     result = score_rows(scorer, generation.rows, generation.prompts, samples, algo.group_size)
     rewards = torch.tensor(result.total, dtype=torch.float32)
+    columns = [[float("nan") if v is None else float(v) for v in result.per_fn[name]] for name in scorer.names]
+    weights = [r.spec.weight for r in scorer.rewards]
     metrics = result.metrics("reward")
     if algo.overlong_buffer:
         lengths = torch.tensor([len(s.token_ids) for s in samples], dtype=torch.float32)
         penalty = soft_overlong_penalty(lengths, max_tokens, algo.overlong_buffer, algo.overlong_penalty)
         rewards = rewards + penalty
+        columns.append(penalty.tolist())
+        weights.append(1.0)
         metrics["reward/overlong_penalty"] = float(penalty.mean())
-    return rewards, metrics
+    per_fn = torch.tensor(columns, dtype=torch.float32).T.reshape(len(samples), len(columns))
+    return rewards, per_fn, weights, metrics
 
 
 def collect(generation: Generation, refill: Callable[[int], Generation], scorer: Any, algo: GRPOAlgoConfig,
-            max_tokens: int) -> Experience:
+            max_tokens: int, algo_step: int | None = None) -> Experience:
     """Wait for `generation`, score it and assemble `prompts_per_step` groups. With dynamic
     sampling (DAPO) groups whose rewards are all equal are set aside and `refill(attempt)` starts
     generating for more rows, up to `max_refill_rounds`; if still short, set-aside groups fill the
-    gap (they carry zero advantage). Metrics describe the first generation."""
+    gap (they carry zero advantage). Metrics describe the first generation; with `algo_step` (the
+    policy version that trains on them) also the staleness of the rollouts kept."""
     G, want = algo.group_size, algo.prompts_per_step
-    kept: list[tuple[list[Rollout], torch.Tensor]] = []
-    spare: list[tuple[list[Rollout], torch.Tensor]] = []
+    kept: list[tuple[list[Rollout], torch.Tensor, torch.Tensor]] = []
+    spare: list[tuple[list[Rollout], torch.Tensor, torch.Tensor]] = []
+    weights: list[float] = []
     t_gen = t_rew = 0.0
     first: dict[str, float] = {}
     rounds = 1 + (algo.max_refill_rounds if algo.dynamic_sampling else 0)
@@ -87,23 +114,27 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
             generation = refill(attempt)
         samples = generation.wait()
         t1 = time.perf_counter()
-        rewards, metrics = score_samples(generation, samples, scorer, algo, max_tokens)
+        rewards, per_fn, weights, metrics = score_samples(generation, samples, scorer, algo, max_tokens)
         t_gen, t_rew = t_gen + t1 - generation.started, t_rew + time.perf_counter() - t1
         if attempt == 0:
             first = {**metrics, **_completion_metrics(samples), "frac_zero_std": frac_zero_std(rewards, G)}
         zero = zero_std_mask(rewards, G)
         for g in range(len(generation.rows)):
-            group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs)
-                     for s in samples[g * G:(g + 1) * G]]
-            (spare if algo.dynamic_sampling and bool(zero[g]) else kept).append((group, rewards[g * G:(g + 1) * G]))
+            group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs,
+                             generation.version) for s in samples[g * G:(g + 1) * G]]
+            (spare if algo.dynamic_sampling and bool(zero[g]) else kept).append(
+                (group, rewards[g * G:(g + 1) * G], per_fn[g * G:(g + 1) * G]))
         if len(kept) >= want:
             break
-    exp = Experience()
-    for group, r in (kept + spare)[:want]:
+    exp = Experience(weights=weights)
+    for group, r, per in (kept + spare)[:want]:
         exp.rollouts.extend(group)
         exp.rewards.extend(r.tolist())
+        exp.per_fn.extend(per.tolist())
     n_tokens = first.pop("completion/tokens")
-    exp.metrics = {**first, "time/generate": t_gen, "time/reward": t_rew,
+    lags = [algo_step - r.policy_version for r in exp.rollouts] if algo_step is not None else [0]
+    exp.metrics = {**first, "staleness/lag_mean": sum(lags) / max(len(lags), 1), "staleness/lag_max": float(max(lags)),
+                   "time/generate": t_gen, "time/reward": t_rew,
                    "generate_tokens_per_s": n_tokens / max(t_gen, 1e-9),
                    "dynamic_sampling/kept_groups": float(min(len(kept), want))}
     return exp
@@ -117,10 +148,15 @@ def _completion_metrics(samples: list[Sample]) -> dict[str, float]:
             "completion/truncated_frac": sum(s.finish_reason == "length" for s in samples) / n}
 
 
-def advantages(rewards: list[float], algo: GRPOAlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """The recipe's advantage estimator over the step's rewards (groups contiguous), and metrics."""
-    adv = get_advantage(algo.advantage)(torch.tensor(rewards, dtype=torch.float32), algo.group_size,
-                                        eps=algo.advantage_eps, std="sample")
+def advantages(exp: Experience, algo: GRPOAlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """The recipe's advantages over the step's rewards (groups contiguous), and metrics: the
+    registered estimator on the weighted totals, or GDPO's per-function normalisation."""
+    if algo.multi_objective_aggregation == "normalize_then_sum":
+        adv = normalize_then_sum(torch.tensor(exp.per_fn, dtype=torch.float32), torch.tensor(exp.weights),
+                                 algo.group_size, eps=algo.advantage_eps)
+    else:
+        adv = get_advantage(algo.advantage)(torch.tensor(exp.rewards, dtype=torch.float32), algo.group_size,
+                                            eps=algo.advantage_eps, std="sample")
     return adv, {"advantage/mean": float(adv.mean()), "advantage/std": float(adv.std()),
                  "advantage/abs_mean": float(adv.abs().mean())}
 

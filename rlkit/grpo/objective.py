@@ -1,9 +1,12 @@
-"""The GRPO objective the learners optimise: the clipped policy loss (+ KL) of `loss.py` on the
-completion tokens of a micro-batch, built once from the recipe.
+"""The GRPO objective the learners optimise: the policy loss (+ KL) of `loss.py` on the completion
+tokens of a micro-batch, weighted by the rollout correction of `correction.py`, built once from
+the recipe.
 
 A micro-batch (`GRPOBatch.micro_batch`) holds input_ids, attention_mask, completion_mask,
-advantages and `num_items_in_batch`; `old_logp` (the sampling engine's, in async mode, or the
-policy's before the step's first update) and `ref_logp` (the frozen reference) when needed.
+advantages, `num_items_in_batch` and `engine_logp` (the sampling engine's logprobs); the learner
+adds `old_logp` (the policy before the step's first update) when the batch is reused, and
+`ref_logp` (the frozen reference) when beta > 0. Without `old_logp`, the policy before the update
+is the detached forward itself: every micro-batch of the first optimizer step sees those weights.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from torch import Tensor
 from rlkit.config import RolloutConfig
 from rlkit.engine.logprobs import token_logprobs
 from rlkit.grpo.config import GRPOAlgoConfig
-from rlkit.grpo.loss import policy_loss
+from rlkit.grpo.correction import off_policy_mask, rollout_correction
+from rlkit.grpo.loss import SoftGates, policy_loss
 
-METRICS = ("loss", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "kl_mean", "entropy")
+METRICS = ("loss", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "kl_mean", "entropy", "phi_mean")
 
 
 @dataclass(frozen=True)
@@ -29,25 +33,46 @@ class GRPOObjective:
     beta: float
     kl: str
     loss_type: str
+    importance_sampling_level: str
     max_completion_length: int
+    correction: str
+    clip_min: float | None
+    clip_max: float | None
+    off_policy_threshold: float | None
+    gates: SoftGates
     needs: tuple[str, ...]  # logprobs the learner attaches before the first update
 
     @classmethod
     def from_config(cls, algo: GRPOAlgoConfig, rollout: RolloutConfig) -> GRPOObjective:
-        """Reference logprobs when beta > 0. Old-policy logprobs: with async generation the engine's
-        sampling logprobs (already in the batch); else recomputed by the learner when a rollout batch
-        is reused (epochs > 1 or several mini-batches); else the ratio is taken against the detached
-        policy (on-policy)."""
-        reused = (algo.epochs > 1 or algo.mini_batches > 1) and not algo.async_generation
+        """Reference logprobs when beta > 0; the old policy's when a rollout batch is reused
+        (epochs > 1 or several mini-batches), else the ratio is taken against the detached policy."""
+        reused = algo.epochs > 1 or algo.mini_batches > 1
         needs = (("ref_logp",) if algo.beta > 0 else ()) + (("old_logp",) if reused else ())
+        gates = SoftGates(algo.sapo_temperature_pos, algo.sapo_temperature_neg, algo.vespo_k_pos,
+                          algo.vespo_lambda_pos, algo.vespo_k_neg, algo.vespo_lambda_neg)
         return cls(rollout.temperature, algo.epsilon_low, algo.epsilon_high, algo.beta, algo.kl, algo.loss_type,
-                   rollout.max_tokens, needs)
+                   algo.importance_sampling_level, rollout.max_tokens, algo.rollout_correction,
+                   algo.correction_clip_min, algo.correction_clip_max, algo.off_policy_mask_threshold, gates, needs)
 
     def __call__(self, model: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         logp, entropy = token_logprobs(model, batch, self.temperature, with_entropy=True)
-        out = policy_loss(logp, batch.get("old_logp"), batch["advantages"], batch["completion_mask"][:, 1:].float(),
-                          ref_logp=batch.get("ref_logp"), entropies=entropy, epsilon_low=self.epsilon_low,
-                          epsilon_high=self.epsilon_high, beta=self.beta, kl=self.kl, loss_type=self.loss_type,
+        mask = batch["completion_mask"][:, 1:].float()
+        old, engine = batch.get("old_logp"), batch.get("engine_logp")
+        weights = keep = None
+        metrics: dict[str, Tensor] = {}
+        if engine is not None:
+            corr = rollout_correction(logp.detach() if old is None else old, engine, mask, self.correction,
+                                      self.clip_min, self.clip_max)
+            weights, metrics = corr.weights, corr.metrics
+        if self.off_policy_threshold is not None:
+            sampler = engine if engine is not None else (logp.detach() if old is None else old)
+            keep = off_policy_mask(batch["advantages"], logp, sampler, mask, self.off_policy_threshold)
+            metrics["off_policy/masked_frac"] = 1 - keep.mean()
+        out = policy_loss(logp, old, batch["advantages"], mask, ref_logp=batch.get("ref_logp"), entropies=entropy,
+                          epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, beta=self.beta, kl=self.kl,
+                          loss_type=self.loss_type, importance_sampling_level=self.importance_sampling_level,
                           max_completion_length=self.max_completion_length,
-                          num_items_in_batch=batch["num_items_in_batch"])
-        return out.loss, {k: getattr(out, k).detach() for k in METRICS if getattr(out, k) is not None}
+                          num_items_in_batch=batch["num_items_in_batch"], is_weights=weights, keep=keep,
+                          gates=self.gates)
+        metrics.update({k: getattr(out, k).detach() for k in METRICS if getattr(out, k) is not None})
+        return out.loss, metrics

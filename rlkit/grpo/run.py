@@ -4,17 +4,21 @@ Each step: sample prompts -> vLLM engines generate G completions each -> rewards
 advantages -> one typed batch, sent once to the learners, which score reference / old-policy
 logprobs and train -> weights sync into the engines -> metrics and an atomic checkpoint.
 
-With `grpo.async_generation` the engines generate step k+1 while the learners train step k
-(the batch is one policy version old; the engine's sampling logprobs are the ratio's
-denominator). Ray runs an engine's calls in order, so the weight sync after step k waits for
-that generation to finish and never lands mid-generation.
+With `grpo.max_staleness: K` (K >= 1) the engines generate steps k+1 .. k+K while the learners
+train step k (a batch is up to K policy versions old; each rollout carries the version that made
+it, and the rollout correction weighs it by pi_learner / pi_engine). Ray runs an engine's calls in
+order, so the weight sync after step k waits for the generations queued before it and never
+lands mid-generation. A checkpoint waits for the generations in flight and keeps their samples,
+so a resumed run trains on exactly what the uninterrupted one would have.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -52,26 +56,27 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                 step, _ = run.resume(learners, sampler)
                 if step:
                     engines.sync_from(learners)  # engines start from model.path: give them the resumed policy
+                saved = (run.resume_payload() or {}).get("generations", [])
                 with closing(run.logger(cfg.logging, g.steps, step)) as logger:
-                    _train(cfg, task, sampler, run, learners, engines, logger, step)
+                    _train(cfg, task, sampler, run, learners, engines, logger, step, saved)
                 return learners.save_model(run.final, cfg.model.tokenizer or cfg.model.path)
             finally:
                 engines.shutdown()
 
 
 def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any, engines: Any, logger: Any,
-           step: int) -> None:
-    """The loop, from `step` to `grpo.steps`."""
+           step: int, saved: list[dict]) -> None:
+    """The loop, from `step` to `grpo.steps`; `saved`: the generations a checkpoint held in flight."""
     from rlkit.engine.engines import sampling
 
     g, total, objective = cfg.grpo, cfg.grpo.steps, GRPOObjective.from_config(cfg.grpo, cfg.rollout)
     sample = sampling(cfg.rollout)
+    version = step  # the policy version the engines hold: optimizer steps synced into them
 
     def start(at: int, attempt: int = 0) -> Generation:  # draw the step's prompts, start generating
-        state = sampler.state_dict() if attempt == 0 else None
         rows = [task.rows[i] for i in sampler.next_batch()]
         return start_generation(rows, task, engines, sample, g.group_size,
-                                derive_seed(cfg.seed, "generate", at, attempt), state)
+                                derive_seed(cfg.seed, "generate", at, attempt), version=version)
 
     def held_out() -> dict[str, float]:
         eval_sampling = sample if cfg.eval.temperature is None else dataclasses.replace(
@@ -80,30 +85,58 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
 
     if step == 0 and task.eval_rows:
         logger.log(0, held_out())                                                 # the starting point
-    pending = start(step) if step < total else None
+    ahead = GenerationQueue(start, total, g.max_staleness, [Generation.restored(s) for s in saved], step)
     while step < total:
         t0 = time.perf_counter()
-        exp = collect(pending, functools.partial(start, step), task.scorer, g, cfg.rollout.max_tokens)
+        exp = collect(ahead.take(step), functools.partial(start, step), task.scorer, g, cfg.rollout.max_tokens,
+                      algo_step=step)
         engines.idle()                                                            # generate, score (+ refills)
-        adv, adv_metrics = advantages(exp.rewards, g)
-        batch = GRPOBatch.collate(exp.rollouts, adv, task.pad_id, g.mask_truncated, g.async_generation)
-        pending = start(step + 1) if g.async_generation and step + 1 < total else None
-        t1 = time.perf_counter()                                                  # ^ generates during training
+        adv, adv_metrics = advantages(exp, g)
+        batch = GRPOBatch.collate(exp.rollouts, adv, task.pad_id, g.mask_truncated)
+        ahead.fill(step + 1)                                                      # generates during training
+        t1 = time.perf_counter()
         plan = plan_micro_batches(len(batch), g.mini_batches, g.num_learners, g.micro_batch_size,
                                   derive_seed(cfg.seed, "plan", step))
         fits = learners.fit(batch.shards(plan), objective, g.epochs)             # ref/old logprobs, PG loss + KL
         t2 = time.perf_counter()
         sync = engines.sync_from(learners)                                        # learner -> vLLM, no restart
-        step += 1
+        step, version = step + 1, version + 1
         metrics = {**exp.metrics, "reward": exp.metrics["reward/mean"], **adv_metrics,
                    **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2)}
         if task.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
             metrics.update(held_out())
         logger.log(step, metrics)
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-            run.checkpoint(step, learners, pending.sampler_state if pending else sampler.state_dict())
-        if pending is None and step < total:
-            pending = start(step)
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:             # + the generations in flight
+            run.checkpoint(step, learners, sampler.state_dict(), payload={"generations": ahead.state()})
+
+
+class GenerationQueue:
+    """Generations started ahead of training (bounded staleness): before step k trains, those of
+    steps k+1 .. k+K are under way (K = `max_staleness`), generated by the policy of step k."""
+
+    def __init__(self, start: Callable[[int], Generation], total: int, depth: int, restored: list[Generation],
+                 next_step: int):
+        self.start, self.total, self.depth = start, total, depth
+        self.queue = collections.deque(restored)
+        self.next = next_step + len(restored)  # the step the next generation started will feed
+
+    def take(self, step: int) -> Generation:
+        """Step `step`'s generation: the oldest in flight, or one started now."""
+        if self.queue:
+            return self.queue.popleft()
+        self.next = step + 1
+        return self.start(step)
+
+    def fill(self, first: int) -> None:
+        """Start generations for the steps from `first` on, up to K in flight."""
+        self.next = max(self.next, first)
+        while len(self.queue) < self.depth and self.next < self.total:
+            self.queue.append(self.start(self.next))
+            self.next += 1
+
+    def state(self) -> list[dict]:
+        """The generations in flight, waited for (their samples go into the checkpoint)."""
+        return [gen.state_dict() for gen in self.queue]
 
 
 def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: float, t1: float,

@@ -22,8 +22,10 @@ def test_grpo_placement_and_sync_rules(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout.num_engines: colocated engines are one per learner: set it to "
                                           r"grpo.num_learners \(1\)"):
         stages.load("grpo", r, ["rollout.colocate=true", "rollout.num_engines=2"])
-    with pytest.raises(ConfigError, match="grpo.async_generation: colocated engines share the learners' processes"):
-        stages.load("grpo", r, ["rollout.colocate=true", "grpo.async_generation=true"])
+    with pytest.raises(ConfigError, match="grpo.max_staleness: colocated engines share the learners' processes"):
+        stages.load("grpo", r, ["rollout.colocate=true", "grpo.max_staleness=1"])
+    with pytest.raises(ConfigError, match="grpo.async_generation: this stage does not read it .*max_staleness: 1"):
+        stages.load("grpo", r, ["grpo.async_generation=true"])
     with pytest.raises(ConfigError, match="rollout.sync: in_process sync needs colocate: true"):
         stages.load("grpo", r, ["rollout.sync=in_process"])
     with pytest.raises(ConfigError, match="rollout.tensor_parallel_size: colocated engines are one replica"):

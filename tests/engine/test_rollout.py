@@ -90,6 +90,28 @@ def test_object_store_sync_into_actor_matches_hf(actor, tiny_models):
                                atol=1e-4, rtol=0)
 
 
+def test_mismatch_metrics_see_a_learner_at_the_wrong_temperature(actor, tiny_models):
+    """The engine samples at temperature 0.7 and reports processed logprobs; a learner scoring the
+    same tokens at 0.7 agrees to fp32 noise (mismatch ~0), one scoring at 1.0 (TRL #4159's bug)
+    does not, and the rollout-correction metrics say so."""
+    import ray
+
+    from rlkit.grpo.correction import rollout_correction
+
+    hf = load_hf(tiny_models["tiny-untied"])
+    ObjectStoreSync([actor], bucket_mib=1).push(iter_named_weights(hf))  # whatever earlier tests pushed
+    samples = ray.get(actor.generate.remote([SEQ[:4]], n=4, temperature=0.7, max_tokens=8, seed=3))
+    engine = torch.cat([torch.tensor(s.logprobs) for s in samples])[None]
+    mask = torch.ones_like(engine)
+    kl = {}
+    with torch.no_grad():
+        for t in (0.7, 1.0):
+            learner = torch.cat([hf_logprobs(hf, s.prompt_token_ids + s.token_ids, t)[3:] for s in samples])[None]
+            kl[t] = rollout_correction(learner, engine, mask).metrics
+    assert kl[0.7]["mismatch/logp_abs_diff_max"] < 1e-4 and kl[0.7]["mismatch/kl"] < 1e-8
+    assert kl[1.0]["mismatch/logp_abs_diff_mean"] > 1e-2 and kl[1.0]["mismatch/kl"] > 1e-4
+
+
 def test_seeded_batch_larger_than_one_prefill_chunk(actor):
     """vLLM's default prefill budget is 4096 tokens per step; a seeded batch beyond it used to
     crash the CPU engine (a partial prefill rewinds the request's generator, which a CPU

@@ -116,3 +116,43 @@ def test_registry():
         register_advantage("grpo")(lambda rewards, group_size, **kw: rewards)
     with pytest.raises(ValueError, match="valid"):
         get_advantage("nope")
+
+
+# --- rloo, REINFORCE++, GDPO (TRL comparison for GDPO: test_loss_vs_trl.py) ----------------------
+
+
+def test_rloo_by_hand():
+    from rlkit.grpo.advantages import get_advantage
+
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, float("nan")])  # groups of 3
+    adv = get_advantage("rloo")(r, 3)
+    # group 0: 1 - (0 + 0)/2 = 1, 0 - (1 + 0)/2 = -0.5 (twice); group 1 (valid 1, 2): 1 - 2 = -1, 2 - 1 = 1, NaN -> 0
+    torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5, -1.0, 1.0, 0.0]))
+
+
+def test_reinforce_pp_whitens_over_the_batch():
+    from rlkit.grpo.advantages import get_advantage
+
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0])  # mean 0.25, sample std 0.5
+    torch.testing.assert_close(get_advantage("reinforce_pp")(r, 2, eps=0.0), torch.tensor([1.5, -0.5, -0.5, -0.5]))
+    # baseline: group-centred [0.5, -0.5, 0, 0] (mean 0, sample std sqrt(1/6)) then whitened
+    c = torch.tensor([0.5, -0.5, 0.0, 0.0])
+    torch.testing.assert_close(get_advantage("reinforce_pp_baseline")(r, 2, eps=0.0), c / math.sqrt(1 / 6))
+
+
+def test_dr_grpo_is_the_unscaled_estimator():
+    from rlkit.grpo.advantages import get_advantage
+
+    r = torch.tensor([1.0, 0.0, 3.0, 1.0])
+    torch.testing.assert_close(get_advantage("dr_grpo")(r, 2), torch.tensor([0.5, -0.5, 1.0, -1.0]))
+
+
+def test_normalize_then_sum_by_hand():
+    from rlkit.grpo.advantages import normalize_then_sum
+
+    # two groups of 2, two functions: per group each column normalises to +-1/sqrt(2) (sample std sqrt(2)/2)
+    per_fn = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    s = 1 / math.sqrt(2)
+    summed = torch.tensor([s - 0.5 * s, -s + 0.5 * s, s + 0.5 * s, -s - 0.5 * s])  # weights [1, 0.5]
+    want = (summed - summed.mean()) / summed.std()
+    torch.testing.assert_close(normalize_then_sum(per_fn, torch.tensor([1.0, 0.5]), 2, eps=0.0), want)

@@ -32,16 +32,19 @@ def test_plan_covers_every_row_once_in_equal_shares():
     assert plan == plan_micro_batches(32, 2, 2, 4, seed=0) != plan_micro_batches(32, 2, 2, 4, seed=1)
 
 
-def test_collate_places_behaviour_logprobs_in_shifted_space():
+def test_collate_places_engine_logprobs_in_shifted_space():
     # Prompt [1, 2], completion [3, 4]: token 3 is scored at shifted position 1 (logits of
     # position 1), token 4 at position 2.
     rs = [Rollout([1, 2], [3, 4], False, [-0.5, -1.5]), Rollout([5], [6], False, [-2.0])]
-    b = GRPOBatch.collate(rs, torch.tensor([1.0, -1.0]), pad_id=0, behaviour_logp=True)
-    assert b.behaviour_logp.tolist() == [[0.0, -0.5, -1.5], [-2.0, 0.0, 0.0]]
+    b = GRPOBatch.collate(rs, torch.tensor([1.0, -1.0]), pad_id=0)
+    assert b.engine_logp.tolist() == [[0.0, -0.5, -1.5], [-2.0, 0.0, 0.0]]
     mask = b.completion_mask[:, 1:]
-    assert (b.behaviour_logp != 0).eq(mask.bool()).all()
+    assert (b.engine_logp != 0).eq(mask.bool()).all()
     s = b.micro_batch([1])
-    assert s["old_logp"].tolist() == [[-2.0]] and s["input_ids"].tolist() == [[5, 6]]
+    assert s["engine_logp"].tolist() == [[-2.0]] and s["input_ids"].tolist() == [[5, 6]]
+    assert "old_logp" not in s  # the learner's own, attached by the learner when a batch is reused
+    # rollouts without engine logprobs (not from vLLM): no engine_logp, no correction
+    assert GRPOBatch.collate([Rollout([1], [2], False)], torch.tensor([0.0]), pad_id=0).engine_logp is None
 
 
 def test_shards_give_each_rank_its_steps_and_the_dapo_normaliser():

@@ -37,15 +37,18 @@ def test_accepted_values_come_from_the_code_that_reads_them(tmp_path):
     for template in TEMPLATES:
         assert stages.load("grpo", r, [f"data.template={template}"]).data.template == template
     for loss in LOSS_TYPES:
-        assert stages.load("grpo", r, [f"grpo.loss_type={loss}"]).grpo.loss_type == loss
+        cap = ["grpo.epsilon_high=5"] if loss == "cispo" else []  # cispo's epsilon_high is its weight cap
+        assert stages.load("grpo", r, [f"grpo.loss_type={loss}", *cap]).grpo.loss_type == loss
     for kl in KL_KINDS:
         assert stages.load("grpo", r, [f"grpo.kl={kl}"]).grpo.kl == kl
     with pytest.raises(ConfigError, match=r"data.format: expected one of 'auto' \| 'alpaca' \| 'messages' \| "
                                           r"'sharegpt', got 'dataset_info'"):
         stages.load("grpo", r, ["data.format=dataset_info"])
-    with pytest.raises(ConfigError, match=r"grpo.advantage: unknown estimator 'dr_grpo' \(registered: .*\); "
-                                          r"Dr. GRPO is `advantage: no_std` together with `loss_type: dr_grpo`"):
-        stages.load("grpo", r, ["grpo.advantage=dr_grpo"])
+    with pytest.raises(ConfigError, match=r"grpo.advantage: unknown estimator 'gdpo' \(registered: .*\); "
+                                          r"GDPO is `multi_objective_aggregation: normalize_then_sum`"):
+        stages.load("grpo", r, ["grpo.advantage=gdpo"])
+    for name in ("dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
+        assert stages.load("grpo", r, [f"grpo.advantage={name}"]).grpo.advantage == name
     with pytest.raises(ConfigError, match="unknown estimator 'my_adv'"):
         stages.load("grpo", r, ["grpo.advantage=my_adv"])
     register_advantage("my_adv")(lambda rewards, group_size, **kw: rewards - rewards.mean())

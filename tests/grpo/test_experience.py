@@ -45,7 +45,7 @@ def test_dynamic_sampling_refills_until_enough_groups_vary(scorer):
     assert [len(r.completion_ids) for r in exp.rollouts] == [1, 1, 1, 1]
     assert exp.metrics["frac_zero_std"] == 0.5 and exp.metrics["dynamic_sampling/kept_groups"] == 2.0
     assert exp.metrics["reward/mean"] == 0.75  # metrics describe the first generation
-    adv, _ = advantages(exp.rewards, algo)
+    adv, _ = advantages(exp, algo)
     assert (adv != 0).all()
 
 
@@ -57,7 +57,7 @@ def test_refills_that_never_vary_fall_back_to_set_aside_groups(scorer):
     exp = collect(first, flat, scorer, algo, max_tokens=8)
     assert exp.rewards == [1.0, 0.0, 1.0, 1.0]  # the varying group, then the first set-aside group
     assert exp.metrics["dynamic_sampling/kept_groups"] == 1.0
-    adv, _ = advantages(exp.rewards, algo)
+    adv, _ = advantages(exp, algo)
     torch.testing.assert_close(adv[2:], torch.zeros(2))  # a set-aside group carries no advantage
 
 

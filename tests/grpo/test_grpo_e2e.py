@@ -58,11 +58,15 @@ def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
     assert "vllm ok" in res.stdout, res.stderr[-3000:]
 
 
-def test_grpo_kill9_then_resume_matches_uninterrupted(sft_model, task_data, tmp_path):
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_grpo_kill9_then_resume_matches_uninterrupted(sft_model, task_data, tmp_path, staleness):
+    """Killed after the step-8 checkpoint and resumed: the same rewards per step and final weights.
+    With max_staleness 2 the checkpoint holds the two generations in flight (made by older
+    policies), so the resumed run trains on exactly what the uninterrupted one did."""
     def cmd(out):
         return [sys.executable, "-m", "rlkit.cli", "grpo", str(GRPO_RECIPE),
                 *grpo_overrides(sft_model, task_data, out, "grpo.steps=12", "checkpoint.every=4",
-                                "eval.every=0", "logging.progress=plain")]
+                                "eval.every=0", "logging.progress=plain", f"grpo.max_staleness={staleness}")]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     clean, broken = tmp_path / "clean", tmp_path / "broken"
@@ -139,21 +143,55 @@ def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tm
     assert all(r["reward/overlong_penalty"] <= 0 for r in rows)
 
 
-def test_async_generation_uses_engine_logprobs_as_old_policy(sft_model, task_data, tmp_path):
-    """One-step-async: step k+1 is generated while step k trains. At step 1 both sides hold the
-    same weights, so the learner/engine ratio is 1 (the engine's logprobs line up with the
-    learner's); later batches come from the previous policy and the ratio moves off 1."""
+def test_stale_rollouts_are_tagged_corrected_and_measured(sft_model, task_data, tmp_path):
+    """max_staleness 2: steps k+1 and k+2 are generated while step k trains. Each batch carries the
+    version that made it (lag 0, 1, then 2); the sampler/learner mismatch is fp32 noise at step 1
+    (same weights, same temperature) and grows once rollouts are stale, where the correction's
+    importance ratios leave 1."""
     from rlkit.grpo.run import run_grpo
 
-    out = tmp_path / "async"
+    out = tmp_path / "stale"
     cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=5",
-                                                          "grpo.async_generation=true", "eval.every=0",
+                                                          "grpo.max_staleness=2", "eval.every=0",
                                                           "checkpoint.every=0", "optim.lr=5e-3"))
     run_grpo(cfg, GRPO_RECIPE)
     rows = _steps(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
-    assert rows[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
-    assert any(abs(r["train/ratio_mean"] - 1.0) > 1e-4 for r in rows[1:])
+    assert [r["staleness/lag_max"] for r in rows] == [0, 1, 2, 2, 2]
+    assert rows[0]["train/mismatch/kl"] < 1e-6 and rows[0]["train/mismatch/logp_abs_diff_max"] < 1e-3
+    assert rows[0]["train/is/ratio_max"] == pytest.approx(1.0, abs=1e-3)
+    for r in rows[2:]:
+        assert r["train/mismatch/kl"] > 100 * rows[0]["train/mismatch/kl"] + 1e-6
+        assert r["train/is/ratio_max"] > 1.01 and r["train/is/ratio_min"] < 0.99
+
+
+@pytest.mark.parametrize("variant", [
+    # GSPO on 2-stale rollouts with TRL's default correction (sequence_mask at 3) and the RLOO baseline
+    ("grpo.max_staleness=2", "grpo.loss_type=grpo", "grpo.importance_sampling_level=sequence",
+     "grpo.rollout_correction=sequence_mask", "grpo.correction_clip_max=3.0", "grpo.advantage=rloo"),
+    # CISPO with ICEPOP-style two-sided masking, DeepSeek-V3.2 off-policy masking, GDPO multi-reward
+    ("grpo.max_staleness=1", "grpo.loss_type=cispo", "grpo.epsilon_high=5.0", "grpo.rollout_correction=token_mask",
+     "grpo.correction_clip_min=0.5", "grpo.off_policy_mask_threshold=0.5",
+     "grpo.multi_objective_aggregation=normalize_then_sum"),
+    # the soft losses and the other estimators, with the other corrections
+    ("grpo.loss_type=sapo", "grpo.advantage=reinforce_pp", "grpo.rollout_correction=sequence_truncate",
+     "grpo.correction_clip_max=3.0"),
+    ("grpo.max_staleness=1", "grpo.loss_type=vespo", "grpo.advantage=dr_grpo"),
+    ("grpo.loss_type=luspo", "grpo.importance_sampling_level=sequence", "grpo.advantage=reinforce_pp_baseline",
+     "grpo.rollout_correction=none"),
+], ids=["gspo-stale2-seqmask-rloo", "cispo-stale1-icepop-opm-gdpo", "sapo-seqtrunc-reinforcepp",
+        "vespo-stale1-drgrpo", "luspo-reinforceppbaseline-nocorrection"])
+def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
+    from rlkit.grpo.run import run_grpo
+
+    out = tmp_path / "variant"
+    cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=24",
+                                                          "eval.every=24", "checkpoint.every=0",
+                                                          "curriculum.enabled=false", *variant))
+    run_grpo(cfg, GRPO_RECIPE)
+    rows = _metrics(out)
+    evals = [r["eval_reward"] for r in rows if r.get("eval_reward") is not None]
+    assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
 
 
 def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path):

@@ -162,3 +162,52 @@ def test_dapo_normaliser_makes_a_global_token_mean():
                  for n in tokens]  # ratio 1, A = -1: every token's loss is exactly 1
     step = sum(per_micro) / 2 / 2  # DeepSpeed: / GA per micro-batch, then the mean over 2 ranks
     assert step.item() == pytest.approx(1.0)  # the mean over all 16 tokens
+
+
+# --- GSPO sequence ratios, CISPO, SAPO, the correction weights (TRL comparison: test_loss_vs_trl.py) --
+
+
+def test_sequence_level_ratio_is_the_geometric_mean_per_sequence():
+    # row 0 log-ratios [ln 1.5, 0, ln 0.5] -> mean ln(0.75)/3 -> w0 = 0.75^(1/3) (unclipped, A > 0);
+    # row 1 [ln 0.5, ln 1.1] -> w1 = 0.55^(1/2) = 0.7416 < 0.8, A < 0 -> clipped at 0.8, loss +0.8
+    logp, old, adv, mask = two_by_three()
+    out = policy_loss(logp, old, adv, mask, loss_type="grpo", importance_sampling_level="sequence")
+    w0 = 0.75 ** (1 / 3)
+    assert out.loss.item() == pytest.approx((-w0 + 0.8) / 2, abs=1e-12)
+    assert out.clip_frac_low.item() == pytest.approx(0.5)  # one of two sequences
+
+
+def test_cispo_caps_the_detached_weight():
+    # weights min(r, 1.2): [1.2, 1.0, 0.5 | 0.5, 1.1]; loss = -sum(w * A * logp) / tokens
+    logp, old, adv, mask = two_by_three()
+    logp = logp.clone().requires_grad_(True)
+    out = policy_loss(logp, old, adv, mask, loss_type="cispo", epsilon_high=1.2)
+    w = torch.tensor([[1.2, 1.0, 0.5], [0.5, 1.1, 0.0]], dtype=D)
+    want = -(w * adv[:, None] * logp.detach() * mask).sum() / 5
+    assert out.loss.item() == pytest.approx(want.item(), abs=1e-12)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    torch.testing.assert_close(grad, -(w * adv[:, None] * mask) / 5)  # no gradient through the weight
+    assert out.clip_frac.item() == pytest.approx(1 / 5)  # row 0 tok 0: r 1.5 > 1.2 with A > 0
+
+
+def test_sapo_soft_gate_by_hand():
+    # per token -sigmoid(tau (r - 1)) * 4 / tau * A, tau 1 for A > 0, 1.05 for A < 0; grpo-style mean
+    logp, old, adv, mask = two_by_three()
+    out = policy_loss(logp, old, adv, mask, loss_type="sapo")
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    row0 = [-sig(r - 1) * 4 for r in (1.5, 1.0, 0.5)]
+    row1 = [sig(1.05 * (r - 1)) * 4 / 1.05 for r in (0.5, 1.1)]
+    assert out.loss.item() == pytest.approx((sum(row0) / 3 + sum(row1) / 2) / 2, abs=1e-12)
+    assert out.clip_frac is None
+
+
+def test_correction_weights_and_keep_scale_only_the_policy_term():
+    logp, old, adv, mask = two_by_three()
+    ref = logp + 0.1
+    base = policy_loss(logp, old, adv, mask, loss_type="bnpo", ref_logp=ref, beta=0.5)
+    kl_part = policy_loss(logp, old, adv, mask * 0 + mask, loss_type="bnpo", ref_logp=ref, beta=0.5,
+                          keep=torch.zeros(2, 1, dtype=D))  # every sequence dropped: only the KL is left
+    weighted = policy_loss(logp, old, adv, mask, loss_type="bnpo", ref_logp=ref, beta=0.5,
+                           is_weights=torch.full((2, 3), 2.0, dtype=D))
+    assert kl_part.loss.item() == pytest.approx(0.5 * kl_part.kl_mean.item(), abs=1e-12)
+    assert weighted.loss.item() == pytest.approx(2 * base.loss.item() - kl_part.loss.item(), abs=1e-12)

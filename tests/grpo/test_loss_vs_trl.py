@@ -164,3 +164,149 @@ def test_soft_overlong_matches_trl():
     trl_vals = get_soft_overlong_punishment(100, 20)([[0] * n for n in lengths])
     ours = soft_overlong_penalty(torch.tensor(lengths), 100, 20)
     torch.testing.assert_close(ours, torch.tensor(trl_vals, dtype=ours.dtype), atol=1e-6, rtol=0)
+
+
+# --- the losses TRL 1.16 added, sequence-level ratios, rollout correction, GDPO --------------------
+
+NEW_CASES = [
+    # loss_type, importance_sampling_level, beta, eps_high, IS mode (None = off), off-policy threshold
+    ("cispo", "token", 0.0, 5.0, None, None),
+    ("cispo", "token", 0.04, 1.2, "token_truncate", 0.1),
+    ("sapo", "token", 0.0, 0.2, None, None),
+    ("sapo", "sequence", 0.04, 0.2, "sequence_mask", None),
+    ("luspo", "sequence", 0.0, 0.28, None, None),
+    ("luspo", "sequence", 0.04, 0.28, "sequence_truncate", 0.05),
+    ("vespo", "token", 0.0, 0.2, None, None),
+    ("vespo", "token", 0.04, 0.2, "token_mask", None),
+    ("grpo", "sequence", 0.0, 0.28, None, None),  # GSPO
+    ("grpo", "sequence", 0.04, 0.28, "token_mask", 0.1),
+    ("dapo", "token", 0.0, 0.28, "token_truncate", None),
+    ("dapo", "token", 0.04, 0.28, "sequence_mask", 0.05),
+    ("bnpo", "token", 0.0, 0.2, "token_mask", None),
+]
+
+
+def _trl_is_ratio(old, sampling, mask, mode, clip_min, clip_max):
+    # Copied from trl 1.16.0 trl/trainer/grpo_trainer.py, _generate_and_score_completions,
+    # `if self.use_vllm and self.vllm_importance_sampling_correction:` (no tool mask).
+    import math
+
+    per_token_logps_diff = (old - sampling) * mask
+    per_token_logps_diff = torch.nan_to_num(per_token_logps_diff, nan=0.0)
+    sequence_level_is = mode in ["sequence_mask", "sequence_truncate"]
+    if sequence_level_is:
+        logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)
+    else:
+        logps_diff = per_token_logps_diff
+    ratio = torch.exp(logps_diff)
+    if mode in ["sequence_truncate", "token_truncate"]:
+        ratio = torch.clamp(ratio, min=clip_min, max=clip_max)
+    else:
+        min_val = clip_min if clip_min is not None else -math.inf
+        max_val = clip_max if clip_max is not None else math.inf
+        ratio = ratio.masked_fill((ratio < min_val) | (ratio > max_val), value=0.0)
+    return ratio
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("clip_min, clip_max", [(None, 1.3), (0.8, 1.25), (0.9, None)])
+def test_rollout_correction_matches_trl(mode, clip_min, clip_max):
+    from rlkit.grpo.correction import rollout_correction
+
+    logp, old, _, _, mask, _ = _inputs(seed=3)
+    sampling = old + 0.15 * torch.randn(B, T, generator=torch.Generator().manual_seed(4))
+    sampling[2, 0] = float("nan")  # a token vLLM could not score: ratio 1, as in TRL
+    if mode.startswith("sequence"):  # sequence log-ratios [0.4, -0.4, 0.05, 0]: ratios 1.49, 0.67, 1.05, 1
+        per_token = torch.tensor([0.4, -0.4, 0.05, 0.0]) / mask.sum(-1)
+        sampling = old - per_token[:, None] * mask
+    want = _trl_is_ratio(old, sampling, mask, mode, clip_min, clip_max)
+    got = rollout_correction(old, sampling, mask, mode, clip_min, clip_max)
+    torch.testing.assert_close(got.weights, want, atol=1e-6, rtol=0)
+    assert 0 < got.metrics["is/corrected_frac"] < 1  # the bounds bite on some, not all
+
+
+@pytest.mark.parametrize("loss_type, level, beta, eps_high, is_mode, opm", NEW_CASES)
+def test_new_losses_match_trl(loss_type, level, beta, eps_high, is_mode, opm):
+    from rlkit.grpo.correction import off_policy_mask, rollout_correction
+    from rlkit.grpo.loss import SoftGates
+
+    logp, old, ref, adv, mask, ent = _inputs(seed=len(loss_type) + len(level))
+    sampling = old + 0.1 * torch.randn(B, T, generator=torch.Generator().manual_seed(7))
+    if is_mode and is_mode.startswith("sequence"):
+        sampling = old + 0.03 * torch.randn(B, T, generator=torch.Generator().manual_seed(8))
+    ga, procs, spg, num_items_gen = 2, 2, 2, torch.tensor(37.0)
+    if opm is not None:
+        sampling[1] += 0.3  # row 1 (A < 0) drifts from the sampler: the off-policy mask drops it
+    is_ratio = None if is_mode is None else _trl_is_ratio(old, sampling, mask, is_mode, 0.5, 1.4)
+    stub = _trl_stub(logp, ent, loss_type=loss_type, beta=beta, eps_low=0.2, eps_high=eps_high, delta=None, ga=ga,
+                     procs=procs, steps_per_gen=spg, max_len=8)
+    gates = SoftGates(1.0, 1.05, 2.0, 3.0, 3.0, 2.0)
+    stub.importance_sampling_level, stub.off_policy_mask_threshold = level, opm
+    stub.use_vllm = stub.vllm_importance_sampling_correction = is_mode is not None
+    stub.args.sapo_temperature_pos = gates.sapo_temperature_pos
+    stub.args.sapo_temperature_neg = gates.sapo_temperature_neg
+    stub.args.vespo_k_pos, stub.args.vespo_lambda_pos = gates.vespo_k_pos, gates.vespo_lambda_pos
+    stub.args.vespo_k_neg, stub.args.vespo_lambda_neg = gates.vespo_k_neg, gates.vespo_lambda_neg
+    stub.get_off_policy_mask, stub.get_gamma_weights = GRPOTrainer.get_off_policy_mask, GRPOTrainer.get_gamma_weights
+    inputs = {"prompt_ids": torch.zeros(B, P_LEN, dtype=torch.long),
+              "prompt_mask": torch.ones(B, P_LEN, dtype=torch.long),
+              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask, "advantages": adv,
+              "old_per_token_logps": old, "ref_per_token_logps": ref, "num_items_in_batch": num_items_gen,
+              "sampling_per_token_logps": sampling}
+    if is_ratio is not None:
+        inputs["importance_sampling_ratio"] = is_ratio
+    trl_loss = GRPOTrainer._compute_loss(stub, None, inputs)
+    (trl_grad,) = torch.autograd.grad(trl_loss, logp)
+
+    weights = None if is_mode is None else rollout_correction(old, sampling, mask, is_mode, 0.5, 1.4).weights
+    keep = None if opm is None else off_policy_mask(adv, logp, sampling, mask, opm)
+    out = policy_loss(logp, old, adv, mask, epsilon_low=0.2, epsilon_high=eps_high, ref_logp=ref, beta=beta,
+                      loss_type=loss_type, importance_sampling_level=level, max_completion_length=8,
+                      num_items_in_batch=num_items_gen / procs * ga / spg, entropies=ent, is_weights=weights,
+                      keep=keep, gates=gates)
+    ours = out.loss if loss_type in ("dapo", "cispo", "vespo") else out.loss / ga
+    (our_grad,) = torch.autograd.grad(ours, logp)
+    torch.testing.assert_close(ours, trl_loss, atol=1e-6, rtol=0)
+    torch.testing.assert_close(our_grad, trl_grad, atol=1e-6, rtol=0)
+    assert our_grad.abs().sum() > 0
+    m = stub._metrics["train"]
+    if loss_type == "cispo":
+        assert out.clip_frac.item() == pytest.approx(m["cispo_clip_ratio"][0], abs=1e-6)
+    elif loss_type == "vespo":
+        assert out.phi_mean.item() == pytest.approx(m["vespo/phi_seq_mean"][0], abs=1e-6)
+    elif loss_type != "sapo":
+        assert out.clip_frac_low.item() == pytest.approx(m["clip_ratio/low_mean"][0], abs=1e-6)
+        assert out.clip_frac.item() == pytest.approx(m["clip_ratio/region_mean"][0], abs=1e-6)
+    if opm is not None:
+        assert 0 < keep.sum() < B  # the off-policy mask drops some sequences, not all
+
+
+def _trl_normalize_then_sum(rewards_per_func, reward_weights, num_generations):
+    # Copied from trl 1.16.0 trl/trainer/grpo_trainer.py, _generate_and_score_completions,
+    # `elif self.multi_objective_aggregation == "normalize_then_sum":` (+ the unscorable mask and nan_to_num).
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean_k)
+    reward_k = (grouped - mean_k) / (std_k + 1e-4)
+    reward_k = reward_k.view(-1, rewards_per_func.shape[1])
+    rewards = (reward_k * reward_weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable_mask] = torch.nan
+    std_rewards = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+@pytest.mark.parametrize("group_size", [2, 4, 8])
+def test_normalize_then_sum_matches_trl(group_size):
+    from rlkit.grpo.advantages import normalize_then_sum
+
+    g = torch.Generator().manual_seed(group_size)
+    per_fn = torch.stack([torch.randint(0, 2, (32,), generator=g).float(), torch.rand(32, generator=g)], dim=1)
+    per_fn[3, 1] = float("nan")  # one function skipped a sample
+    per_fn[9] = float("nan")  # every function skipped it: unscorable
+    weights = torch.tensor([1.0, 0.5])
+    want = _trl_normalize_then_sum(per_fn, weights, group_size)
+    got = normalize_then_sum(per_fn, weights, group_size)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert got[9] == 0

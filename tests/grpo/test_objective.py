@@ -14,7 +14,8 @@ from rlkit.grpo.objective import GRPOObjective
     (dict(beta=0.1), ("ref_logp",)),
     (dict(epochs=2), ("old_logp",)),
     (dict(mini_batches=2, micro_batch_size=4), ("old_logp",)),
-    (dict(epochs=2, beta=0.1, async_generation=True), ("ref_logp",)),  # the engine's logprobs are the old policy
+    # stale rollouts: the learner's own old policy; the engine's logprobs only weigh (rollout correction)
+    (dict(epochs=2, beta=0.1, max_staleness=1), ("ref_logp", "old_logp")),
 ])
 def test_needs_follow_the_recipe(algo, needs):
     objective = GRPOObjective.from_config(GRPOAlgoConfig(**algo), RolloutConfig(temperature=0.7, max_tokens=32))
@@ -40,6 +41,14 @@ def test_loss_is_the_policy_loss_of_the_token_logprobs(tiny_model):
                            loss_type="dapo", num_items_in_batch=2.5)
     torch.testing.assert_close(loss, want.loss)
     assert set(metrics) == {"loss", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "entropy"}
+    # with the engine's logprobs (as from vLLM): the mismatch metrics, and the correction weighs the loss
+    engine = torch.where(mb["completion_mask"][:, 1:].bool(), logp - 0.3, torch.zeros_like(logp))
+    with torch.no_grad():
+        loss_c, metrics_c = objective(model, {**mb, "engine_logp": engine})
+    rho = torch.exp(torch.tensor(0.3)).clamp(max=2.0)  # pi_learner / pi_engine per token, truncated at 2
+    torch.testing.assert_close(loss_c, want.loss * rho)
+    assert metrics_c["mismatch/logp_abs_diff_mean"].item() == pytest.approx(0.3, abs=1e-5)
+    assert metrics_c["is/ratio_max"].item() == pytest.approx(float(torch.exp(torch.tensor(0.3))), abs=1e-5)
     assert metrics["ratio_mean"].item() == pytest.approx(1.0)  # on-policy: the ratio is 1
     loss, metrics = objective(model, mb)  # with gradients, as in a train step
     assert loss.requires_grad and not any(v.requires_grad for v in metrics.values())  # metrics go back detached
