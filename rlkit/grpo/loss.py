@@ -139,13 +139,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask:
     ``keep`` ([B, 1] or [B, T] of 0/1: the off-policy sequence mask) multiply the policy term
     (``vespo`` folds ``is_weights`` into W instead). Then ``+ beta * KL_kind(logp, ref_logp)``.
 
-    Aggregation of ``l * mask`` (S = its sum):
-        grpo, sapo:          mean over tokens per sequence, then mean over the B sequences;
-        bnpo:                S / (number of mask tokens in this batch);
-        dr_grpo:             S / (B * max_completion_length)  (``max_completion_length`` required);
-        dapo, cispo, vespo:  S / num_items_in_batch  (default: mask tokens in this batch);
-        luspo:               sum over tokens per sequence, then mean over B (length-scaled GSPO).
-    Denominators are clamped to >= 1 as in TRL. No grad-accumulation scaling: see module doc.
+    Averaged as `aggregate` says (dr_grpo needs ``max_completion_length``); no grad-accumulation
+    scaling: see module doc.
 
     ``entropies`` [B, T] (optional) is only reported, not added to the loss.
     """
@@ -246,8 +241,16 @@ def _check_options(loss_type: str, beta: float, ref_logp: Tensor | None, max_com
 
 def aggregate(per_token: Tensor, mask: Tensor, loss_type: LossType, max_completion_length: int | None = None,
               num_items_in_batch: float | Tensor | None = None) -> Tensor:
-    """The scalar loss from per-token losses [B, T] and the float mask [B, T] (see `policy_loss`
-    for the aggregations); denominators are clamped to >= 1 as in TRL."""
+    """The scalar loss from per-token losses [B, T] and the float mask [B, T]. With S the sum of
+    ``per_token * mask``:
+
+        grpo, sapo:          mean over tokens per sequence, then mean over the B sequences;
+        bnpo:                S / (number of mask tokens in this batch);
+        dr_grpo:             S / (B * max_completion_length)  (``max_completion_length`` required);
+        dapo, cispo, vespo:  S / num_items_in_batch  (default: mask tokens in this batch);
+        luspo:               sum over tokens per sequence, then mean over B (length-scaled GSPO).
+
+    Denominators are clamped to >= 1 as in TRL."""
     masked = per_token * mask
     if loss_type in ("grpo", "sapo"):
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
