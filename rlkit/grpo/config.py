@@ -27,7 +27,7 @@ from rlkit.config import (
 )
 from rlkit.grpo.advantages import ADVANTAGES
 from rlkit.grpo.correction import CorrectionMode
-from rlkit.grpo.loss import ISLevel, KLKind, LossType
+from rlkit.grpo.loss import ISLevel, KLKind, LossType, SoftGates
 from rlkit.recipe import check
 from rlkit.reward.contract import RewardSpec
 
@@ -71,12 +71,13 @@ class GRPOAlgoConfig:
     # constant normaliser), dapo, cispo (epsilon_high is then the weight cap, e.g. 5), sapo, luspo, vespo.
     loss_type: LossType = "dapo"
     importance_sampling_level: ISLevel = "token"  # sequence = GSPO's length-normalised sequence ratio
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
+    # The soft losses' parameters, named and defaulted as `loss.SoftGates` (TRL 1.16's).
+    sapo_temperature_pos: float = SoftGates.sapo_temperature_pos
+    sapo_temperature_neg: float = SoftGates.sapo_temperature_neg
+    vespo_k_pos: float = SoftGates.vespo_k_pos
+    vespo_lambda_pos: float = SoftGates.vespo_lambda_pos
+    vespo_k_neg: float = SoftGates.vespo_k_neg
+    vespo_lambda_neg: float = SoftGates.vespo_lambda_neg
     # A registered estimator (grpo/advantages.py): grpo = (r - mean) / (std + eps) per group,
     # no_std or dr_grpo = r - mean, batch_std = (r - group mean) / (batch std + eps), rloo = leave-one-out
     # baseline, reinforce_pp = batch-whitened reward, reinforce_pp_baseline = group-centred then whitened.

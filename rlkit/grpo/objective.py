@@ -11,6 +11,7 @@ is the detached forward itself: every micro-batch of the first optimizer step se
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +49,7 @@ class GRPOObjective:
         (epochs > 1 or several mini-batches), else the ratio is taken against the detached policy."""
         reused = algo.epochs > 1 or algo.mini_batches > 1
         needs = (("ref_logp",) if algo.beta > 0 else ()) + (("old_logp",) if reused else ())
-        gates = SoftGates(algo.sapo_temperature_pos, algo.sapo_temperature_neg, algo.vespo_k_pos,
-                          algo.vespo_lambda_pos, algo.vespo_k_neg, algo.vespo_lambda_neg)
+        gates = SoftGates(**{f.name: getattr(algo, f.name) for f in dataclasses.fields(SoftGates)})
         return cls(rollout.temperature, algo.epsilon_low, algo.epsilon_high, algo.beta, algo.kl, algo.loss_type,
                    algo.importance_sampling_level, rollout.max_tokens, algo.rollout_correction,
                    algo.correction_clip_min, algo.correction_clip_max, algo.off_policy_mask_threshold, gates, needs)
