@@ -198,6 +198,16 @@ class RolloutConfig:
     # learner rank 0 to every engine worker (accelerators; opt-in, not yet checked on a GPU here).
     sync: Literal["auto", "object_store", "broadcast", "in_process"] = "auto"
     sleep: bool = True  # colocated on an accelerator: vLLM sleep mode frees engine memory while training
+    # Every weight sync and engine call (generate, sync check) waits at most this long, then the run
+    # stops with a one-line error naming the engine and the phase; 0 = wait forever.
+    sync_timeout_s: float = 1800.0
+    start_timeout_s: float = 1800.0  # the same for an engine's start (model load, KV cache, graphs)
+    # Parity probe: after the start (or resume) and every N-th weight sync, the engines and the
+    # learner score held sequences; the largest |logprob difference| is the metric
+    # sync/check_abs_diff_max, and above sync_check_tol (nats; default 1e-3 for fp32 models, 0.5
+    # otherwise) the run stops naming the engine. 0 = off.
+    sync_check_every: int = 0
+    sync_check_tol: float | None = None
 
     def __post_init__(self):
         check(self.sync != "in_process" or self.colocate, "sync",
@@ -211,3 +221,9 @@ class RolloutConfig:
         check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
+        check(self.sync_timeout_s >= 0, "sync_timeout_s", f"must be >= 0 (0 = no limit), got {self.sync_timeout_s}")
+        check(self.start_timeout_s >= 0, "start_timeout_s",
+              f"must be >= 0 (0 = no limit), got {self.start_timeout_s}")
+        check(self.sync_check_every >= 0, "sync_check_every", f"must be >= 0 (0 = off), got {self.sync_check_every}")
+        check(self.sync_check_tol is None or self.sync_check_tol > 0, "sync_check_tol",
+              f"must be > 0 nats, got {self.sync_check_tol}")

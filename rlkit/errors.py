@@ -29,3 +29,9 @@ class DataError(UserError, ValueError):
 
 class RewardError(UserError, ValueError):
     """A reward function is misconfigured or failed; names the reward and the sample."""
+
+
+class FaultError(UserError):
+    """A fault during a run: an actor hung past its timeout, or a weight sync left an engine with
+    other weights than the learner's. Names the actor and the phase; checkpoints already written
+    are intact, so `resume: auto` continues from the last one."""

@@ -14,21 +14,29 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import torch
+
 from rlkit.accel import DeviceInfo
 from rlkit.config import ModelConfig, RayConfig, RolloutConfig
+from rlkit.engine.calls import wait_all
 from rlkit.engine.group import LearnerGroup
 from rlkit.engine.rollout import Sample, Sampling
-from rlkit.errors import UserError
+from rlkit.errors import FaultError, UserError
 from rlkit.seeding import derive_seed
 
 
 class RolloutEngines(Protocol):
-    """What a driver needs from its rollout engines."""
+    """What a driver needs from its rollout engines. Every call waits at most
+    `rollout.sync_timeout_s` (`start_timeout_s` for the start), then raises a `FaultError`
+    naming the engine and the phase."""
+
+    names: list[str]
 
     def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]: ...
     def gather(self, futures: list[Any]) -> list[Sample]: ...
     def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]: ...
     def sync_from(self, learners: LearnerGroup) -> dict[str, float]: ...
+    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]: ...
     def idle(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -63,22 +71,48 @@ def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo
     return SeparateEngines(rollout, model, device, ray_cfg, seed)
 
 
+def sync_check_tol(rollout: RolloutConfig, model: ModelConfig) -> float:
+    """`rollout.sync_check_tol`, or its default: 1e-3 nats for fp32 models (engine and learner
+    agree to ~1e-5 on CPU), 0.5 otherwise (half-precision kernels differ; not yet calibrated on
+    a GPU)."""
+    if rollout.sync_check_tol is not None:
+        return rollout.sync_check_tol
+    return 1e-3 if model.dtype == "fp32" else 0.5
+
+
+def sync_check(engines: RolloutEngines, learners: LearnerGroup, sequences: list[list[int]], tol: float,
+               when: str) -> float:
+    """Parity probe after a weight sync: the engines and the learner score `sequences` (token
+    ids); returns the largest |engine - learner| token logprob over engines and tokens. Above
+    `tol` (or NaN) a `FaultError` names the worst engine: its weights are not the learner's."""
+    want = torch.tensor([x for seq in learners.sequence_logprobs(sequences) for x in seq])
+    diffs = [float((torch.tensor([x for seq in got for x in seq]) - want).abs().max())
+             for got in engines.sequence_logprobs(sequences)]
+    worst = max(range(len(diffs)), key=lambda i: diffs[i] if diffs[i] == diffs[i] else float("inf"))
+    if not diffs[worst] <= tol:
+        raise FaultError(f"sync check {when}: {engines.names[worst]} scores the check sequences up to "
+                         f"{diffs[worst]:.3g} nats away from the learner (rollout.sync_check_tol {tol:g}), so "
+                         f"the weight sync did not reach it whole; stopping rather than training on its "
+                         f"samples (checkpoints already written are intact)")
+    return diffs[worst]
+
+
 def _shards(prompts: list[str], k: int) -> list[list[str]]:
     size = -(-len(prompts) // k)
     return [prompts[i * size:(i + 1) * size] for i in range(k)]
 
 
-def _generate_async(handles: list[Any], prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
+def _generate_async(handles: list[Any], prompts: list[str], n: int, sampling: Sampling,
+                    seed: int) -> list[tuple[int, Any]]:
     """Start `n` samples per prompt on the engines behind `handles` (actor handles with a
-    `generate` method); Ray futures, in prompt order."""
-    return [h.generate.remote(shard, n=n, seed=derive_seed(seed, i), **sampling.kwargs())
+    `generate` method); (engine index, Ray future) pairs, in prompt order."""
+    return [(i, h.generate.remote(shard, n=n, seed=derive_seed(seed, i), **sampling.kwargs()))
             for i, (h, shard) in enumerate(zip(handles, _shards(prompts, len(handles)))) if shard]
 
 
-def _gather(futures: list[Any]) -> list[Sample]:
-    import ray
-
-    return [s for part in ray.get(futures) for s in part]
+def _gather(futures: list[tuple[int, Any]], names: list[str], timeout_s: float) -> list[Sample]:
+    parts = wait_all([f for _, f in futures], [names[i] for i, _ in futures], "the generation", timeout_s)
+    return [s for part in parts for s in part]
 
 
 class SeparateEngines:
@@ -87,7 +121,6 @@ class SeparateEngines:
 
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
                  seed: int):
-        import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from rlkit.engine.placement import actor_resources, placement_group, worker_env
@@ -99,16 +132,19 @@ class SeparateEngines:
         resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
                      **opts.get("resources", {})}
         self.rollout, self.strategy = rollout, sync_strategy(rollout, device)
+        self.timeout = rollout.sync_timeout_s or None
+        self.names = [f"engine {i}" for i in range(rollout.num_engines)]
         self.pg = placement_group(device, rollout.num_engines, cpus, devices=tp)
         self.handles = [
             create_rollout_actor(
                 model.path, resources=resources, env_vars=worker_env(device),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                      placement_group_bundle_index=i),
-                tensor_parallel_size=tp,
+                tensor_parallel_size=tp, index=i,
                 **worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31)))
             for i in range(rollout.num_engines)]
-        ray.get([h.ready.remote() for h in self.handles])
+        wait_all([h.ready.remote() for h in self.handles], self.names, "its start",
+                 rollout.start_timeout_s or None, knob="rollout.start_timeout_s")
 
     def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
         """Start generating; returns at once (Ray futures for `gather`)."""
@@ -116,7 +152,7 @@ class SeparateEngines:
 
     def gather(self, futures: list[Any]) -> list[Sample]:
         """The samples of `generate_async`, prompt-major."""
-        return _gather(futures)
+        return _gather(futures, self.names, self.timeout)
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         """`n` samples per prompt, prompt-major, reproducible for `seed`."""
@@ -124,7 +160,12 @@ class SeparateEngines:
 
     def sync_from(self, learners: LearnerGroup) -> dict[str, float]:
         """The learners' current policy into every engine, in place (no restart)."""
-        return learners.push_weights(self.handles, self.rollout.sync_bucket_mib, self.strategy)[0]
+        return learners.push_weights(self.handles, self.rollout.sync_bucket_mib, self.strategy, self.timeout)[0]
+
+    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
+        """Each engine's `RolloutWorker.sequence_logprobs` (the sync check)."""
+        return wait_all([h.sequence_logprobs.remote(sequences) for h in self.handles], self.names,
+                        "the sync check", self.timeout)
 
     def idle(self) -> None:
         """Nothing to free: separate engines keep their memory."""
@@ -143,23 +184,28 @@ class ColocatedEngines:
 
     def __init__(self, learners: LearnerGroup, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo,
                  seed: int):
-        self.learners = learners
-        options = [worker_options(rollout, model, device, derive_seed(seed, "engine", rank, bits=31))
-                   for rank in range(learners.size)]
-        learners.start_engines(model.path, [{**o, "sleep_mode": rollout.sleep} for o in options])
+        self.learners, self.timeout = learners, rollout.sync_timeout_s or None
+        self.names = [f"engine {rank} (in learner {rank})" for rank in range(learners.size)]
+        options = [{**worker_options(rollout, model, device, derive_seed(seed, "engine", rank, bits=31)),
+                    "index": rank} for rank in range(learners.size)]
+        learners.start_engines(model.path, [{**o, "sleep_mode": rollout.sleep} for o in options],
+                               rollout.start_timeout_s or None)
 
     def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
         return _generate_async(self.learners.actors, prompts, n, sampling, seed)
 
     def gather(self, futures: list[Any]) -> list[Sample]:
-        return _gather(futures)
+        return _gather(futures, self.names, self.timeout)
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         return self.gather(self.generate_async(prompts, n, sampling, seed))
 
     def sync_from(self, learners: LearnerGroup) -> dict[str, float]:
         """Every rank loads its own engine by reference; rank 0's stats."""
-        return learners.push_weights_in_process()[0]
+        return learners.push_weights_in_process(self.timeout)[0]
+
+    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
+        return self.learners.engine_sequence_logprobs(sequences, self.timeout)
 
     def idle(self) -> None:
         """Generation is over until the next sync: on accelerators the engines sleep (vLLM sleep

@@ -12,9 +12,12 @@ from typing import Any
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import RayConfig
+from rlkit.engine.calls import wait_all
 from rlkit.engine.learner import LearnerSpec
 from rlkit.engine.objective import FitResult, MicroBatch, Objective, StepMetrics
 from rlkit.engine.placement import actor_resources, placement_group, worker_env
+
+SLACK_S = 30.0  # extra wait for a learner whose engine calls each have the timeout
 
 
 class LearnerGroup:
@@ -64,15 +67,22 @@ class LearnerGroup:
 
     # ------------------------------------------------------------------ weights
 
-    def push_weights(self, engines: list[Any], bucket_mib: float,
-                     strategy: str = "object_store") -> list[dict[str, float] | None]:
+    def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store",
+                     timeout_s: float | None = None) -> list[dict[str, float] | None]:
         """Current policy -> separate rollout engines. Rank 0 sends and returns its `SyncStats` as a
-        dict; the other ranks only take part in ZeRO-3 gathers (None)."""
-        return self._all("push_weights", engines, bucket_mib, strategy)
+        dict; the other ranks only take part in ZeRO-3 gathers (None). Each engine call may take
+        `timeout_s` (a `FaultError` naming the engine); the learners get `SLACK_S` more, so a hung
+        engine is named before its learner."""
+        return self._timed("push_weights", "the weight sync", timeout_s and timeout_s + SLACK_S,
+                           engines, bucket_mib, strategy, timeout_s)
 
-    def push_weights_in_process(self) -> list[dict[str, float]]:
+    def push_weights_in_process(self, timeout_s: float | None = None) -> list[dict[str, float]]:
         """Current policy -> each rank's colocated engine; `SyncStats` dict per rank."""
-        return self._all("push_weights_in_process")
+        return self._timed("push_weights_in_process", "the weight sync", timeout_s)
+
+    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Rank 0's `Learner.sequence_logprobs` (all ranks take part, for ZeRO-3)."""
+        return self._all("sequence_logprobs", sequences)[0]
 
     def named_weights(self) -> list[tuple[str, Any]]:
         """The current policy (LoRA merged) as (HF name, CPU tensor), from rank 0."""
@@ -80,13 +90,16 @@ class LearnerGroup:
 
     # ------------------------------------------------------------------ colocated engines
 
-    def start_engines(self, model_path: str, per_rank_options: Sequence[dict[str, Any]]) -> list[float]:
+    def start_engines(self, model_path: str, per_rank_options: Sequence[dict[str, Any]],
+                      timeout_s: float | None = None) -> list[float]:
         """A vLLM engine in each learner process (`Learner.start_engine`); start seconds per rank."""
-        return self._each("start_engine", [(model_path, options) for options in per_rank_options])
+        return self._each("start_engine", [(model_path, options) for options in per_rank_options], timeout_s,
+                          phase="its engine's start", knob="rollout.start_timeout_s")
 
-    def engine_sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
+    def engine_sequence_logprobs(self, sequences: list[list[int]],
+                                 timeout_s: float | None = None) -> list[list[list[float]]]:
         """Each rank's colocated engine scores `sequences` (weight checks)."""
-        return self._all("engine_sequence_logprobs", sequences)
+        return self._timed("engine_sequence_logprobs", "the sync check", timeout_s, sequences)
 
     def sleep_engines(self) -> None:
         self._all("sleep_engine")
@@ -113,13 +126,20 @@ class LearnerGroup:
         ray.util.remove_placement_group(self.pg)
 
     def _all(self, method: str, *args: Any) -> list[Any]:
-        import ray
+        return self._timed(method, method, None, *args)
 
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+    def _timed(self, method: str, phase: str, timeout_s: float | None, *args: Any) -> list[Any]:
+        """`method(*args)` on every rank; the first rank to fail ends the wait (see `wait_all`)."""
+        futures = [getattr(a, method).remote(*args) for a in self.actors]
+        return wait_all(futures, self.owners, phase, timeout_s)
 
-    def _each(self, method: str, per_rank_args: Sequence[tuple]) -> list[Any]:
-        import ray
-
+    def _each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float | None = None,
+              phase: str | None = None, knob: str = "rollout.sync_timeout_s") -> list[Any]:
         if len(per_rank_args) != len(self.actors):
             raise ValueError(f"{method}: {len(per_rank_args)} shards for {len(self.actors)} learners")
-        return ray.get([getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)])
+        futures = [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
+        return wait_all(futures, self.owners, phase or method, timeout_s, knob)
+
+    @property
+    def owners(self) -> list[str]:
+        return [f"learner {rank}" for rank in range(len(self.actors))]

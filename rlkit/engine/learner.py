@@ -190,6 +190,16 @@ class Learner:
             out.append(logp.cpu())
         return out
 
+    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Logprob of each token `t >= 1` of each sequence given its prefix, under the current
+        policy at temperature 1: the learner's side of `RolloutWorker.sequence_logprobs`. Every
+        rank must call (ZeRO-3)."""
+        width = max(len(s) for s in sequences)
+        ids = torch.tensor([list(s) + [0] * (width - len(s)) for s in sequences])
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
+        logp = self.logprobs([{"input_ids": ids, "attention_mask": mask}])[0]
+        return [row[:len(s) - 1].tolist() for row, s in zip(logp, sequences)]
+
     def _to_device(self, batch: MicroBatch) -> MicroBatch:
         return {k: v.to(self.engine.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
@@ -210,11 +220,13 @@ class Learner:
         return iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage,
                                   lora_merge=self.spec.finetuning != "full", all_ranks=all_ranks)
 
-    def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store") -> dict | None:
+    def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store",
+                     timeout_s: float | None = None) -> dict | None:
         """Send the current policy (LoRA merged) to separate rollout engines: through the Ray
         object store, or by NCCL/HCCL broadcast (`strategy="broadcast"`, accelerators; the group is
         set up on first use). Every rank must call (ZeRO-3 gathers layer by layer); rank 0 sends
-        and returns the `SyncStats` as a dict."""
+        and returns the `SyncStats` as a dict. An engine call over `timeout_s` is a `FaultError`
+        naming the engine."""
         from rlkit.engine.weight_sync import BroadcastSync, ObjectStoreSync
 
         named = self._named_weights()
@@ -223,10 +235,10 @@ class Learner:
                 pass
             return None
         if strategy != "broadcast":
-            return asdict(ObjectStoreSync(engines, bucket_mib).push(named))
+            return asdict(ObjectStoreSync(engines, bucket_mib, timeout_s=timeout_s).push(named))
         if self._broadcast is None:
             self._broadcast = BroadcastSync.connect(engines, self.engine.device,
-                                                    self.device_info.weight_sync_backend, bucket_mib)
+                                                    self.device_info.weight_sync_backend, bucket_mib, timeout_s)
         return asdict(self._broadcast.push(named))
 
     def push_weights_in_process(self) -> dict[str, float]:

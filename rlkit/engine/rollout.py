@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from rlkit import faults
 from rlkit.engine.vllm_ext import dtype_name
 from rlkit.seeding import derive_seed
 
@@ -89,14 +90,16 @@ class RolloutWorker:
 
     On CPU: KV cache capped at `kv_cache_gib` (default 1 GiB), eager mode. On GPU:
     `gpu_memory_utilization` unless `kv_cache_gib` is given. `llm_kwargs` go to `vllm.LLM` last.
+    `index`: the engine's number in its run (errors and logs name it).
     """
 
     def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.85, kv_cache_gib: float | None = None,
                  enforce_eager: bool | None = None, logprobs_mode: str = "processed_logprobs",
-                 sleep_mode: bool = False, llm_kwargs: dict[str, Any] | None = None):
+                 sleep_mode: bool = False, llm_kwargs: dict[str, Any] | None = None, index: int = 0):
         start = time.perf_counter()
+        self.index = index
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -141,6 +144,7 @@ class RolloutWorker:
         `[i * n, (i + 1) * n)` belong to prompt `i`. `seed` makes the call reproducible."""
         from vllm import SamplingParams
 
+        faults.hang_here("generate", self.index)
         params = []
         for i in range(len(prompts)):
             params.append(SamplingParams(
@@ -182,6 +186,8 @@ class RolloutWorker:
         each tensor is packed as raw bytes (vLLM's RPC to worker processes turns tensors nested
         in lists into Python lists).
         """
+        faults.hang_here("weight_sync", self.index)
+        named_tensors = faults.skip_tensors(named_tensors, self.index)
         if self.in_process and self.tp_size == 1:  # the worker runs in this process: pass by reference
             count = self.llm.collective_rpc("load_weights_from_iter", args=(named_tensors,))[0]
         else:  # worker processes (TP > 1, or the engine core apart): raw bytes survive vLLM's RPC

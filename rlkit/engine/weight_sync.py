@@ -13,6 +13,9 @@ Strategies (each `push(named) -> SyncStats`):
 - `InProcessSync`: learner and engine share a process; the iterator is handed straight to
   the engine's `reload_weights`.
 
+Every engine call of a push waits at most `timeout_s` (`rollout.sync_timeout_s`), then a
+`FaultError` names the engine (see `engine/calls.py`).
+
 Buckets never split a transformer layer (`...layers.<i>.`), because vLLM fuses q/k/v and
 gate/up into one parameter and processes a layer once all its parts are loaded.
 """
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlkit.engine.calls import wait_all
 from rlkit.engine.vllm_ext import communicator_class, dtype_name
 
 NamedTensor = tuple[str, torch.Tensor]
@@ -213,18 +217,35 @@ class _Counter:
             yield name, tensor
 
 
-class ObjectStoreSync:
+class _Engines:
+    """Rollout actor handles and the wait on their calls: each call at most `timeout_s` (None: no
+    limit), a late engine named by its index."""
+
+    def __init__(self, engines: list[Any], timeout_s: float | None):
+        self.engines, self.timeout_s = list(engines), timeout_s
+        self.owners = [f"engine {i}" for i in range(len(self.engines))]
+
+    def wait(self, futures: list[Any], phase: str = "the weight sync") -> list[Any]:
+        return wait_all(futures, self.owners, phase, self.timeout_s)
+
+    def reset_prefix_cache(self) -> None:
+        self.wait([e.reset_prefix_cache.remote() for e in self.engines])
+
+
+class ObjectStoreSync(_Engines):
     """Ray object store transfer; `engines` are rollout actor handles (`create_rollout_actor`).
 
     Each bucket is `ray.put` once (on CPU, optionally cast to `dtype`) and loaded by all
-    engines; at most `max_inflight` buckets live in the store at a time.
+    engines; at most `max_inflight` buckets live in the store at a time. Each engine call may
+    take `timeout_s` seconds at most (None: no limit).
     """
 
     def __init__(self, engines: list[Any], bucket_mib: float = 256.0,
-                 dtype: torch.dtype | None = None, max_inflight: int = 2):
+                 dtype: torch.dtype | None = None, max_inflight: int = 2, timeout_s: float | None = None):
         if not engines:
             raise ValueError("ObjectStoreSync needs at least one rollout engine")
-        self.engines, self.bucket_mib, self.dtype = list(engines), bucket_mib, dtype
+        super().__init__(engines, timeout_s)
+        self.bucket_mib, self.dtype = bucket_mib, dtype
         self.max_inflight = max(1, max_inflight)
 
     def push(self, named: Iterable[NamedTensor]) -> SyncStats:
@@ -238,10 +259,10 @@ class ObjectStoreSync:
             del ref
             buckets += 1
             while len(pending) >= self.max_inflight:
-                ray.get(pending.pop(0))
+                self.wait(pending.pop(0))
         for futures in pending:
-            ray.get(futures)
-        ray.get([e.reset_prefix_cache.remote() for e in self.engines])
+            self.wait(futures)
+        self.reset_prefix_cache()
         return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -268,7 +289,7 @@ class InProcessSync:
         return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start)
 
 
-class BroadcastSync:
+class BroadcastSync(_Engines):
     """NCCL/HCCL broadcast from learner rank 0 to every engine worker. GPU only, unverified here.
 
     `engines`: rollout actor handles with their tensor-parallel sizes. Learner rank 0 joins as
@@ -277,14 +298,15 @@ class BroadcastSync:
 
     def __init__(self, engines: list[Any], tp_sizes: list[int], master_addr: str,
                  master_port: int, device: torch.device | str, backend: str = "nccl",
-                 bucket_mib: float = 256.0):
-        self.engines, self.tp_sizes = list(engines), list(tp_sizes)
+                 bucket_mib: float = 256.0, timeout_s: float | None = None):
+        super().__init__(engines, timeout_s)
+        self.tp_sizes = list(tp_sizes)
         self.addr, self.port, self.device = master_addr, master_port, torch.device(device)
         self.backend, self.bucket_mib, self.comm = backend, bucket_mib, None
 
     @classmethod
     def connect(cls, engines: list[Any], device: torch.device | str, backend: str,
-                bucket_mib: float) -> BroadcastSync:
+                bucket_mib: float, timeout_s: float | None = None) -> BroadcastSync:
         """Set up the group from this process (learner rank 0) to every worker of `engines`."""
         import socket
 
@@ -293,13 +315,13 @@ class BroadcastSync:
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        tp_sizes = ray.get([e.tensor_parallel_size.remote() for e in engines])
-        sync = cls(engines, tp_sizes, ray.util.get_node_ip_address(), port, device, backend, bucket_mib)
+        tp_sizes = wait_all([e.tensor_parallel_size.remote() for e in engines],
+                            [f"engine {i}" for i in range(len(engines))], "the broadcast setup", timeout_s)
+        sync = cls(engines, tp_sizes, ray.util.get_node_ip_address(), port, device, backend, bucket_mib, timeout_s)
         sync.setup()
         return sync
 
     def setup(self) -> None:
-        import ray
         from vllm.distributed.utils import StatelessProcessGroup
 
         world = 1 + sum(self.tp_sizes)
@@ -308,11 +330,9 @@ class BroadcastSync:
                    for e, off in zip(self.engines, offsets)]
         group = StatelessProcessGroup.create(host=self.addr, port=self.port, rank=0, world_size=world)
         self.comm = communicator_class(self.backend)(group, device=self.device)
-        ray.get(futures)
+        self.wait(futures, "the broadcast setup")
 
     def push(self, named: Iterable[NamedTensor]) -> SyncStats:
-        import ray
-
         if self.comm is None:
             raise RuntimeError("BroadcastSync.setup() must run before push()")
         start, counter, buckets = time.perf_counter(), _Counter(named), 0
@@ -321,7 +341,7 @@ class BroadcastSync:
             futures = [e.update_weights_broadcast.remote(specs) for e in self.engines]
             for _, tensor in bucket:
                 self.comm.broadcast(tensor.to(self.device).contiguous(), src=0)
-            ray.get(futures)
+            self.wait(futures)
             buckets += 1
-        ray.get([e.reset_prefix_cache.remote() for e in self.engines])
+        self.reset_prefix_cache()
         return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start)

@@ -83,8 +83,9 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
             sample, temperature=cfg.eval.temperature)
         return evaluate(task, engines, eval_sampling, cfg.eval.samples_per_prompt, derive_seed(cfg.seed, "eval"))
 
-    if step == 0 and task.eval_rows:
-        logger.log(0, held_out())                                                 # the starting point
+    start_check = _sync_check(cfg, task, engines, learners, step, due=True)   # the engines hold the policy?
+    if step == 0 and (task.eval_rows or start_check):
+        logger.log(0, {**start_check, **(held_out() if task.eval_rows else {})})  # the starting point
     ahead = GenerationQueue(start, total, g.max_staleness, [Generation.restored(s) for s in saved], step)
     while step < total:
         t0 = time.perf_counter()
@@ -102,7 +103,8 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         sync = engines.sync_from(learners)                                        # learner -> vLLM, no restart
         step, version = step + 1, version + 1
         metrics = {**exp.metrics, "reward": exp.metrics["reward/mean"], **adv_metrics,
-                   **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2)}
+                   **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2),
+                   **_sync_check(cfg, task, engines, learners, step)}                # parity probe, when due
         if task.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
             metrics.update(held_out())
         logger.log(step, metrics)
@@ -139,12 +141,33 @@ class GenerationQueue:
         return [gen.state_dict() for gen in self.queue]
 
 
+def _sync_check(cfg: GRPOConfig, task: Task, engines: Any, learners: Any, step: int,
+                due: bool = False) -> dict[str, float]:
+    """The parity probe (`rollout.sync_check_every`) after the sync that made policy `step`, when
+    it is due: the engines and the learner score the first train and held-out prompts; a
+    `FaultError` names an engine that disagrees."""
+    from rlkit.engine.engines import sync_check, sync_check_tol
+
+    every = cfg.rollout.sync_check_every
+    if not every or not (due or step % every == 0):
+        return {}
+    t0 = time.perf_counter()
+    sequences = [task.tokenizer(task.render(row)).input_ids for row in task.rows[:1] + task.eval_rows[:1]]
+    when = "at the start" if step == 0 else f"after step {step}"
+    diff = sync_check(engines, learners, sequences, sync_check_tol(cfg.rollout, cfg.model), when)
+    return {"sync/check_abs_diff_max": diff, "time/sync_check": time.perf_counter() - t0}
+
+
 def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: float, t1: float,
                   t2: float) -> dict[str, float]:
-    """Training metrics (means over ranks and optimizer steps) and the step's timings."""
+    """Training metrics (means over ranks and optimizer steps) and the step's timings. The sync
+    time is the driver's wait: with max_staleness >= 1 it includes the generations queued before
+    the sync on the engines."""
     t3 = time.perf_counter()
     train = mean_metrics([s for fit in fits for s in fit.steps])
     ref = max(fit.logprob_seconds for fit in fits)
+    gib = sync["bytes"] / 2**30
     return {**{(k if k in ("lr", "grad_norm") else f"train/{k}"): v for k, v in train.items()},
             "time/ref": ref, "time/train": t2 - t1 - ref, "time/sync": t3 - t2, "time/step": t3 - t0,
-            "samples_per_s": samples / (t3 - t0), "sync_mib": sync["bytes"] / 2**20}
+            "time/sync_share": (t3 - t2) / (t3 - t0), "samples_per_s": samples / (t3 - t0),
+            "sync_mib": sync["bytes"] / 2**20, "sync/s_per_gib": (t3 - t2) / gib if gib else 0.0}

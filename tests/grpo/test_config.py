@@ -66,6 +66,10 @@ def test_accepted_values_come_from_the_code_that_reads_them(tmp_path):
     ("rewards=[{fn: 'a:b', weight: .nan}]", "rewards[0].weight: expected a finite number, got nan"),
     ("rewards=[{fn: 'a:b', on_error: {defualt: 0}}]", "rewards[0].on_error: expected {default: <number>}"),
     ("eval.every=-1", "eval.every: must be >= 0, got -1"),
+    ("rollout.sync_timeout_s=-1", "rollout.sync_timeout_s: must be >= 0 (0 = no limit), got -1"),
+    ("rollout.start_timeout_s=-5", "rollout.start_timeout_s: must be >= 0 (0 = no limit), got -5"),
+    ("rollout.sync_check_every=-2", "rollout.sync_check_every: must be >= 0 (0 = off), got -2"),
+    ("rollout.sync_check_tol=0", "rollout.sync_check_tol: must be > 0 nats, got 0"),
     ("curriculum.phases=[{until: 0.5, mix: [1, 0, 0]}, {until: 0.4, mix: [1, 0, 0]}]",
      "curriculum.phases[1].until: phase ends must increase within (0, 1], got 0.4 after 0.5"),
 ])

@@ -33,14 +33,18 @@ def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
     out = tmp_path / "grpo"
     cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=24",
                                                           "eval.every=12", "checkpoint.every=0",
-                                                          "curriculum.enabled=false"))
+                                                          "curriculum.enabled=false", "rollout.sync_check_every=8"))
     final = run_grpo(cfg, GRPO_RECIPE)
     rows = _metrics(out)
+    # The parity probe ran at the start and after every 8th sync; engine and learner agree to fp32 noise.
+    checks = {r["step"]: r["sync/check_abs_diff_max"] for r in rows if "sync/check_abs_diff_max" in r}
+    assert sorted(checks) == [0, 8, 16, 24] and max(checks.values()) < 1e-4, checks
     evals = [r["eval_reward"] for r in rows if r.get("eval_reward") is not None]
     train = [r["reward"] for r in rows if r.get("reward") is not None]
     assert len(evals) == 3 and len(train) == 24
     assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
     assert sum(train[-8:]) / 8 > sum(train[:4]) / 4, f"train reward did not rise: {train}"
+    assert all(0 < r["time/sync_share"] < 1 and r["sync/s_per_gib"] > 0 for r in rows if "reward" in r)
     for key in ("time/generate", "time/reward", "time/train", "time/sync", "frac_zero_std", "train/clip_frac",
                 "train/entropy", "completion/len_mean", "completion/truncated_frac", "reward/exact_match/mean",
                 "advantage/std", "lr", "generate_tokens_per_s"):
@@ -89,6 +93,32 @@ def test_grpo_kill9_then_resume_matches_uninterrupted(sft_model, task_data, tmp_
     assert sorted(rb) == list(range(1, 13)) and all(ra[s] == pytest.approx(rb[s], abs=1e-6) for s in ra)
     a, b = load_file(clean / "final" / "model.safetensors"), load_file(broken / "final" / "model.safetensors")
     assert all((a[k] - b[k]).abs().max() <= 1e-5 for k in a)
+
+
+@pytest.mark.parametrize("fault, extra, error", [
+    # engine 1 drops one tensor of every sync: the parity probe after step 2 finds it
+    ("sync_skip:layers.1.mlp.down_proj:1", "rollout.sync_check_every=2",
+     "rlkit: error: sync check after step 2: engine 1 scores the check sequences up to "),
+    # engine 1 hangs in the weight sync after step 2 (its first sync after step 1 went through)
+    ("hang:weight_sync:1:1", "rollout.sync_timeout_s=15",
+     "rlkit: error: engine 1 did not finish the weight sync within 15 s (rollout.sync_timeout_s); "),
+], ids=["broken-sync", "hung-engine"])
+def test_sync_faults_stop_the_run_with_one_line(sft_model, task_data, tmp_path, fault, extra, error):
+    """A sync that misses a tensor, or an engine that hangs, stops the run with one line naming
+    the engine (and the phase), exit 2, instead of training on or waiting forever; the
+    checkpoint written before is intact."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlkit.cli", "grpo", str(GRPO_RECIPE),
+           *grpo_overrides(sft_model, task_data, out, "rollout.num_engines=2", "grpo.steps=6", "eval.every=0",
+                           "checkpoint.every=1", extra)]
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "RLKIT_FAULT": fault},
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1].startswith(error), res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    assert time.monotonic() - t0 < 240
+    assert [r["step"] for r in _steps(out)] == [1] and (out / "checkpoints" / "step-1").is_dir()
 
 
 def test_errors_before_launch_are_one_line(task_data, tmp_path):
@@ -203,9 +233,11 @@ def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path)
     cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(
         sft_model, task_data, out, "grpo.steps=16", "grpo.num_learners=2", "rollout.num_engines=2",
         "grpo.micro_batch_size=8", "rollout.colocate=true", "deepspeed.zero_stage=2", "eval.every=8",
-        "checkpoint.every=0", "curriculum.enabled=false"))
+        "checkpoint.every=0", "curriculum.enabled=false", "rollout.sync_check_every=16"))
     run_grpo(cfg, GRPO_RECIPE)
     rows = _metrics(out)
+    checks = {r["step"]: r["sync/check_abs_diff_max"] for r in rows if "sync/check_abs_diff_max" in r}
+    assert sorted(checks) == [0, 16] and max(checks.values()) < 1e-4, checks  # both ranks' engines
     train = [r["reward"] for r in rows if r.get("reward") is not None]
     assert len(train) == 16 and all(r["sync_mib"] > 0 for r in rows if "reward" in r)
     assert sum(train[-6:]) / 6 > sum(train[:4]) / 4, f"train reward did not rise: {train}"
