@@ -39,10 +39,11 @@ def prepare_inputs(model: ModelConfig, data: DataConfig) -> None:
 
 
 def curriculum_sampler(curriculum: CurriculumConfig, difficulties: list[str | None], total_steps: int,
-                       batch_size: int, seed: int, source: str) -> CurriculumSampler:
-    """The recipe's difficulty schedule over rows with these `difficulty` values (None: no field)."""
+                       batch_size: int, seed: int, source: str, row_filter: Any = None) -> CurriculumSampler:
+    """The recipe's difficulty schedule over rows with these `difficulty` values (None: no field);
+    `row_filter` may skip drawn rows (GRPO's online difficulty)."""
     return CurriculumSampler(difficulties, total_steps, batch_size, seed, curriculum.levels, curriculum.schedule,
-                             curriculum.enabled, source=source)
+                             curriculum.enabled, source=source, row_filter=row_filter)
 
 
 class RunDir:

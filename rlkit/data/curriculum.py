@@ -12,7 +12,9 @@ rows of share x rows drawn, so the long-run mix is the schedule's (per-sample mu
 draws would only match in expectation). The batch is then shuffled.
 
 Rows of a level come from a shuffled pool, drawn without replacement and reshuffled when
-exhausted, so a level with few rows is reused to fill its share. A level with no rows that
+exhausted, so a level with few rows is reused to fill its share. An optional ``row_filter``
+(GRPO's online difficulty) may skip a drawn row for this pass; it sees the sampler's RNG and
+its state is saved with the sampler's. A level with no rows that
 a phase asks for is dropped from that phase and the mix renormalised (logged, and kept in
 ``adjustments``). Without any difficulty (or ``enabled=False``) it samples plain shuffled
 epochs. Everything is seeded; ``state_dict``/``load_state_dict`` resume exactly.
@@ -75,7 +77,7 @@ class CurriculumSampler:
     def __init__(self, difficulties: Sequence[str | None], total_steps: int, batch_size: int,
                  seed: int, levels: Sequence[str] = DEFAULT_LEVELS,
                  phases: Sequence[tuple[float, Sequence[float]]] = DEFAULT_PHASES,
-                 enabled: bool = True, source: str | None = None) -> None:
+                 enabled: bool = True, source: str | None = None, row_filter: Any = None) -> None:
         if total_steps < 1 or batch_size < 1:
             raise ValueError(f"total_steps and batch_size must be >= 1, got {total_steps}, {batch_size}")
         validate_phases(levels, phases)
@@ -104,6 +106,7 @@ class CurriculumSampler:
         self._phase = 0
         self.step = 0
         self._rng = random.Random(seed)
+        self.row_filter = row_filter  # accept(row, rng) -> bool, state_dict(), load_state_dict()
 
     def _group(self, difficulties: Sequence[str | None], where: str) -> dict[str, list[int]]:
         groups: dict[str, list[int]] = {lv: [] for lv in self.levels}
@@ -163,9 +166,10 @@ class CurriculumSampler:
             if self._pos[key] >= len(pool):
                 self._rng.shuffle(pool)
                 self._pos[key] = 0
-            take = min(k - len(out), len(pool) - self._pos[key])
-            out += pool[self._pos[key]:self._pos[key] + take]
-            self._pos[key] += take
+            row = pool[self._pos[key]]
+            self._pos[key] += 1
+            if self.row_filter is None or self.row_filter.accept(row, self._rng):
+                out.append(row)
         return out
 
     def next_batch(self) -> list[int]:
@@ -202,7 +206,8 @@ class CurriculumSampler:
                 "curriculum": self.curriculum, "levels": list(self.levels),
                 "rng": [version, list(internal), gauss],
                 "pools": {k: list(v) for k, v in self._pools.items()},
-                "pos": dict(self._pos), "credit": dict(self._credit)}
+                "pos": dict(self._pos), "credit": dict(self._credit),
+                **({"row_filter": self.row_filter.state_dict()} if self.row_filter is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state_dict; the batches continue as if never interrupted."""
@@ -221,4 +226,6 @@ class CurriculumSampler:
         self._pos = {k: int(v) for k, v in state["pos"].items()}
         self._credit = {k: float(v) for k, v in state["credit"].items()}
         self._phase, self.step = int(state["phase"]), int(state["step"])
+        if self.row_filter is not None and "row_filter" in state:
+            self.row_filter.load_state_dict(state["row_filter"])
 

@@ -49,6 +49,21 @@ class GRPOEvalConfig(EvalConfig):
         check(self.samples_per_prompt >= 1, "samples_per_prompt", f"must be >= 1, got {self.samples_per_prompt}")
 
 
+@dataclass(frozen=True)
+class OnlineDifficultyConfig:
+    """Prompts whose last group was all solved (every reward >= solved_at) or all failed (every
+    reward <= failed_at) are kept by the sampler with probability `keep` (grpo/difficulty.py)."""
+
+    keep: float = 0.25
+    solved_at: float = 1.0
+    failed_at: float = 0.0
+
+    def __post_init__(self):
+        check(0 < self.keep <= 1, "keep", f"must be in (0, 1] (1 = off), got {self.keep}")
+        check(self.failed_at < self.solved_at, "failed_at", f"must be < solved_at ({self.solved_at:g}), "
+                                                            f"got {self.failed_at:g}")
+
+
 # Names a user may reach for that are not advantage estimators of their own.
 _ADVANTAGE_HINTS = {"batch": "did you mean 'batch_std'?", "reinforce++": "did you mean 'reinforce_pp'?",
                     "gdpo": "GDPO is `multi_objective_aggregation: normalize_then_sum`"}
@@ -172,6 +187,7 @@ class GRPOConfig:
     grpo: GRPOAlgoConfig = field(default_factory=GRPOAlgoConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    online_difficulty: OnlineDifficultyConfig | None = None  # None = off
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, scheduler="constant"))
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     eval: GRPOEvalConfig = field(default_factory=GRPOEvalConfig)

@@ -30,6 +30,7 @@ class Generation:
     started: float
     version: int = 0  # the policy version (optimizer steps synced into the engines) that generates
     samples: list[Sample] | None = None  # once gathered (or restored from a checkpoint)
+    indices: list[int] = field(default_factory=list)  # the rows' indices in the task's train rows
 
     def wait(self) -> list[Sample]:
         """The samples, prompt-major (G per row)."""
@@ -39,14 +40,14 @@ class Generation:
 
     def state_dict(self) -> dict[str, Any]:
         """Waits for the samples; everything needed to score and train on them after a restart."""
-        return {"rows": self.rows, "prompts": self.prompts, "version": self.version,
+        return {"rows": self.rows, "prompts": self.prompts, "version": self.version, "indices": self.indices,
                 "samples": [dataclasses.asdict(s) for s in self.wait()]}
 
     @classmethod
     def restored(cls, state: dict[str, Any]) -> Generation:
         """A finished generation from `state_dict`."""
         return cls(state["rows"], state["prompts"], [], None, time.perf_counter(), version=state["version"],
-                   samples=[Sample(**s) for s in state["samples"]])
+                   samples=[Sample(**s) for s in state["samples"]], indices=state.get("indices", []))
 
 
 @dataclass
@@ -56,15 +57,17 @@ class Experience:
     per_fn: list[list[float]] = field(default_factory=list)  # [N][K] per reward function, NaN = None
     weights: list[float] = field(default_factory=list)  # [K]
     metrics: dict[str, float] = field(default_factory=dict)
+    groups: list[tuple[int, list[float]]] = field(default_factory=list)  # (row index, G rewards): every group scored
 
 
-def start_generation(rows: list[dict], task: Task, engines: Any, sampling: Sampling, group_size: int, seed: int,
+def start_generation(indices: list[int], task: Task, engines: Any, sampling: Sampling, group_size: int, seed: int,
                      version: int = 0) -> Generation:
-    """Start generating `group_size` completions for each row with the engines' policy `version`;
-    returns at once."""
+    """Start generating `group_size` completions for each of the train rows `indices` with the
+    engines' policy `version`; returns at once."""
+    rows = [task.rows[i] for i in indices]
     prompts = [task.render(r) for r in rows]
     futures = engines.generate_async(prompts, group_size, sampling, seed)
-    return Generation(rows, prompts, futures, engines, time.perf_counter(), version=version)
+    return Generation(rows, prompts, futures, engines, time.perf_counter(), version=version, indices=list(indices))
 
 
 def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[Sample], n: int) -> Any:
@@ -106,6 +109,7 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
     kept: list[tuple[list[Rollout], torch.Tensor, torch.Tensor]] = []
     spare: list[tuple[list[Rollout], torch.Tensor, torch.Tensor]] = []
     weights: list[float] = []
+    scored: list[tuple[int, list[float]]] = []
     t_gen = t_rew = 0.0
     first: dict[str, float] = {}
     rounds = 1 + (algo.max_refill_rounds if algo.dynamic_sampling else 0)
@@ -119,6 +123,7 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
         if attempt == 0:
             first = {**metrics, **_completion_metrics(samples), "frac_zero_std": frac_zero_std(rewards, G)}
         zero = zero_std_mask(rewards, G)
+        scored += [(i, rewards[g * G:(g + 1) * G].tolist()) for g, i in enumerate(generation.indices)]
         for g in range(len(generation.rows)):
             group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs,
                              generation.version) for s in samples[g * G:(g + 1) * G]]
@@ -126,7 +131,7 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
                 (group, rewards[g * G:(g + 1) * G], per_fn[g * G:(g + 1) * G]))
         if len(kept) >= want:
             break
-    exp = Experience(weights=weights)
+    exp = Experience(weights=weights, groups=scored)
     for group, r, per in (kept + spare)[:want]:
         exp.rollouts.extend(group)
         exp.rewards.extend(r.tolist())

@@ -10,6 +10,10 @@ it, and the rollout correction weighs it by pi_learner / pi_engine). Ray runs an
 order, so the weight sync after step k waits for the generations queued before it and never
 lands mid-generation. A checkpoint waits for the generations in flight and keeps their samples,
 so a resumed run trains on exactly what the uninterrupted one would have.
+
+With `online_difficulty` every scored group tells the sampler whether its prompt was all solved
+or all failed; such prompts are drawn less (`grpo/difficulty.py`), and that state is in the
+sampler's checkpoint state.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from rlkit.driver import RunDir, curriculum_sampler, learner_group, learner_spec
 from rlkit.engine.objective import mean_metrics
 from rlkit.grpo.batch import GRPOBatch, plan_micro_batches
 from rlkit.grpo.config import GRPOConfig
-from rlkit.grpo.experience import Generation, advantages, collect, evaluate, start_generation
+from rlkit.grpo.difficulty import OnlineDifficulty
+from rlkit.grpo.experience import Experience, Generation, advantages, collect, evaluate, start_generation
 from rlkit.grpo.objective import GRPOObjective
 from rlkit.grpo.task import Task, load_task, recipe_dir
 from rlkit.seeding import derive_seed
@@ -45,8 +50,9 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     prepare_inputs(cfg.model, cfg.data)
     task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path))
     with closing(task.scorer):
+        online = cfg.online_difficulty and OnlineDifficulty(len(task.rows), **dataclasses.asdict(cfg.online_difficulty))
         sampler = curriculum_sampler(cfg.curriculum, task.difficulties, g.steps, g.prompts_per_step, cfg.seed,
-                                     cfg.data.train)
+                                     cfg.data.train, row_filter=online)
         run = RunDir(cfg, "grpo")
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0)
@@ -74,8 +80,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
     version = step  # the policy version the engines hold: optimizer steps synced into them
 
     def start(at: int, attempt: int = 0) -> Generation:  # draw the step's prompts, start generating
-        rows = [task.rows[i] for i in sampler.next_batch()]
-        return start_generation(rows, task, engines, sample, g.group_size,
+        return start_generation(sampler.next_batch(), task, engines, sample, g.group_size,
                                 derive_seed(cfg.seed, "generate", at, attempt), version=version)
 
     def held_out() -> dict[str, float]:
@@ -92,6 +97,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         exp = collect(ahead.take(step), functools.partial(start, step), task.scorer, g, cfg.rollout.max_tokens,
                       algo_step=step)
         engines.idle()                                                            # generate, score (+ refills)
+        seen = _observe(sampler.row_filter, exp)                                  # online difficulty, when on
         adv, adv_metrics = advantages(exp, g)
         batch = GRPOBatch.collate(exp.rollouts, adv, task.pad_id, g.mask_truncated)
         ahead.fill(step + 1)                                                      # generates during training
@@ -102,7 +108,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         t2 = time.perf_counter()
         sync = engines.sync_from(learners)                                        # learner -> vLLM, no restart
         step, version = step + 1, version + 1
-        metrics = {**exp.metrics, "reward": exp.metrics["reward/mean"], **adv_metrics,
+        metrics = {**exp.metrics, "reward": exp.metrics["reward/mean"], **adv_metrics, **seen,
                    **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2),
                    **_sync_check(cfg, task, engines, learners, step)}                # parity probe, when due
         if task.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
@@ -139,6 +145,15 @@ class GenerationQueue:
     def state(self) -> list[dict]:
         """The generations in flight, waited for (their samples go into the checkpoint)."""
         return [gen.state_dict() for gen in self.queue]
+
+
+def _observe(online: OnlineDifficulty | None, exp: Experience) -> dict[str, float]:
+    """Every group the step scored updates the online difficulty; its metrics (none when off)."""
+    if online is None:
+        return {}
+    for row, rewards in exp.groups:
+        online.observe(row, rewards)
+    return online.metrics()
 
 
 def _sync_check(cfg: GRPOConfig, task: Task, engines: Any, learners: Any, step: int,

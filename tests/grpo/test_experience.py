@@ -24,7 +24,8 @@ class Canned:
 
 def _generation(answers: list[str], texts: list[str]) -> Generation:
     rows = [{"prompt": f"q{a}", "answer": a} for a in answers]
-    return Generation(rows, [r["prompt"] for r in rows], texts, Canned(), started=0.0)
+    return Generation(rows, [r["prompt"] for r in rows], texts, Canned(), started=0.0,
+                      indices=[int(a) * 10 for a in answers])
 
 
 @pytest.fixture()
@@ -41,6 +42,8 @@ def test_dynamic_sampling_refills_until_enough_groups_vary(scorer):
     calls = []
     exp = collect(first, lambda attempt: calls.append(attempt) or refills[attempt], scorer, algo, max_tokens=8)
     assert calls == [1]  # two varying groups after one refill: stop
+    # every group scored, refills and set-aside ones included, feeds the online difficulty
+    assert exp.groups == [(10, [1.0, 1.0]), (20, [1.0, 0.0]), (30, [0.0, 0.0]), (40, [1.0, 0.0])]
     assert exp.rewards == [1.0, 0.0, 1.0, 0.0]  # group "2" then group "4", in the order found
     assert [len(r.completion_ids) for r in exp.rollouts] == [1, 1, 1, 1]
     assert exp.metrics["frac_zero_std"] == 0.5 and exp.metrics["dynamic_sampling/kept_groups"] == 2.0

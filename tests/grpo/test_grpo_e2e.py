@@ -62,15 +62,28 @@ def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
     assert "vllm ok" in res.stdout, res.stderr[-3000:]
 
 
+def _first_rows(path, n, out):
+    """The first `n` rows of a JSONL file, written to `out` (a small pool the sampler revisits)."""
+    out.write_text("".join(path.read_text().splitlines(keepends=True)[:n]))
+    return out
+
+
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_grpo_kill9_then_resume_matches_uninterrupted(sft_model, task_data, tmp_path, staleness):
     """Killed after the step-8 checkpoint and resumed: the same rewards per step and final weights.
     With max_staleness 2 the checkpoint holds the two generations in flight (made by older
-    policies), so the resumed run trains on exactly what the uninterrupted one did."""
+    policies), so the resumed run trains on exactly what the uninterrupted one did; that run also
+    has the online difficulty on, over 32 prompts drawn three times each, so the sampler's skips
+    depend on the rewards seen before the kill."""
+    extra = [] if staleness == 0 else [
+        "online_difficulty={keep: 0.25}",
+        f"data.train={_first_rows(task_data['grpo_train'], 32, tmp_path / 'train32.jsonl')}"]
+
     def cmd(out):
         return [sys.executable, "-m", "rlkit.cli", "grpo", str(GRPO_RECIPE),
                 *grpo_overrides(sft_model, task_data, out, "grpo.steps=12", "checkpoint.every=4",
-                                "eval.every=0", "logging.progress=plain", f"grpo.max_staleness={staleness}")]
+                                "eval.every=0", "logging.progress=plain", f"grpo.max_staleness={staleness}",
+                                *extra)]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     clean, broken = tmp_path / "clean", tmp_path / "broken"
@@ -93,6 +106,10 @@ def test_grpo_kill9_then_resume_matches_uninterrupted(sft_model, task_data, tmp_
     assert sorted(rb) == list(range(1, 13)) and all(ra[s] == pytest.approx(rb[s], abs=1e-6) for s in ra)
     a, b = load_file(clean / "final" / "model.safetensors"), load_file(broken / "final" / "model.safetensors")
     assert all((a[k] - b[k]).abs().max() <= 1e-5 for k in a)
+    if extra:  # the online difficulty acted after the checkpoint, and the same way in both runs
+        skips = {r["step"]: r["online_difficulty/skipped"] for r in _steps(clean)}
+        assert sum(v for s, v in skips.items() if s > 8) > 0, skips
+        assert skips == {r["step"]: r["online_difficulty/skipped"] for r in _steps(broken)}
 
 
 @pytest.mark.parametrize("fault, extra, error", [
@@ -206,14 +223,18 @@ def test_stale_rollouts_are_tagged_corrected_and_measured(sft_model, task_data, 
     # the soft losses and the other estimators, with the other corrections
     ("grpo.loss_type=sapo", "grpo.advantage=reinforce_pp", "grpo.rollout_correction=sequence_truncate",
      "grpo.correction_clip_max=3.0"),
-    ("grpo.max_staleness=1", "grpo.loss_type=vespo", "grpo.advantage=dr_grpo"),
+    # with the online difficulty over 64 prompts (each drawn three times in 24 steps)
+    ("grpo.max_staleness=1", "grpo.loss_type=vespo", "grpo.advantage=dr_grpo", "online_difficulty={keep: 0.25}",
+     "data.train=FIRST_64"),
     ("grpo.loss_type=luspo", "grpo.importance_sampling_level=sequence", "grpo.advantage=reinforce_pp_baseline",
      "grpo.rollout_correction=none"),
 ], ids=["gspo-stale2-seqmask-rloo", "cispo-stale1-icepop-opm-gdpo", "sapo-seqtrunc-reinforcepp",
-        "vespo-stale1-drgrpo", "luspo-reinforceppbaseline-nocorrection"])
+        "vespo-stale1-drgrpo-online", "luspo-reinforceppbaseline-nocorrection"])
 def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
     from rlkit.grpo.run import run_grpo
 
+    small = _first_rows(task_data["grpo_train"], 64, tmp_path / "train64.jsonl")
+    variant = [v.replace("FIRST_64", str(small)) for v in variant]
     out = tmp_path / "variant"
     cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=24",
                                                           "eval.every=24", "checkpoint.every=0",
@@ -222,6 +243,8 @@ def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
     rows = _metrics(out)
     evals = [r["eval_reward"] for r in rows if r.get("eval_reward") is not None]
     assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
+    if any("online_difficulty" in v for v in variant):
+        assert sum(r["online_difficulty/skipped"] for r in rows if "reward" in r) > 0
 
 
 def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path):
