@@ -198,6 +198,10 @@ class RolloutConfig:
     # learner rank 0 to every engine worker (accelerators; opt-in, not yet checked on a GPU here).
     sync: Literal["auto", "object_store", "broadcast", "in_process"] = "auto"
     sleep: bool = True  # colocated on an accelerator: vLLM sleep mode frees engine memory while training
+    # LoRA/QLoRA policies: merged = send base + adapter merged (every weight, every sync); adapter =
+    # engines serve the base with vLLM's LoRA and each sync sends only the adapter (separate
+    # engines; for QLoRA the engines' base is the full-precision model.path, no lossy merge).
+    lora_sync: Literal["merged", "adapter"] = "merged"
     # Every weight sync and engine call (generate, sync check) waits at most this long, then the run
     # stops with a one-line error naming the engine and the phase; 0 = wait forever.
     sync_timeout_s: float = 1800.0
@@ -205,7 +209,7 @@ class RolloutConfig:
     # Parity probe: after the start (or resume) and every N-th weight sync, the engines and the
     # learner score held sequences; the largest |logprob difference| is the metric
     # sync/check_abs_diff_max, and above sync_check_tol (nats; default 1e-3 for fp32 models, 0.5
-    # otherwise) the run stops naming the engine. 0 = off.
+    # otherwise, 2.0 for QLoRA with lora_sync: adapter) the run stops naming the engine. 0 = off.
     sync_check_every: int = 0
     sync_check_tol: float | None = None
 

@@ -12,6 +12,7 @@ Prompts are split contiguously over the engines; samples come back prompt-major.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -56,27 +57,44 @@ def sync_strategy(rollout: RolloutConfig, device: DeviceInfo) -> str:
     return rollout.sync
 
 
-def worker_options(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, seed: int) -> dict[str, Any]:
+def worker_options(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, seed: int,
+                   adapter: AdapterServing | None = None) -> dict[str, Any]:
     """`RolloutWorker` keyword arguments of one engine, separate or colocated alike."""
     return dict(dtype="float32" if model.dtype == "fp32" else "auto", seed=seed,
                 max_model_len=rollout.max_model_len, gpu_memory_utilization=rollout.gpu_memory_utilization,
-                kv_cache_gib=None if device.is_accelerator else rollout.kv_cache_gib)
+                kv_cache_gib=None if device.is_accelerator else rollout.kv_cache_gib,
+                **({} if adapter is None else {"lora_rank": adapter.rank, "max_loras": adapter.versions}))
+
+
+@dataclass(frozen=True)
+class AdapterServing:
+    """`rollout.lora_sync: adapter`: engines serve the base weights plus a LoRA adapter of rank up
+    to `rank`. An engine runs its calls in order, so a generation queued before a sync finishes
+    with the old adapter before the new one loads; `versions` = 2 keeps the old one registered
+    until the new one is in."""
+
+    rank: int
+    versions: int = 2
 
 
 def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
-                  learners: LearnerGroup, seed: int) -> RolloutEngines:
-    """The recipe's engines, loaded from `model.path`, placed as `rollout.colocate` says."""
+                  learners: LearnerGroup, seed: int, adapter: AdapterServing | None = None) -> RolloutEngines:
+    """The recipe's engines, loaded from `model.path`, placed as `rollout.colocate` says; with
+    `adapter`, each sync sends only the LoRA adapter (separate engines)."""
     if rollout.colocate:
         return ColocatedEngines(learners, rollout, model, device, seed)
-    return SeparateEngines(rollout, model, device, ray_cfg, seed)
+    return SeparateEngines(rollout, model, device, ray_cfg, seed, adapter)
 
 
-def sync_check_tol(rollout: RolloutConfig, model: ModelConfig) -> float:
+def sync_check_tol(rollout: RolloutConfig, model: ModelConfig, quantized_learner: bool = False) -> float:
     """`rollout.sync_check_tol`, or its default: 1e-3 nats for fp32 models (engine and learner
     agree to ~1e-5 on CPU), 0.5 otherwise (half-precision kernels differ; not yet calibrated on
-    a GPU)."""
+    a GPU), 2.0 when the learner's base is 4-bit and the engines' is not (QLoRA with adapter sync:
+    the gap is the quantization, 0.4 nats on the tiny model)."""
     if rollout.sync_check_tol is not None:
         return rollout.sync_check_tol
+    if quantized_learner and rollout.lora_sync == "adapter":
+        return 2.0
     return 1e-3 if model.dtype == "fp32" else 0.5
 
 
@@ -120,7 +138,7 @@ class SeparateEngines:
     CPUs: vLLM runs one process per TP rank inside the actor), apart from the learners' bundles."""
 
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
-                 seed: int):
+                 seed: int, adapter: AdapterServing | None = None):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from rlkit.engine.placement import actor_resources, placement_group, worker_env
@@ -132,7 +150,7 @@ class SeparateEngines:
         resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
                      **opts.get("resources", {})}
         self.rollout, self.strategy = rollout, sync_strategy(rollout, device)
-        self.timeout = rollout.sync_timeout_s or None
+        self.timeout, self.adapter = rollout.sync_timeout_s or None, adapter
         self.names = [f"engine {i}" for i in range(rollout.num_engines)]
         self.pg = placement_group(device, rollout.num_engines, cpus, devices=tp)
         self.handles = [
@@ -141,7 +159,7 @@ class SeparateEngines:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                      placement_group_bundle_index=i),
                 tensor_parallel_size=tp, index=i,
-                **worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31)))
+                **worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31), adapter))
             for i in range(rollout.num_engines)]
         wait_all([h.ready.remote() for h in self.handles], self.names, "its start",
                  rollout.start_timeout_s or None, knob="rollout.start_timeout_s")
@@ -160,7 +178,21 @@ class SeparateEngines:
 
     def sync_from(self, learners: LearnerGroup) -> dict[str, float]:
         """The learners' current policy into every engine, in place (no restart)."""
+        if self.adapter is not None:
+            return self._sync_adapter(learners)
         return learners.push_weights(self.handles, self.rollout.sync_bucket_mib, self.strategy, self.timeout)[0]
+
+    def _sync_adapter(self, learners: LearnerGroup) -> dict[str, float]:
+        """Only the LoRA adapter, from learner rank 0 through the object store into every engine."""
+        import time
+
+        import ray
+
+        t0 = time.perf_counter()
+        files = ray.put(learners.adapter_files(self.timeout))
+        sizes = wait_all([h.load_adapter.remote(files) for h in self.handles], self.names, "the adapter sync",
+                         self.timeout)
+        return {"bytes": sizes[0], "seconds": time.perf_counter() - t0}
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
         """Each engine's `RolloutWorker.sequence_logprobs` (the sync check)."""

@@ -76,6 +76,10 @@ class LearnerGroup:
         return self._timed("push_weights", "the weight sync", timeout_s and timeout_s + SLACK_S,
                            engines, bucket_mib, strategy, timeout_s)
 
+    def adapter_files(self, timeout_s: float | None = None) -> dict[str, bytes]:
+        """Rank 0's `Learner.adapter_files` (all ranks take part, for ZeRO-3)."""
+        return self._timed("adapter_files", "the adapter sync", timeout_s)[0]
+
     def push_weights_in_process(self, timeout_s: float | None = None) -> list[dict[str, float]]:
         """Current policy -> each rank's colocated engine; `SyncStats` dict per rank."""
         return self._timed("push_weights_in_process", "the weight sync", timeout_s)

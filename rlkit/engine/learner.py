@@ -241,6 +241,24 @@ class Learner:
                                                     self.device_info.weight_sync_backend, bucket_mib, timeout_s)
         return asdict(self._broadcast.push(named))
 
+    def adapter_files(self) -> dict[str, bytes] | None:
+        """The LoRA adapter alone, as the files of a peft adapter directory (what
+        `RolloutWorker.load_adapter` takes); rank 0 returns them, the other ranks take part in the
+        ZeRO-3 gather and return None."""
+        import tempfile
+
+        import deepspeed
+
+        module = self.engine.module
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None,
+                                               enabled=self.spec.deepspeed.zero_stage == 3):
+            if self.rank != 0:
+                return None
+            with tempfile.TemporaryDirectory(prefix="rlkit-adapter-") as tmp:
+                module.save_pretrained(tmp, safe_serialization=True)
+                return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
+
     def push_weights_in_process(self) -> dict[str, float]:
         """Colocated: every rank loads the current policy into its own engine by reference
         (ZeRO-3: gathered module by module on all ranks)."""

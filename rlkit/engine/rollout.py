@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import shutil
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from rlkit.engine.vllm_ext import dtype_name
 from rlkit.seeding import derive_seed
 
 EXTENSION = "rlkit.engine.vllm_ext.WeightSyncExtension"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 
 
@@ -90,16 +92,18 @@ class RolloutWorker:
 
     On CPU: KV cache capped at `kv_cache_gib` (default 1 GiB), eager mode. On GPU:
     `gpu_memory_utilization` unless `kv_cache_gib` is given. `llm_kwargs` go to `vllm.LLM` last.
-    `index`: the engine's number in its run (errors and logs name it).
+    `index`: the engine's number in its run (errors and logs name it). `lora_rank`: serve a LoRA
+    adapter of up to this rank on the base weights (`load_adapter`), keeping `max_loras` versions.
     """
 
     def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0,
                  tensor_parallel_size: int = 1, max_model_len: int | None = None,
                  gpu_memory_utilization: float = 0.85, kv_cache_gib: float | None = None,
                  enforce_eager: bool | None = None, logprobs_mode: str = "processed_logprobs",
-                 sleep_mode: bool = False, llm_kwargs: dict[str, Any] | None = None, index: int = 0):
+                 sleep_mode: bool = False, llm_kwargs: dict[str, Any] | None = None, index: int = 0,
+                 lora_rank: int | None = None, max_loras: int = 1):
         start = time.perf_counter()
-        self.index = index
+        self.index, self.adapters, self.max_loras = index, [], max_loras  # adapters: LoRARequests, newest last
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -116,6 +120,9 @@ class RolloutWorker:
         )
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        if lora_rank:
+            kwargs.update(enable_lora=True, max_loras=max_loras,
+                          max_lora_rank=min(r for r in VLLM_LORA_RANKS if r >= lora_rank))
         self.sleep_enabled = sleep_mode and not self.on_cpu  # vLLM sleep mode: CUDA / NPU only
         if self.sleep_enabled:
             kwargs["enable_sleep_mode"] = True
@@ -154,7 +161,7 @@ class RolloutWorker:
                 **({} if top_k is None else {"top_k": top_k})))
         inputs = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
                   for p in prompts]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.adapter)
         samples = []
         for i, out in enumerate(outputs):
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -171,7 +178,7 @@ class RolloutWorker:
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params,
-                                    use_tqdm=False)
+                                    use_tqdm=False, lora_request=self.adapter)
         return [[float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], seq[1:])]
                 for out, seq in zip(outputs, sequences)]
 
@@ -196,6 +203,34 @@ class RolloutWorker:
         if reset_cache:
             self.reset_prefix_cache()
         return count
+
+    @property
+    def adapter(self) -> Any:
+        """The `LoRARequest` of the newest adapter (None: the base weights)."""
+        return self.adapters[-1] if self.adapters else None
+
+    def load_adapter(self, files: dict[str, bytes]) -> int:
+        """Serve a new LoRA adapter version from now on: `files` are a peft adapter directory's
+        files (`adapter_config.json`, `adapter_model.safetensors`), written to a local temporary
+        directory; the oldest version beyond `max_loras` is dropped. Returns the bytes received."""
+        import tempfile
+        from pathlib import Path
+
+        from vllm.lora.request import LoRARequest
+
+        faults.hang_here("weight_sync", self.index)
+        number = (self.adapters[-1].lora_int_id + 1) if self.adapters else 1
+        path = Path(tempfile.mkdtemp(prefix=f"rlkit-adapter-e{self.index}-v{number}-"))
+        for name, data in files.items():
+            (path / Path(name).name).write_bytes(data)
+        request = LoRARequest(f"policy-{number}", number, str(path))
+        self.llm.llm_engine.add_lora(request)
+        self.adapters.append(request)
+        while len(self.adapters) > self.max_loras:
+            old = self.adapters.pop(0)
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        return sum(len(d) for d in files.values())
 
     def reset_prefix_cache(self) -> bool:
         """Drop cached KV blocks computed with old weights."""
@@ -224,7 +259,9 @@ class RolloutWorker:
         return self.start_seconds
 
     def shutdown(self) -> None:
-        """Free the engine."""
+        """Free the engine (and the adapter files)."""
+        for request in self.adapters:
+            shutil.rmtree(request.lora_path, ignore_errors=True)
         del self.llm
         gc.collect()
 

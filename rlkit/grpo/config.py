@@ -202,6 +202,15 @@ class GRPOConfig:
               f"must be < rollout.max_model_len ({self.rollout.max_model_len})")
         check(self.grpo.overlong_buffer < self.rollout.max_tokens, "grpo.overlong_buffer",
               f"must be < rollout.max_tokens ({self.rollout.max_tokens})")
+        if self.rollout.lora_sync == "adapter":
+            check(self.finetuning != "full", "rollout.lora_sync",
+                  "adapter sync sends a LoRA adapter: it needs finetuning: lora or qlora (use merged)")
+            check(not self.rollout.colocate, "rollout.lora_sync",
+                  "adapter sync runs with separate engines for now; use merged with colocate: true")
+            check(self.rollout.sync in ("auto", "object_store"), "rollout.sync",
+                  "the adapter goes through the Ray object store: use sync: auto with lora_sync: adapter")
+            check(self.lora is None or self.lora.r <= 512, "lora.r", f"vLLM serves LoRA ranks up to 512, "
+                                                                   f"got {self.lora and self.lora.r}")
         if self.rollout.colocate:
             check(self.rollout.num_engines == self.grpo.num_learners, "rollout.num_engines",
                   f"colocated engines are one per learner: set it to grpo.num_learners ({self.grpo.num_learners})")

@@ -42,7 +42,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run GRPO from a loaded recipe; returns the final policy directory. Everything a user can
     get wrong (model path, data, rewards, sync strategy) is checked before Ray starts."""
     from rlkit.accel import detect
-    from rlkit.engine.engines import start_engines, sync_strategy
+    from rlkit.engine.engines import AdapterServing, start_engines, sync_strategy
 
     g = cfg.grpo
     device = detect(cfg.device)
@@ -57,7 +57,8 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0)
         with learner_group(cfg, spec, g.num_learners, device) as learners:
-            engines = start_engines(cfg.rollout, cfg.model, device, cfg.ray, learners, cfg.seed)
+            adapter = AdapterServing(cfg.lora.r) if cfg.rollout.lora_sync == "adapter" else None
+            engines = start_engines(cfg.rollout, cfg.model, device, cfg.ray, learners, cfg.seed, adapter)
             try:
                 step, _ = run.resume(learners, sampler)
                 if step:
@@ -169,7 +170,8 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: Any, learners: Any, step: 
     t0 = time.perf_counter()
     sequences = [task.tokenizer(task.render(row)).input_ids for row in task.rows[:1] + task.eval_rows[:1]]
     when = "at the start" if step == 0 else f"after step {step}"
-    diff = sync_check(engines, learners, sequences, sync_check_tol(cfg.rollout, cfg.model), when)
+    tol = sync_check_tol(cfg.rollout, cfg.model, quantized_learner=cfg.finetuning == "qlora")
+    diff = sync_check(engines, learners, sequences, tol, when)
     return {"sync/check_abs_diff_max": diff, "time/sync_check": time.perf_counter() - t0}
 
 

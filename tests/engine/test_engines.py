@@ -72,3 +72,6 @@ def test_sync_check_tolerance_follows_the_model_dtype():
     assert sync_check_tol(RolloutConfig(), ModelConfig(path="m", dtype="fp32")) == 1e-3
     assert sync_check_tol(RolloutConfig(), ModelConfig(path="m", dtype="bf16")) == 0.5
     assert sync_check_tol(RolloutConfig(sync_check_tol=0.02), ModelConfig(path="m", dtype="bf16")) == 0.02
+    fp32 = ModelConfig(path="m", dtype="fp32")  # QLoRA: only adapter sync leaves the 4-bit gap
+    assert sync_check_tol(RolloutConfig(lora_sync="adapter"), fp32, quantized_learner=True) == 2.0
+    assert sync_check_tol(RolloutConfig(), fp32, quantized_learner=True) == 1e-3

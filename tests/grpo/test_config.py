@@ -70,6 +70,8 @@ def test_accepted_values_come_from_the_code_that_reads_them(tmp_path):
     ("rollout.start_timeout_s=-5", "rollout.start_timeout_s: must be >= 0 (0 = no limit), got -5"),
     ("rollout.sync_check_every=-2", "rollout.sync_check_every: must be >= 0 (0 = off), got -2"),
     ("rollout.sync_check_tol=0", "rollout.sync_check_tol: must be > 0 nats, got 0"),
+    ("rollout.lora_sync=adapter",
+     "rollout.lora_sync: adapter sync sends a LoRA adapter: it needs finetuning: lora or qlora (use merged)"),
     ("online_difficulty={keep: 0}", "online_difficulty.keep: must be in (0, 1] (1 = off), got 0"),
     ("online_difficulty={failed_at: 1, solved_at: 1}", "online_difficulty.failed_at: must be < solved_at (1), got 1"),
     ("curriculum.phases=[{until: 0.5, mix: [1, 0, 0]}, {until: 0.4, mix: [1, 0, 0]}]",

@@ -228,8 +228,12 @@ def test_stale_rollouts_are_tagged_corrected_and_measured(sft_model, task_data, 
      "data.train=FIRST_64"),
     ("grpo.loss_type=luspo", "grpo.importance_sampling_level=sequence", "grpo.advantage=reinforce_pp_baseline",
      "grpo.rollout_correction=none"),
+    # a LoRA policy whose engines receive only the adapter; the parity probe shows it arrives
+    ("finetuning=lora", "lora.r=16", "lora.alpha=32", "lora.dropout=0.0", "optim.lr=2e-3",
+     "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]", "rollout.lora_sync=adapter",
+     "rollout.sync_check_every=8"),
 ], ids=["gspo-stale2-seqmask-rloo", "cispo-stale1-icepop-opm-gdpo", "sapo-seqtrunc-reinforcepp",
-        "vespo-stale1-drgrpo-online", "luspo-reinforceppbaseline-nocorrection"])
+        "vespo-stale1-drgrpo-online", "luspo-reinforceppbaseline-nocorrection", "lora-adapter-sync"])
 def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
     from rlkit.grpo.run import run_grpo
 
@@ -245,6 +249,10 @@ def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
     assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
     if any("online_difficulty" in v for v in variant):
         assert sum(r["online_difficulty/skipped"] for r in rows if "reward" in r) > 0
+    if "rollout.lora_sync=adapter" in variant:  # each sync moved the adapter only, and it arrived
+        checks = {r["step"]: r["sync/check_abs_diff_max"] for r in rows if "sync/check_abs_diff_max" in r}
+        assert sorted(checks) == [0, 8, 16, 24] and max(checks.values()) < 1e-4, checks
+        assert all(r["sync_mib"] < 1 for r in rows if "reward" in r)  # r=16 on the tiny model: 0.26 MiB
 
 
 def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path):
