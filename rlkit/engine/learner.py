@@ -247,17 +247,23 @@ class Learner:
         ZeRO-3 gather and return None."""
         import tempfile
 
+        with tempfile.TemporaryDirectory(prefix="rlkit-adapter-") as tmp:
+            if not self._save_adapter(Path(tmp)):
+                return None
+            return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
+
+    def _save_adapter(self, out: Path) -> bool:
+        """peft's adapter directory at `out` from rank 0 (True there); every rank must call, for the
+        ZeRO-3 gather of the trainable parameters."""
         import deepspeed
 
         module = self.engine.module
         trainable = [p for p in module.parameters() if p.requires_grad]
         with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None,
                                                enabled=self.spec.deepspeed.zero_stage == 3):
-            if self.rank != 0:
-                return None
-            with tempfile.TemporaryDirectory(prefix="rlkit-adapter-") as tmp:
-                module.save_pretrained(tmp, safe_serialization=True)
-                return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
+            if self.rank == 0:
+                module.save_pretrained(out, safe_serialization=True)
+        return self.rank == 0
 
     def push_weights_in_process(self) -> dict[str, float]:
         """Colocated: every rank loads the current policy into its own engine by reference
@@ -306,7 +312,6 @@ class Learner:
 
     def save_model(self, out_dir: str, tokenizer_dir: str) -> str | None:
         """Final output on rank 0: a HF model dir (full), or `adapter/` + the merged model (LoRA)."""
-        import deepspeed
         from transformers import AutoTokenizer
 
         from rlkit import models
@@ -317,11 +322,7 @@ class Learner:
             if self.rank == 0:
                 module.save_pretrained(out, state_dict=state, safe_serialization=True)
         else:
-            trainable = [p for p in module.parameters() if p.requires_grad]
-            gather = self.spec.deepspeed.zero_stage == 3
-            with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None, enabled=gather):
-                if self.rank == 0:
-                    module.save_pretrained(out / "adapter", safe_serialization=True)
+            self._save_adapter(out / "adapter")
             if self.rank == 0:  # QLoRA: merged onto the full-precision base, as peft does
                 models.merge_adapter(out / "adapter", self.spec.model.path, out)
         if self.rank != 0:
