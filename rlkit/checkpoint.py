@@ -1,21 +1,35 @@
-"""Atomic, resumable checkpoints: `<root>/step-<N>/` appears only once it is complete.
+"""Atomic, verified, resumable checkpoints: `<root>/step-<N>/` appears only once it is complete.
 
 Learners write their engine state into `<root>/.tmp-step-<N>/`; the driver then writes
-`rlkit_state.json` (step, sampler, metrics needed to resume) and renames the directory.
-A `kill -9` at any moment leaves either the previous checkpoints or the new one, never half.
+`rlkit_state.json` (step, sampler, metrics needed to resume), then `manifest.json` (every
+file's size and hash), and renames the directory. A `kill -9` at any moment leaves either the
+previous checkpoints or the new one, never half.
+
+A checkpoint damaged later (a truncated copy, a lost rank file) fails `verify`: `resume: auto`
+then falls back to the newest intact one with a warning, an explicit `resume: PATH` is an error.
+The hash is blake2b over the whole file up to 64 MiB, and over 64 evenly spaced 1 MiB blocks
+(first and last included) beyond: sizes catch truncation, the blocks most damage, and
+verifying a 100 GB checkpoint reads 64 MiB per file, not 100 GB.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from rlkit.errors import UserError
+
 STATE_FILE = "rlkit_state.json"
+MANIFEST = "manifest.json"
 _STEP = re.compile(r"^step-(\d+)$")
+_BLOCK, _WHOLE, _BLOCKS = 1 << 20, 64 << 20, 64
+log = logging.getLogger("rlkit")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -26,6 +40,55 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def file_hash(path: Path, size: int) -> str:
+    """blake2b of the file (up to 64 MiB) or of 64 evenly spaced 1 MiB blocks of it."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        if size <= _WHOLE:
+            while chunk := f.read(_BLOCK):
+                h.update(chunk)
+        else:
+            for i in range(_BLOCKS):
+                f.seek((size - _BLOCK) * i // (_BLOCKS - 1))
+                h.update(f.read(_BLOCK))
+    return h.hexdigest()
+
+
+def write_manifest(ckpt: Path) -> None:
+    """`manifest.json`: size and hash of every file under `ckpt`, written last and atomically."""
+    files = {}
+    for path in sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST):
+        size = path.stat().st_size
+        files[path.relative_to(ckpt).as_posix()] = {"size": size, "blake2b": file_hash(path, size)}
+    atomic_write_text(ckpt / MANIFEST, json.dumps({"version": 1, "files": files}, indent=0))
+
+
+def verify(ckpt: Path) -> str | None:
+    """None if `ckpt` is intact; else what is wrong with it, as a phrase."""
+    try:
+        files = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))["files"]
+    except FileNotFoundError:
+        return f"it has no {MANIFEST}"
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return f"its {MANIFEST} is damaged"
+    for name, want in files.items():
+        path = ckpt / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want["size"]:
+            return f"{name} has {size} bytes, the manifest says {want['size']}"
+        if file_hash(path, size) != want["blake2b"]:
+            return f"{name} does not match its hash in the manifest"
+    return None
+
+
+def dir_bytes(path: str | Path) -> int:
+    """The size of the files under `path` (0 if it does not exist)."""
+    path = Path(path)
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
 class CheckpointManager:
@@ -43,8 +106,9 @@ class CheckpointManager:
         return tmp
 
     def commit(self, staging: Path, step: int, state: dict[str, Any], protect: set[int] = frozenset()) -> Path:
-        """Write the driver state, publish the checkpoint by rename, prune old ones."""
+        """Write the driver state and the manifest, publish the checkpoint by rename, prune old ones."""
         atomic_write_text(staging / STATE_FILE, json.dumps({**state, "step": step}))
+        write_manifest(staging)
         final = self.root / f"step-{step}"
         if final.exists():
             shutil.rmtree(final)
@@ -80,14 +144,30 @@ class CheckpointManager:
 
 
 def resolve_resume(manager: CheckpointManager, resume: str) -> Path | None:
-    """`auto`: newest complete checkpoint (or none); `never`: none; else that directory."""
+    """`auto`: the newest intact checkpoint (none if there are none; damaged newer ones are
+    skipped with a warning); `never`: none; else that directory, which must be intact."""
     if resume == "never":
         return None
-    if resume == "auto":
-        return manager.latest()
-    path = Path(resume)
-    if not (path / STATE_FILE).exists():
-        from rlkit.errors import UserError
-
-        raise UserError(f"checkpoint.resume: {resume} is not a complete rlkit checkpoint (no {STATE_FILE})")
+    if resume != "auto":
+        path = Path(resume)
+        if not (path / STATE_FILE).exists():
+            raise UserError(f"checkpoint.resume: {resume} is not a complete rlkit checkpoint (no {STATE_FILE})")
+        if problem := verify(path):
+            raise UserError(f"checkpoint.resume: {resume} is damaged: {problem}; resume from another checkpoint "
+                            "(checkpoint.resume: auto picks the newest intact one)")
+        return path
+    damaged = []
+    for step in reversed(manager.steps()):
+        path = manager.root / f"step-{step}"
+        if not (problem := verify(path)):
+            break
+        damaged.append(f"{path.name}: {problem}")
+        log.warning("checkpoint %s is damaged (%s); trying the one before it", path, problem)
+    else:
+        if damaged:
+            raise UserError(f"checkpoint.resume: auto: no intact checkpoint in {manager.root} "
+                            f"({'; '.join(damaged)}); move them away to start over, or resume from a copy")
+        return None
+    if damaged:
+        log.warning("resuming from %s, the newest intact checkpoint", path)
     return path

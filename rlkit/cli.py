@@ -1,7 +1,8 @@
 """`rlkit <command> ...`: the command-line entry point.
 
-User mistakes (a bad recipe key, a bad data row, a broken reward) print one line on stderr
-and exit 2; nothing here prints a traceback for them.
+User mistakes (a bad recipe key, a bad data row, a broken reward) and faults (an actor that
+died or hung, a full disk) print one line on stderr and exit 2; nothing here prints a
+traceback for them. A run stopped by SIGTERM / SIGINT exits 3 once its checkpoint is written.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlkit.errors import UserError
+from rlkit.errors import Stopped, UserError
 
 EXIT_USER_ERROR = 2
+EXIT_STOPPED = 3  # stopped by SIGTERM / SIGINT after a checkpoint: rerun the same command to resume
 STAGE_HELP = {"sft": "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
           "grpo": "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe"}
 
@@ -106,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     try:
         return int(handler(args) or 0)
+    except Stopped as e:
+        print(f"rlkit: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("rlkit: interrupted", file=sys.stderr)
         return 130

@@ -170,13 +170,17 @@ class RayConfig:
 
 
 def check_finetuning(cfg: Any) -> None:
-    """Cross-section rules of a stage recipe's `finetuning`, `lora`, `qlora` and `deepspeed`."""
+    """Cross-section rules of a stage recipe's `finetuning`, `lora`, `qlora` and `deepspeed`, and
+    `eval.every` (it needs `data.eval`)."""
     check(cfg.finetuning == "full" or cfg.lora is not None, "lora",
           f"finetuning: {cfg.finetuning} needs a lora section (r, alpha, target_modules)")
     check(cfg.qlora is None or cfg.finetuning == "qlora", "qlora",
           "a qlora section needs finetuning: qlora (QLoRA trains LoRA adapters on 4-bit weights)")
     check(cfg.finetuning != "qlora" or cfg.deepspeed.zero_stage != 3, "deepspeed.zero_stage",
           "QLoRA 4-bit weights cannot be partitioned by ZeRO-3; use zero_stage 0-2")
+    check(cfg.eval.every == 0 or cfg.data.eval is not None, "eval.every",
+          f"evaluates on data.eval every {cfg.eval.every} steps, but data.eval is not set: add data.eval "
+          "(held-out rows) or set eval.every: 0")
 
 
 @dataclass(frozen=True)

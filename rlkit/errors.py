@@ -35,3 +35,12 @@ class FaultError(UserError):
     """A fault during a run: an actor hung past its timeout, or a weight sync left an engine with
     other weights than the learner's. Names the actor and the phase; checkpoints already written
     are intact, so `resume: auto` continues from the last one."""
+
+
+class Stopped(Exception):
+    """The run stopped on a signal (SIGTERM, SIGINT): after saving a checkpoint at the end of the
+    current step (`EXIT_STOPPED`), or at once on a second signal (128 + the signal's number)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

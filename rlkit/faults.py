@@ -6,12 +6,18 @@
 - `hang:<phase>:<engine>[:<after>]`: rollout engine `<engine>` sleeps for an hour in its
   `<phase>` call (`generate`, `weight_sync`) after `<after>` such calls went through (default
   0), as a wedged engine would.
+- `die:<phase>:<actor>[:<after>]`: the actor (`engine1`, `learner1`) kills its own process with
+  SIGKILL in its `<phase>` call (`generate`, `weight_sync`, `fit`, `save_checkpoint`) after
+  `<after>` such calls went through (default 0), as an OOM kill or a crash would.
+- `enospc:<actor>[:<after>]`: the actor's `save_checkpoint` raises "No space left on device".
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import os
+import signal
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -46,3 +52,23 @@ def hang_here(phase: str, engine: int) -> None:
     for args in _faults("hang"):
         if args[:2] == [phase, str(engine)] and _calls[phase, engine] > int((args[2:] or ["0"])[0]):
             time.sleep(3600)
+
+
+def _due(args: list[str], phase: str, actor: str, calls: int) -> bool:
+    return args[:2] == [phase, actor] and calls > int((args[2:] or ["0"])[0])
+
+
+def die_here(phase: str, actor: str) -> None:
+    """SIGKILL this process if a `die` fault names this phase and actor ("learner1") and this is
+    a call after the ones it lets through."""
+    _calls[phase, actor] += 1
+    if any(_due(args, phase, actor, _calls[phase, actor]) for args in _faults("die")):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def full_disk_here(actor: str) -> None:
+    """Raise ENOSPC if an `enospc` fault names this actor and this is a checkpoint after the ones
+    it lets through."""
+    _calls["enospc", actor] += 1
+    if any(_due(["enospc", *args], "enospc", actor, _calls["enospc", actor]) for args in _faults("enospc")):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -59,7 +59,9 @@ def read_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"{path}: recipe file not found")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        _no_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), "", path)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -69,6 +71,23 @@ def read_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
     return data
+
+
+def _no_duplicate_keys(node: Any, key: str, path: str | Path) -> None:
+    """A ConfigError for a key given twice in one mapping (YAML would keep the last silently)."""
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[Any, int] = {}
+        for k, v in node.value:
+            name = k.value if isinstance(k, yaml.ScalarNode) else str(k.value)
+            full = f"{key}.{name}" if key else name
+            if name in lines:
+                raise ConfigError(f"{path}: {full} is given twice (lines {lines[name]} and {k.start_mark.line + 1}); "
+                                  "the second would silently win: keep one")
+            lines[name] = k.start_mark.line + 1
+            _no_duplicate_keys(v, full, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _no_duplicate_keys(v, f"{key}[{i}]", path)
 
 
 def build(cls: type[T], data: Any, source: str, key: str = "") -> T:

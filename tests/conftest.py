@@ -37,3 +37,32 @@ def ray_local():
                  runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
     yield
     ray.shutdown()
+
+
+def marked_env(tag: str, **extra: str) -> dict[str, str]:
+    """The environment for an rlkit subprocess, marked so that `left_running(tag)` finds every
+    process it starts (Ray's raylet and workers, vLLM's) through their inherited environment."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "RLKIT_TEST_RUN": tag, **extra}
+
+
+def left_running(tag: str, wait_s: float = 20.0) -> list[str]:
+    """Command lines of processes still running `wait_s` seconds after an rlkit run marked `tag`
+    ended (none: everything it started has exited)."""
+    import time
+
+    marker = f"RLKIT_TEST_RUN={tag}".encode()
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if marker not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found.append(f"{pid}: " + f.read().replace(b"\0", b" ").decode(errors="replace")[:200])
+            except OSError:
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)

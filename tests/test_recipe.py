@@ -1,6 +1,7 @@
 """Recipes -> typed configs: overrides, types, unknown keys, keys another stage reads, stage
 mismatch; every mistake is one line naming the file and the key (exit 2 from the CLI)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ def test_configs_are_frozen():
     ("lora.r=0", "tiny-sft.yaml: lora.r: LoRA rank must be > 0, got 0"),
     ("curriculum.phases=[{until: 0.5, mix: [1, 0, 0]}]", "curriculum.phases: the last phase must end at until: 1.0"),
     ("curriculum.phases=[{until: 1.0, mix: [0.5, 0.5]}]", "curriculum.phases[0].mix: needs one share per level"),
+    ("data.eval=null", "tiny-sft.yaml: eval.every: evaluates on data.eval every 200 steps, but data.eval is not set"),
 ])
 def test_cli_user_errors_are_one_line_exit_2(override, expected):
     recipe = RECIPES / "tiny-sft.yaml"
@@ -56,6 +58,27 @@ def test_missing_recipe_and_bad_yaml(tmp_path):
     bad.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: line \d+ not valid YAML"):
         stages.load("sft", bad)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("optim:\n  lr: 1.0e-4\n  scheduler: cosine\n  lr: 1.0e-5\n", "optim.lr is given twice (lines 2 and 4)"),
+    ("output_dir: a\nseed: 1\noutput_dir: b\n", "output_dir is given twice (lines 1 and 3)"),
+    ("rewards:\n  - {fn: 'a:b', weight: 1, fn: 'c:d'}\n", "rewards[0].fn is given twice (lines 2 and 2)"),
+])
+def test_a_key_given_twice_is_an_error(tmp_path, text, message):
+    """YAML keeps the last of two equal keys silently: a setting that "did nothing"."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(f"{recipe}: {message}; the second would silently win")):
+        stages.load("grpo", recipe)
+
+
+def test_eval_every_needs_eval_data_in_both_stages():
+    for stage in ("sft", "grpo"):
+        with pytest.raises(ConfigError, match=r"eval.every: evaluates on data.eval every 5 steps, but data.eval "
+                                              r"is not set: add data.eval \(held-out rows\) or set eval.every: 0"):
+            stages.load(stage, RECIPES / f"tiny-{stage}.yaml", ["data.eval=null", "eval.every=5"])
+        assert stages.load(stage, RECIPES / f"tiny-{stage}.yaml", ["data.eval=null", "eval.every=0"]).eval.every == 0
 
 
 def test_required_key_and_stage_mismatch(tmp_path):

@@ -3,16 +3,28 @@ naming it and the phase, not a run that waits forever.
 
 `wait_all` also fails fast: the first call that raises ends the wait (the others may be stuck
 in a collective with the failed one), and a user-facing error raised inside an actor comes out
-as itself, without Ray's remote traceback.
+as itself, without Ray's remote traceback. An actor that died (killed, out of memory, its node
+lost) comes out as a `FaultError` naming it, its pid and node; the actor is named by the name
+`name_actor` gave it, also when the death surfaces through another actor's call (an engine
+that dies while a learner sends it weights). Ray's full error is the `FaultError`'s cause.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from rlkit.errors import FaultError, UserError
+
+POLL_S = 1.0  # the longest a wait blocks without returning to Python (signal handlers run between)
+_names: dict[str, str] = {}  # Ray actor id (hex) -> "engine 1", "learner 0"
+
+
+def name_actor(handle: Any, name: str) -> None:
+    """Name the actor behind `handle` in fault messages ("engine 1")."""
+    _names[handle._actor_id.hex()] = name
 
 
 def wait_all(futures: Sequence[Any], owners: Sequence[str], phase: str, timeout_s: float | None = None,
@@ -27,25 +39,51 @@ def wait_all(futures: Sequence[Any], owners: Sequence[str], phase: str, timeout_
     deadline = time.monotonic() + timeout_s if timeout_s else None
     pending = list(futures)
     while pending:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        left = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
         ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not ready and (deadline is None or time.monotonic() < deadline):
+            continue
         if not ready:
             late = sorted({owners[index[ref]] for ref in pending}, key=owners.index)
             who = late[0] + (f" (and {', '.join(late[1:])})" if len(late) > 1 else "")
             raise FaultError(f"{who} did not finish {phase} within {timeout_s:g} s ({knob}); "
                              f"it is hung or far slower than expected: see its log, or raise {knob}")
         for ref in ready:
-            results[index[ref]] = _get(ref)
+            results[index[ref]] = _get(ref, owners[index[ref]], phase)
     return results
 
 
-def _get(ref: Any) -> Any:
-    """`ray.get`; an actor's `UserError` is raised as itself (one line), other errors as Ray's."""
+def _get(ref: Any, owner: str, phase: str) -> Any:
+    """`ray.get`; an actor's `UserError` is raised as itself (one line), a dead actor as a
+    `FaultError` (see the module doc), other errors as Ray's."""
     import ray
 
     try:
         return ray.get(ref)
+    except ray.exceptions.RayActorError as e:
+        raise FaultError(died(e, owner, phase)) from e
     except ray.exceptions.RayTaskError as e:
         if isinstance(e.cause, UserError):
             raise e.cause from None
+        if isinstance(e.cause, ray.exceptions.RayActorError):  # e.g. an engine, from a learner's call
+            raise FaultError(died(e.cause, owner, phase)) from e
         raise
+
+
+def died(error: Any, owner: str, phase: str) -> str:
+    """One line on a Ray actor's death: who (named by `name_actor`, else `owner`), its pid and
+    node, and why, from the `RayActorError`'s text."""
+    text = getattr(error, "error_msg", "") or str(error)
+    fields = dict(re.findall(r"^\s*(class_name|pid|ip): (.+)$", text, re.M))
+    who = _names.get(getattr(error, "actor_id", None) or "", owner)
+    where = ", ".join(([f"pid {fields['pid']}"] if "pid" in fields else [])
+                      + ([f"node {fields['ip']}"] if "ip" in fields else []))
+    if "node" in text and ("node has died" in text or "node died" in text or "node was" in text):
+        why = "its node died or was removed from the cluster"
+    elif "worker process has died" in text or "exits" in text:
+        why = "its process exited unexpectedly: killed (the OOM killer, kill -9) or crashed"
+    elif getattr(error, "_actor_init_failed", False):
+        why = "its start failed"
+    else:
+        why = text.strip().splitlines()[0] if text.strip() else "no reason given by Ray"
+    return f"{who} died during {phase} ({where + '; ' if where else ''}{why})"

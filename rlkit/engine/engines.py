@@ -19,7 +19,7 @@ import torch
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import ModelConfig, RayConfig, RolloutConfig
-from rlkit.engine.calls import wait_all
+from rlkit.engine.calls import name_actor, wait_all
 from rlkit.engine.group import LearnerGroup
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.errors import FaultError, UserError
@@ -161,6 +161,8 @@ class SeparateEngines:
                 tensor_parallel_size=tp, index=i,
                 **worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31), adapter))
             for i in range(rollout.num_engines)]
+        for handle, name in zip(self.handles, self.names):
+            name_actor(handle, name)
         wait_all([h.ready.remote() for h in self.handles], self.names, "its start",
                  rollout.start_timeout_s or None, knob="rollout.start_timeout_s")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import RayConfig
-from rlkit.engine.calls import wait_all
+from rlkit.engine.calls import name_actor, wait_all
 from rlkit.engine.learner import LearnerSpec
 from rlkit.engine.objective import FitResult, MicroBatch, Objective, StepMetrics
 from rlkit.engine.placement import actor_resources, placement_group, worker_env
@@ -39,7 +39,9 @@ class LearnerGroup:
                 runtime_env={"env_vars": worker_env(device)}).remote(spec, rank, num)
             for rank in range(num)
         ]
-        addr, port = ray.get(self.actors[0].address.remote())
+        for rank, actor in enumerate(self.actors):
+            name_actor(actor, f"learner {rank}")
+        addr, port = wait_all([self.actors[0].address.remote()], self.owners[:1], "its start")[0]
         self._all("init_process_group", addr, port)
         self.info: dict[str, Any] = self._all("build")[0]
 
@@ -51,11 +53,11 @@ class LearnerGroup:
 
     def train_step(self, per_rank: Sequence[list[MicroBatch]], objective: Objective) -> list[StepMetrics]:
         """One optimizer step: rank r runs `per_rank[r]` (its `grad_accum` micro-batches)."""
-        return self._each("train_step", [(mbs, objective) for mbs in per_rank])
+        return self._each("train_step", [(mbs, objective) for mbs in per_rank], phase="the training step")
 
     def fit(self, per_rank: Sequence[list[list[MicroBatch]]], objective: Objective, epochs: int = 1) -> list[FitResult]:
         """`Learner.fit` on every rank with its own optimizer steps."""
-        return self._each("fit", [(steps, objective, epochs) for steps in per_rank])
+        return self._each("fit", [(steps, objective, epochs) for steps in per_rank], phase="the training step")
 
     def evaluate(self, per_rank: Sequence[list[MicroBatch]], objective: Objective) -> dict[str, float]:
         """Metric sums of `Learner.evaluate` over all ranks."""
@@ -111,7 +113,7 @@ class LearnerGroup:
     # ------------------------------------------------------------------ checkpoints and lifecycle
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> None:
-        self._all("save_checkpoint", str(ckpt_dir))
+        self._timed("save_checkpoint", "the checkpoint", None, str(ckpt_dir))
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
         self._all("load_checkpoint", str(ckpt_dir))

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from rlkit import faults
 from rlkit.config import DeepSpeedConfig, LoraConfig, ModelConfig, OptimConfig, QuantConfig
 from rlkit.engine.objective import LOGPROB_SOURCES, FitResult, MicroBatch, Objective, StepMetrics, accumulate
 
@@ -152,6 +153,7 @@ class Learner:
         """Attach the logprobs `objective.needs` to every micro-batch (before any update), then run
         `epochs` passes of the optimizer steps `steps` (each `grad_accum` micro-batches). The
         batch arrives once; only metrics go back."""
+        faults.die_here("fit", f"learner{self.rank}")
         t0 = time.perf_counter()
         micro = [mb for step in steps for mb in step]
         for key in objective.needs:
@@ -297,6 +299,8 @@ class Learner:
 
     def save_checkpoint(self, ckpt_dir: str) -> None:
         """All ranks: engine (weights/adapter, optimizer, scheduler) + this rank's RNG states."""
+        faults.die_here("save_checkpoint", f"learner{self.rank}")
+        faults.full_disk_here(f"learner{self.rank}")
         self.engine.save_checkpoint(ckpt_dir, tag="engine", save_latest=False,
                                     exclude_frozen_parameters=self.spec.finetuning != "full")
         rng = {"python": random.getstate(), "torch": torch.get_rng_state()}

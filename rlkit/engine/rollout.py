@@ -152,6 +152,7 @@ class RolloutWorker:
         from vllm import SamplingParams
 
         faults.hang_here("generate", self.index)
+        faults.die_here("generate", f"engine{self.index}")
         params = []
         for i in range(len(prompts)):
             params.append(SamplingParams(

@@ -27,6 +27,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from rlkit.checkpoint import dir_bytes
 from rlkit.driver import RunDir, curriculum_sampler, learner_group, learner_spec, prepare_inputs
 from rlkit.engine.objective import mean_metrics
 from rlkit.grpo.batch import GRPOBatch, plan_micro_batches
@@ -56,7 +57,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         run = RunDir(cfg, "grpo")
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0)
-        with learner_group(cfg, spec, g.num_learners, device) as learners:
+        with run.session(), learner_group(cfg, spec, g.num_learners, device) as learners:
             adapter = AdapterServing(cfg.lora.r) if cfg.rollout.lora_sync == "adapter" else None
             engines = start_engines(cfg.rollout, cfg.model, device, cfg.ray, learners, cfg.seed, adapter)
             try:
@@ -64,9 +65,9 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                 if step:
                     engines.sync_from(learners)  # engines start from model.path: give them the resumed policy
                 saved = (run.resume_payload() or {}).get("generations", [])
-                with closing(run.logger(cfg.logging, g.steps, step)) as logger:
+                with closing(run.logger(cfg.logging, g.steps, step)) as logger, run.stop_on_signals():
                     _train(cfg, task, sampler, run, learners, engines, logger, step, saved)
-                return learners.save_model(run.final, cfg.model.tokenizer or cfg.model.path)
+                return run.save_final(learners, cfg.model.tokenizer or cfg.model.path, dir_bytes(cfg.model.path))
             finally:
                 engines.shutdown()
 
@@ -115,8 +116,9 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         if task.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
             metrics.update(held_out())
         logger.log(step, metrics)
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:             # + the generations in flight
+        if run.checkpoint_due(step, cfg.checkpoint.every):                       # + the generations in flight
             run.checkpoint(step, learners, sampler.state_dict(), payload={"generations": ahead.state()})
+        run.stop_if_signalled(step)                                               # SIGTERM: stop here
 
 
 class GenerationQueue:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlkit.checkpoint import dir_bytes
 from rlkit.driver import RunDir, curriculum_sampler, learner_group, learner_spec, prepare_inputs
 from rlkit.sft.config import SFTConfig, SFTDataConfig, SFTEvalConfig
 from rlkit.sft.objective import NLLObjective
@@ -112,18 +113,19 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     sampler = curriculum_sampler(cfg.curriculum, data.difficulties, total, global_batch, cfg.seed, cfg.data.train)
     run = RunDir(cfg, "sft")
     spec = learner_spec(cfg, t.micro_batch_size, t.grad_accum, total)
-    with learner_group(cfg, spec, t.num_learners, device) as learners:
+    with run.session(), learner_group(cfg, spec, t.num_learners, device) as learners:
         step, saved = run.resume(learners, sampler)
         stopping = EarlyStopping(**saved)
         logger = run.logger(cfg.logging, total, step)
         try:
-            step = _train(cfg, run, learners, sampler, data, stopping, logger, step, total)
+            with run.stop_on_signals():
+                step = _train(cfg, run, learners, sampler, data, stopping, logger, step, total)
         finally:
             logger.close()
         best = stopping.best_step
         if best is not None and best != step and (run.ckpts.root / f"step-{best}").exists():
             learners.load_checkpoint(run.ckpts.root / f"step-{best}")  # the best weights are the output
-        return learners.save_model(run.final, cfg.model.tokenizer or cfg.model.path)
+        return run.save_final(learners, cfg.model.tokenizer or cfg.model.path, dir_bytes(cfg.model.path))
 
 
 def _train(cfg: SFTConfig, run: RunDir, learners: Any, sampler: Any, data: SFTData, stopping: EarlyStopping,
@@ -147,9 +149,10 @@ def _train(cfg: SFTConfig, run: RunDir, learners: Any, sampler: Any, data: SFTDa
             metrics["eval_ppl"] = math.exp(min(metrics["eval_loss"], 50.0))
             stop = stopping.update(metrics["eval_loss"], step, cfg.eval)
         logger.log(step, metrics)
-        if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or stop:
+        if run.checkpoint_due(step, cfg.checkpoint.every, also=stop):
             protect = {stopping.best_step} if stopping.best_step is not None else set()
             run.checkpoint(step, learners, sampler.state_dict(), stopping.state(), protect)
+        run.stop_if_signalled(step)
         if stop:
             log.warning("early stopping at step %d: eval loss has not improved for %d evals",
                         step, cfg.eval.patience)

@@ -3,6 +3,8 @@ the first error, and an actor's user-facing error coming out as one line."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -16,6 +18,14 @@ class _Worker:
     def run(self, seconds: float, value: int) -> int:
         time.sleep(seconds)
         return value
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def relay(self, other: object) -> int:  # a learner sending to an engine
+        import ray
+
+        return ray.get(other.run.remote(60, 0))
 
     def fail(self, user: bool) -> None:
         if user:
@@ -62,3 +72,29 @@ def _slow():
         return 0
 
     return slow
+
+
+def test_a_dead_actor_is_named_with_its_pid_and_node_also_through_another_actor(ray_local):
+    """kill -9 of an actor mid-call: one line naming it (by the name rlkit gave it, also when its
+    death reaches the driver through another actor's call), its pid, node and the phase."""
+    import ray
+
+    from rlkit.engine.calls import name_actor, wait_all
+
+    engine, other, learner = (ray.remote(_Worker).options(num_cpus=0.1).remote() for _ in range(3))
+    for handle, name in ((engine, "engine 1"), (other, "engine 2"), (learner, "learner 0")):
+        name_actor(handle, name)
+    pids = ray.get([engine.pid.remote(), other.pid.remote()])
+    direct, relayed = engine.run.remote(60, 0), learner.relay.remote(other)
+    time.sleep(1)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(FaultError, match=rf"^engine 1 died during the generation \(pid {pids[0]}, node [\d.]+; "
+                                         r"its process exited unexpectedly: killed \(the OOM killer, kill -9\) "
+                                         r"or crashed\)$"):
+        wait_all([direct], ["engine 1"], "the generation")
+    with pytest.raises(FaultError, match=rf"^engine 2 died during the weight sync \(pid {pids[1]}, node "):
+        wait_all([relayed], ["learner 0"], "the weight sync")
+    assert time.monotonic() - t0 < 30
+    ray.kill(learner)

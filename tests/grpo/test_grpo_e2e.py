@@ -13,6 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 from rlkit import stages
+from tests.conftest import left_running, marked_env
 from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides
 
 pytestmark = pytest.mark.slow
@@ -62,19 +63,29 @@ def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
     assert "vllm ok" in res.stdout, res.stderr[-3000:]
 
 
+def _logged_steps(run) -> int:
+    """The last step in a running run's metrics (0 before any, or while a line is half written)."""
+    try:
+        return max([r["step"] for r in _steps(run)], default=0)
+    except (OSError, ValueError):
+        return 0
+
+
 def _first_rows(path, n, out):
     """The first `n` rows of a JSONL file, written to `out` (a small pool the sampler revisits)."""
     out.write_text("".join(path.read_text().splitlines(keepends=True)[:n]))
     return out
 
 
-@pytest.mark.parametrize("staleness", [0, 2])
-def test_grpo_kill9_then_resume_matches_uninterrupted(sft_model, task_data, tmp_path, staleness):
-    """Killed after the step-8 checkpoint and resumed: the same rewards per step and final weights.
-    With max_staleness 2 the checkpoint holds the two generations in flight (made by older
-    policies), so the resumed run trains on exactly what the uninterrupted one did; that run also
-    has the online difficulty on, over 32 prompts drawn three times each, so the sampler's skips
-    depend on the rewards seen before the kill."""
+@pytest.mark.parametrize("stop, staleness", [("sigterm", 0), ("kill9", 2)])
+def test_grpo_stopped_then_resumed_matches_uninterrupted(sft_model, task_data, tmp_path, stop, staleness):
+    """Stopped and resumed: the same rewards per step and final weights as an uninterrupted run.
+    SIGTERM (synchronous run) mid-interval: the run checkpoints at the end of that step and
+    exits 3, leaving no process behind. kill -9 of everything after the step-8 checkpoint, with
+    max_staleness 2: the checkpoint holds the two generations in flight (made by older
+    policies), so the resumed run trains on exactly what the uninterrupted one did; that run
+    also has the online difficulty on, over 32 prompts drawn three times each, so the sampler's
+    skips depend on the rewards seen before the kill."""
     extra = [] if staleness == 0 else [
         "online_difficulty={keep: 0.25}",
         f"data.train={_first_rows(task_data['grpo_train'], 32, tmp_path / 'train32.jsonl')}"]
@@ -85,18 +96,28 @@ def test_grpo_kill9_then_resume_matches_uninterrupted(sft_model, task_data, tmp_
                                 "eval.every=0", "logging.progress=plain", f"grpo.max_staleness={staleness}",
                                 *extra)]
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = marked_env(tmp_path.name)
     clean, broken = tmp_path / "clean", tmp_path / "broken"
     done = subprocess.run(cmd(clean), env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    proc = subprocess.Popen(cmd(broken), env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while not (broken / "checkpoints" / "step-8").exists():
-        assert proc.poll() is None and time.time() < deadline, "run ended or stalled before step 8"
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(cmd(broken), env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.time() + 600
+        while not (stop == "sigterm" and _logged_steps(broken) >= 5 or (broken / "checkpoints" / "step-8").exists()):
+            assert proc.poll() is None and time.time() < deadline, "run ended or stalled before the stop"
+            time.sleep(0.2)
+        if stop == "sigterm":
+            os.kill(proc.pid, signal.SIGTERM)  # the driver only, as a scheduler's preemption notice
+            assert proc.wait(timeout=300) == 3
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if stop == "sigterm":
+        last = (tmp_path / "stderr.txt").read_text().strip().splitlines()[-1]
+        at = max(r["step"] for r in _steps(broken))
+        assert last == (f"rlkit: stopped by SIGTERM after step {at}; checkpoint step-{at} is written: rerun the "
+                        "same command to resume") and at % 4 and (broken / "checkpoints" / f"step-{at}").is_dir()
+        assert not left_running(tmp_path.name)
     resumed = subprocess.run(cmd(broken), env=env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
@@ -119,23 +140,32 @@ def test_grpo_kill9_then_resume_matches_uninterrupted(sft_model, task_data, tmp_
     # engine 1 hangs in the weight sync after step 2 (its first sync after step 1 went through)
     ("hang:weight_sync:1:1", "rollout.sync_timeout_s=6",
      "rlkit: error: engine 1 did not finish the weight sync within 6 s (rollout.sync_timeout_s); "),
-], ids=["broken-sync", "hung-engine"])
-def test_sync_faults_stop_the_run_with_one_line(sft_model, task_data, tmp_path, fault, extra, error):
-    """A sync that misses a tensor, or an engine that hangs, stops the run with one line naming
-    the engine (and the phase), exit 2, instead of training on or waiting forever; the
-    checkpoint written before is intact."""
+    # learner 1 is killed (-9) in step 2's training, while learner 0 waits for it in a collective
+    ("die:fit:learner1:1", "grpo.num_learners=2",
+     "rlkit: error: learner 1 died during the training step (pid "),
+], ids=["broken-sync", "hung-engine", "dead-learner"])
+def test_faults_stop_the_run_with_one_line(sft_model, task_data, tmp_path, fault, extra, error):
+    """A sync that misses a tensor, an engine that hangs, a learner that dies: the run stops with
+    one line naming the actor and the phase and the checkpoint a rerun resumes from, exit 2,
+    within a bounded time, instead of training on or waiting forever; the checkpoint written
+    before is intact, Ray's detail is in rlkit.log, and no process is left running."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlkit.cli", "grpo", str(GRPO_RECIPE),
            *grpo_overrides(sft_model, task_data, out, "rollout.num_engines=2", "grpo.steps=6", "eval.every=0",
                            "checkpoint.every=1", extra)]
     t0 = time.monotonic()
-    res = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "RLKIT_FAULT": fault},
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(cmd, env=marked_env(tmp_path.name, RLKIT_FAULT=fault), capture_output=True, text=True,
+                         timeout=600)
     assert res.returncode == 2, res.stderr[-3000:]
-    assert res.stderr.strip().splitlines()[-1].startswith(error), res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(error), res.stderr[-3000:]
+    assert last.endswith(f"; the newest checkpoint, step-1, is intact: rerun the same command to resume from it "
+                         f"(details: {out / 'rlkit.log'})")
     assert "Traceback" not in res.stderr
     assert time.monotonic() - t0 < 240
     assert [r["step"] for r in _steps(out)] == [1] and (out / "checkpoints" / "step-1").is_dir()
+    assert "the fault in detail" in (out / "rlkit.log").read_text()
+    assert not left_running(tmp_path.name)
 
 
 def test_errors_before_launch_are_one_line(task_data, tmp_path):

@@ -1,4 +1,5 @@
-"""kill -9 in the middle of `rlkit sft`, then `resume: auto`: same weights and loss curve as a clean run."""
+"""kill -9 in the middle of `rlkit sft`, then `resume: auto`: same weights and loss curve as a clean run;
+a full disk at a checkpoint: one line, the last checkpoint intact."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import time
 import pytest
 from safetensors.torch import load_file
 
+from rlkit.checkpoint import verify
+from tests.conftest import left_running, marked_env
 from tests.sft.conftest import ROOT, read_metrics, sft_overrides
 
 pytestmark = pytest.mark.slow
@@ -58,3 +61,22 @@ def test_kill9_then_resume_matches_uninterrupted(tiny_model, task_data, tmp_path
     assert [s for s, *_ in cb] == list(range(0, 25)), "resumed log must have each step once"
     for (sa, la, ea), (sb, lb, eb) in zip(ca, cb):
         assert sa == sb and la == pytest.approx(lb, abs=1e-6) and ea == pytest.approx(eb, abs=1e-6)
+
+
+def test_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last(tiny_model, task_data, tmp_path):
+    """The learner's checkpoint write fails with ENOSPC at step 2: one line naming the path and
+    the bytes it needs, exit 2, checkpoint step-1 intact, no half one left, no process left."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlkit.cli", "sft", str(ROOT / "recipes" / "tiny-sft.yaml"),
+           *sft_overrides(tiny_model, task_data, out, "train.max_steps=4", "checkpoint.every=1", "eval.every=0",
+                          "logging.progress=none")]
+    res = subprocess.run(cmd, env=marked_env(tmp_path.name, RLKIT_FAULT="enospc:learner0:1"), capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1].startswith(
+        f"rlkit: error: checkpoint step 2: the disk is full under {out / 'checkpoints'} (it needs about "), res.stderr
+    assert "free): free some space; the newest checkpoint, step-1, is intact: rerun" in res.stderr
+    assert "Traceback" not in res.stderr
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-1"] and verify(ckpts / "step-1") is None
+    assert not (out / "final").exists() and not left_running(tmp_path.name)

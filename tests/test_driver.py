@@ -1,0 +1,119 @@
+"""The run directory under faults: an output_dir that is a file, a full disk during a checkpoint
+or the final save (the earlier checkpoint intact, one line with the path and the bytes), stop
+signals, and a fault's one line naming the checkpoint to resume from (detail in rlkit.log)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlkit import stages
+from rlkit.checkpoint import verify
+from rlkit.driver import EXIT_STOPPED, LOG_FILE, RunDir
+from rlkit.errors import FaultError, Stopped, UserError
+
+RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny-grpo.yaml"
+
+
+class _Learners:
+    """Writes like the learners do: `nbytes` of tensors per checkpoint or final model."""
+
+    def __init__(self, nbytes: int, fail: Exception | None = None):
+        self.nbytes, self.fail = nbytes, fail
+
+    def save_checkpoint(self, staging: Path) -> None:
+        if self.fail:
+            raise self.fail
+        torch.save({"w": torch.zeros(self.nbytes // 4)}, Path(staging) / "mp_rank_00_model_states.pt")
+
+    def save_model(self, out: Path, tokenizer_dir: str) -> None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        torch.save({"w": torch.zeros(self.nbytes // 4)}, Path(out) / "model.pt")
+
+
+def _run(out: Path, *overrides: str) -> RunDir:
+    return RunDir(stages.load("grpo", RECIPE, [f"output_dir={out}", "checkpoint.every=1", *overrides]), "grpo")
+
+
+def test_output_dir_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "taken").write_text("mine")
+    for out in (tmp_path / "taken", tmp_path / "taken" / "run"):
+        with pytest.raises(UserError, match=r"^output_dir: .*taken.* is a file, not a directory; choose another"):
+            _run(out)
+    assert (tmp_path / "taken").read_text() == "mine"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs (needs root, as on CI's machines); skipped where it cannot be mounted."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_in_a_checkpoint_keeps_the_previous_one(small_disk):
+    """torch.save on a full disk raises a RuntimeError with no errno: still named a full disk."""
+    run = _run(small_disk / "run")
+    run.checkpoint(1, _Learners(1 << 20), {"step": 1})
+    with pytest.raises(FaultError) as e:
+        run.checkpoint(2, _Learners(3 << 20), {"step": 2})
+    msg = str(e.value)
+    assert msg.startswith(f"checkpoint step 2: the disk is full under {small_disk / 'run' / 'checkpoints'} (it needs "
+                          "about 1.0 MiB (")
+    assert " free): free some space" in msg and "\n" not in msg
+    assert run.ckpts.steps() == [1] and verify(run.ckpts.root / "step-1") is None
+    assert not list(run.ckpts.root.glob(".tmp-*"))  # the half-written one is gone, its space given back
+    with pytest.raises(FaultError, match=r"^the final save: the disk is full under .*run \(it needs about 2\.0 MiB"):
+        run.save_final(_Learners(3 << 20), "tok", needed=2 << 20)
+    assert not run.final.exists() and not (small_disk / "run" / ".tmp-final").exists()
+
+
+def test_enospc_from_a_learner_is_a_full_disk_and_other_errors_stay_bugs(tmp_path):
+    run = _run(tmp_path / "run")
+    run.checkpoint(1, _Learners(1000), {"step": 1})
+    with pytest.raises(FaultError, match=r"^checkpoint step 2: the disk is full under .* \(it needs about 2\.\d KiB "
+                                         r"\(\d+ bytes\), .* free\): free some space$"):
+        run.checkpoint(2, _Learners(1000, OSError(errno.ENOSPC, "No space left on device")), {"step": 2})
+    with pytest.raises(ValueError, match="a bug"):
+        run.checkpoint(2, _Learners(1000, ValueError("a bug")), {"step": 2})
+    assert run.ckpts.steps() == [1] and not list(run.ckpts.root.glob(".tmp-*"))
+    run.save_final(_Learners(1000), "tok")
+    assert (run.final / "model.pt").exists()
+
+
+def test_a_fault_names_the_checkpoint_to_resume_from_and_logs_the_detail(tmp_path):
+    run = _run(tmp_path / "run")
+    with pytest.raises(FaultError) as e, run.session():
+        raise FaultError("learner 1 died during the training step (pid 7)") from RuntimeError("ray's long story")
+    assert str(e.value) == (f"learner 1 died during the training step (pid 7); no checkpoint was written yet, so a "
+                            f"rerun starts over (details: {tmp_path / 'run' / LOG_FILE})")
+    run.checkpoint(4, _Learners(100), {"step": 4})
+    with pytest.raises(FaultError, match=r"; the newest checkpoint, step-4, is intact: rerun the same command to "
+                                         r"resume from it \(details: "), run.session():
+        raise FaultError("engine 0 died")
+    assert "ray's long story" in (tmp_path / "run" / LOG_FILE).read_text()
+
+
+def test_a_signal_stops_after_the_step_with_a_checkpoint_and_a_second_at_once(tmp_path):
+    run = _run(tmp_path / "run", "checkpoint.every=4")
+    with run.stop_on_signals():
+        assert not run.checkpoint_due(1, 4) and run.checkpoint_due(4, 4)
+        run.stop_if_signalled(1)  # no signal: goes on
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert run.stop_signal == signal.SIGTERM and run.checkpoint_due(1, 4)
+        with pytest.raises(Stopped, match=r"^stopped by SIGTERM after step 1; checkpoint step-1 is written") as e:
+            run.stop_if_signalled(1)
+        assert e.value.exit_code == EXIT_STOPPED
+        with pytest.raises(Stopped, match="second SIGINT") as e:
+            os.kill(os.getpid(), signal.SIGINT)
+        assert e.value.exit_code == 128 + signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are put back
