@@ -1,0 +1,67 @@
+"""Seconds from `kill -9` of one learner or one rollout engine to the end of `rlkit grpo`, and
+the one line it ends with (issue 11: the time a death takes to surface).
+
+    python scripts/fault_surface.py --model runs/tiny-sft/final --data runs/tiny/data --repeats 3
+
+Runs `recipes/tiny-grpo.yaml` (2 learners, 2 engines) from `--model`, kills the newest process
+of the target (`ray::Learner`, `ray::RolloutWorker`) one second after step 3 is logged, and
+prints each run's seconds and the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def surface(model: str, data: str, target: str, out: Path) -> tuple[float, int, str]:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = ["rlkit", "grpo", str(ROOT / "recipes" / "tiny-grpo.yaml"), f"model.path={model}",
+           f"data.train={data}/grpo_train.jsonl", f"data.eval={data}/grpo_eval.jsonl", "data.synthetic_seed=null",
+           f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false", "grpo.steps=20",
+           "eval.every=0", "checkpoint.every=2"]
+    err = out.with_suffix(".err")
+    with open(err, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count('"reward"') >= 3):
+            if proc.poll() is not None:
+                raise SystemExit(f"the run ended before the kill: see {err}")
+            time.sleep(0.1)
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+        pids = sorted(int(line.split()[0]) for line in ps if f"ray::{target}" in line)
+        time.sleep(1.0)  # into the next step
+        t0 = time.monotonic()
+        os.kill(pids[-1], signal.SIGKILL)
+        code = proc.wait()
+        seconds = time.monotonic() - t0
+    return seconds, code, err.read_text().strip().splitlines()[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="the GRPO start model (e.g. runs/tiny-sft/final)")
+    parser.add_argument("--data", required=True, help="folder with grpo_train.jsonl and grpo_eval.jsonl")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="fault-surface-"))
+    for target in ("Learner", "RolloutWorker"):
+        times = []
+        for i in range(args.repeats):
+            seconds, code, last = surface(args.model, args.data, target, work / f"{target}-{i}")
+            times.append(seconds)
+            print(f"{target} killed: exit {code} after {seconds:.2f} s: {last[:160]}")
+        print(f"{target}: median {statistics.median(times):.2f} s over {len(times)} runs")
+
+
+if __name__ == "__main__":
+    main()
