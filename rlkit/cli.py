@@ -13,7 +13,6 @@ import sys
 from rlkit.errors import Stopped, UserError
 
 EXIT_USER_ERROR = 2
-EXIT_STOPPED = 3  # stopped by SIGTERM / SIGINT after a checkpoint: rerun the same command to resume
 STAGE_HELP = {"sft": "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
           "grpo": "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe"}
 

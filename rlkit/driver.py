@@ -34,7 +34,7 @@ from rlkit.recipe import to_dict
 log = logging.getLogger("rlkit")
 PAYLOAD_FILE = "driver_payload.pt"
 LOG_FILE = "rlkit.log"
-EXIT_STOPPED = 3
+EXIT_STOPPED = 3  # stopped by a signal after the checkpoint of the current step: rerun to resume
 FULL_BELOW = 64 << 20  # free bytes under which a failed write is put down to a full disk
 
 

@@ -7,7 +7,7 @@
   `<phase>` call (`generate`, `weight_sync`) after `<after>` such calls went through (default
   0), as a wedged engine would.
 - `die:<phase>:<actor>[:<after>]`: the actor (`engine1`, `learner1`) kills its own process with
-  SIGKILL in its `<phase>` call (`generate`, `weight_sync`, `fit`, `save_checkpoint`) after
+  SIGKILL in its `<phase>` call (engines: `generate`; learners: `fit`, `save_checkpoint`) after
   `<after>` such calls went through (default 0), as an OOM kill or a crash would.
 - `enospc:<actor>[:<after>]`: the actor's `save_checkpoint` raises "No space left on device".
 """
@@ -45,24 +45,25 @@ def skip_tensors(named: Iterable[tuple[str, Any]], engine: int) -> Iterable[tupl
     return (item for item in named if not any(t in item[0] for t in texts))
 
 
+def _due(args: list[str], names: list[str], calls: int) -> bool:
+    """Whether a fault's `args` start with `names` and let fewer than `calls` calls through (the
+    optional argument after the names; default 0)."""
+    return args[:len(names)] == names and calls > int((args[len(names):] or ["0"])[0])
+
+
 def hang_here(phase: str, engine: int) -> None:
     """Sleep for an hour if a `hang` fault names this phase and engine, and this is a call after
     the ones it lets through."""
     _calls[phase, engine] += 1
-    for args in _faults("hang"):
-        if args[:2] == [phase, str(engine)] and _calls[phase, engine] > int((args[2:] or ["0"])[0]):
-            time.sleep(3600)
-
-
-def _due(args: list[str], phase: str, actor: str, calls: int) -> bool:
-    return args[:2] == [phase, actor] and calls > int((args[2:] or ["0"])[0])
+    if any(_due(args, [phase, str(engine)], _calls[phase, engine]) for args in _faults("hang")):
+        time.sleep(3600)
 
 
 def die_here(phase: str, actor: str) -> None:
     """SIGKILL this process if a `die` fault names this phase and actor ("learner1") and this is
     a call after the ones it lets through."""
     _calls[phase, actor] += 1
-    if any(_due(args, phase, actor, _calls[phase, actor]) for args in _faults("die")):
+    if any(_due(args, [phase, actor], _calls[phase, actor]) for args in _faults("die")):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -70,5 +71,5 @@ def full_disk_here(actor: str) -> None:
     """Raise ENOSPC if an `enospc` fault names this actor and this is a checkpoint after the ones
     it lets through."""
     _calls["enospc", actor] += 1
-    if any(_due(["enospc", *args], "enospc", actor, _calls["enospc", actor]) for args in _faults("enospc")):
+    if any(_due(args, [actor], _calls["enospc", actor]) for args in _faults("enospc")):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

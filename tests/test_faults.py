@@ -40,3 +40,12 @@ def test_hang_lets_the_first_calls_through(monkeypatch):
     faults.hang_here("weight_sync", 7)
     with pytest.raises(TimeoutError):
         faults.hang_here("weight_sync", 7)  # the third call hangs
+
+
+def test_enospc_lets_the_first_checkpoints_through_at_the_named_learner(monkeypatch):
+    monkeypatch.setenv(faults.VARIABLE, "enospc:learner1:1")
+    faults.full_disk_here("learner0")
+    faults.full_disk_here("learner1")
+    faults.full_disk_here("learner0")  # another learner: never
+    with pytest.raises(OSError, match="No space left on device"):
+        faults.full_disk_here("learner1")  # its second checkpoint

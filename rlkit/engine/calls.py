@@ -41,9 +41,9 @@ def wait_all(futures: Sequence[Any], owners: Sequence[str], phase: str, timeout_
     while pending:
         left = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
         ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-        if not ready and (deadline is None or time.monotonic() < deadline):
-            continue
         if not ready:
+            if deadline is None or time.monotonic() < deadline:
+                continue  # a poll ran out, the deadline has not
             late = sorted({owners[index[ref]] for ref in pending}, key=owners.index)
             who = late[0] + (f" (and {', '.join(late[1:])})" if len(late) > 1 else "")
             raise FaultError(f"{who} did not finish {phase} within {timeout_s:g} s ({knob}); "
