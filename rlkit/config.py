@@ -210,6 +210,10 @@ class RolloutConfig:
     # stops with a one-line error naming the engine and the phase; 0 = wait forever.
     sync_timeout_s: float = 1800.0
     start_timeout_s: float = 1800.0  # the same for an engine's start (model load, KV cache, graphs)
+    # A separate engine that dies (crash, OOM, kill) or does not answer within sync_timeout_s is
+    # restarted in its placement bundle, given the current weights, and its lost requests are sent
+    # again; after max_restarts restarts of one engine the run stops instead. 0 = stop at once.
+    max_restarts: int = 3
     # Parity probe: after the start (or resume) and every N-th weight sync, the engines and the
     # learner score held sequences; the largest |logprob difference| is the metric
     # sync/check_abs_diff_max, and above sync_check_tol (nats; default 1e-3 for fp32 models, 0.5
@@ -232,6 +236,7 @@ class RolloutConfig:
         check(self.sync_timeout_s >= 0, "sync_timeout_s", f"must be >= 0 (0 = no limit), got {self.sync_timeout_s}")
         check(self.start_timeout_s >= 0, "start_timeout_s",
               f"must be >= 0 (0 = no limit), got {self.start_timeout_s}")
+        check(self.max_restarts >= 0, "max_restarts", f"must be >= 0 (0 = never restart), got {self.max_restarts}")
         check(self.sync_check_every >= 0, "sync_check_every", f"must be >= 0 (0 = off), got {self.sync_check_every}")
         check(self.sync_check_tol is None or self.sync_check_tol > 0, "sync_check_tol",
               f"must be > 0 nats, got {self.sync_check_tol}")

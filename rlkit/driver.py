@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from rlkit import faults
 from rlkit.checkpoint import CheckpointManager, dir_bytes, resolve_resume
 from rlkit.config import CheckpointConfig, CurriculumConfig, DataConfig, ModelConfig
 from rlkit.data.curriculum import CurriculumSampler
@@ -116,6 +117,7 @@ class RunDir:
         staging = self.ckpts.staging_dir(step)
         with self._writing(staging, f"checkpoint step {step}", dir_bytes(latest) if latest else None):
             learners.save_checkpoint(staging)
+            faults.crash_here("checkpoint", "driver")
             if payload is not None:
                 import torch
 
@@ -153,6 +155,7 @@ class RunDir:
     def checkpoint_due(self, step: int, every: int, also: bool = False) -> bool:
         """Whether to checkpoint after `step`: every `every` steps, when `also`, or when a stop
         signal came during the step (and checkpointing is on)."""
+        faults.crash_here("step", "driver")
         return bool(every and step % every == 0) or also or (self.stop_signal is not None and self.checkpointing)
 
     def stop_if_signalled(self, step: int) -> None:

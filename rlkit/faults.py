@@ -7,9 +7,15 @@
   `<phase>` call (`generate`, `weight_sync`) after `<after>` such calls went through (default
   0), as a wedged engine would.
 - `die:<phase>:<actor>[:<after>]`: the actor (`engine1`, `learner1`) kills its own process with
-  SIGKILL in its `<phase>` call (engines: `generate`; learners: `fit`, `save_checkpoint`) after
-  `<after>` such calls went through (default 0), as an OOM kill or a crash would.
+  SIGKILL in its `<phase>` call (engines: `generate`, `weight_sync`; learners: `fit`,
+  `train_step`, `save_checkpoint`) after `<after>` such calls went through (default 0), as an OOM
+  kill or a crash would.
 - `enospc:<actor>[:<after>]`: the actor's `save_checkpoint` raises "No space left on device".
+- `halt:<phase>:<actor>[:<after>]`: the process (`driver`, `learner0`, `engine0`) kills the whole
+  run with SIGKILL (the driver's process group, which holds Ray's local services, so the actors
+  go too), as a node lost or a job killed without notice would, in its `<phase>`: the actors'
+  phases of `die`, and the driver's `step` (the step's metrics are logged) and `checkpoint` (the
+  learners' files are written, the manifest is not).
 """
 
 from __future__ import annotations
@@ -59,12 +65,16 @@ def hang_here(phase: str, engine: int) -> None:
         time.sleep(3600)
 
 
-def die_here(phase: str, actor: str) -> None:
-    """SIGKILL this process if a `die` fault names this phase and actor ("learner1") and this is
-    a call after the ones it lets through."""
+def crash_here(phase: str, actor: str) -> None:
+    """SIGKILL this process (a `die` fault) or the whole run (`halt`) if such a fault names this
+    phase and actor ("learner1", "driver") and this is a call after the ones it lets through. The
+    run is the driver's process group: the driver's own, an actor's parent's (the local raylet,
+    which the driver started)."""
     _calls[phase, actor] += 1
     if any(_due(args, [phase, actor], _calls[phase, actor]) for args in _faults("die")):
         os.kill(os.getpid(), signal.SIGKILL)
+    if any(_due(args, [phase, actor], _calls[phase, actor]) for args in _faults("halt")):
+        os.killpg(os.getpgrp() if actor == "driver" else os.getpgid(os.getppid()), signal.SIGKILL)
 
 
 def full_disk_here(actor: str) -> None:
@@ -73,3 +83,4 @@ def full_disk_here(actor: str) -> None:
     _calls["enospc", actor] += 1
     if any(_due(args, [actor], _calls["enospc", actor]) for args in _faults("enospc")):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+

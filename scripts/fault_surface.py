@@ -1,11 +1,13 @@
-"""Seconds from `kill -9` of one learner or one rollout engine to the end of `rlkit grpo`, and
-the one line it ends with (issue 11: the time a death takes to surface).
+"""Seconds from `kill -9` of one learner to the end of `rlkit grpo` (the line it ends with), and
+of one rollout engine to the run going on with a restarted engine (issue 11: the time a death
+takes to surface, and to recover from).
 
     python scripts/fault_surface.py --model runs/tiny-sft/final --data runs/tiny/data --repeats 3
 
 Runs `recipes/tiny-grpo.yaml` (2 learners, 2 engines) from `--model`, kills the newest process
 of the target (`ray::Learner`, `ray::RolloutWorker`) one second after step 3 is logged, and
-prints each run's seconds and the median.
+prints each run's seconds and the median: for a learner until the run exits, for an engine until
+the run logs the restart (the run then finishes its steps; its exit code is printed too).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def surface(model: str, data: str, target: str, out: Path) -> tuple[float, int, str]:
+    """Seconds from the kill to the exit (learner) or to the restart's line (engine), the exit
+    code, and the last line of the run's log output."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = ["rlkit", "grpo", str(ROOT / "recipes" / "tiny-grpo.yaml"), f"model.path={model}",
            f"data.train={data}/grpo_train.jsonl", f"data.eval={data}/grpo_eval.jsonl", "data.synthetic_seed=null",
-           f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false", "grpo.steps=20",
+           f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false",
+           f"grpo.steps={20 if target == 'Learner' else 6}",
            "eval.every=0", "checkpoint.every=2"]
     err = out.with_suffix(".err")
     with open(err, "w") as f:
@@ -42,9 +47,16 @@ def surface(model: str, data: str, target: str, out: Path) -> tuple[float, int, 
         time.sleep(1.0)  # into the next step
         t0 = time.monotonic()
         os.kill(pids[-1], signal.SIGKILL)
-        code = proc.wait()
-        seconds = time.monotonic() - t0
-    return seconds, code, err.read_text().strip().splitlines()[-1]
+        if target == "Learner":
+            code = proc.wait()
+            seconds = time.monotonic() - t0
+        else:
+            while "restarted and re-synced" not in err.read_text() and proc.poll() is None:
+                time.sleep(0.05)
+            seconds = time.monotonic() - t0
+            code = proc.wait()
+    lines = err.read_text().strip().splitlines()
+    return seconds, code, next((x for x in lines if "restarted and" in x), lines[-1])
 
 
 def main() -> None:
@@ -59,7 +71,8 @@ def main() -> None:
         for i in range(args.repeats):
             seconds, code, last = surface(args.model, args.data, target, work / f"{target}-{i}")
             times.append(seconds)
-            print(f"{target} killed: exit {code} after {seconds:.2f} s: {last[:160]}")
+            print(f"{target} killed: {'exit' if target == 'Learner' else 'restarted'} after {seconds:.2f} s "
+                  f"(exit {code}): {last[:200]}")
         print(f"{target}: median {statistics.median(times):.2f} s over {len(times)} runs")
 
 

@@ -7,6 +7,8 @@ as itself, without Ray's remote traceback. An actor that died (killed, out of me
 lost) comes out as a `FaultError` naming it, its pid and node; the actor is named by the name
 `name_actor` gave it, also when the death surfaces through another actor's call (an engine
 that dies while a learner sends it weights). Ray's full error is the `FaultError`'s cause.
+Both kinds are an `ActorFault`, which says whom it is about, so a caller that can replace the
+actor (the rollout engines restart a dead or hung engine) knows which.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ from rlkit.errors import FaultError, UserError
 
 POLL_S = 1.0  # the longest a wait blocks without returning to Python (signal handlers run between)
 _names: dict[str, str] = {}  # Ray actor id (hex) -> "engine 1", "learner 0"
+
+
+class ActorFault(FaultError):
+    """Named actors died (`dead`) or did not answer in time (hung); `who` are their names
+    ("engine 1"). Kept through Ray's pickling of an actor's error (the attributes ride in the
+    instance dict)."""
+
+    def __init__(self, message: str, who: Sequence[str] = (), dead: bool = False):
+        super().__init__(message)
+        self.who, self.dead = list(who), dead
 
 
 def name_actor(handle: Any, name: str) -> None:
@@ -46,28 +58,33 @@ def wait_all(futures: Sequence[Any], owners: Sequence[str], phase: str, timeout_
                 continue  # a poll ran out, the deadline has not
             late = sorted({owners[index[ref]] for ref in pending}, key=owners.index)
             who = late[0] + (f" (and {', '.join(late[1:])})" if len(late) > 1 else "")
-            raise FaultError(f"{who} did not finish {phase} within {timeout_s:g} s ({knob}); "
-                             f"it is hung or far slower than expected: see its log, or raise {knob}")
+            raise ActorFault(f"{who} did not finish {phase} within {timeout_s:g} s ({knob}); "
+                             f"it is hung or far slower than expected: see its log, or raise {knob}", late)
         for ref in ready:
             results[index[ref]] = _get(ref, owners[index[ref]], phase)
     return results
 
 
 def _get(ref: Any, owner: str, phase: str) -> Any:
-    """`ray.get`; an actor's `UserError` is raised as itself (one line), a dead actor as a
-    `FaultError` (see the module doc), other errors as Ray's."""
+    """`ray.get`; an actor's `UserError` is raised as itself (one line), a dead actor as an
+    `ActorFault` (see the module doc), other errors as Ray's."""
     import ray
 
     try:
         return ray.get(ref)
     except ray.exceptions.RayActorError as e:
-        raise FaultError(died(e, owner, phase)) from e
+        raise ActorFault(died(e, owner, phase), [_actor_name(e, owner)], dead=True) from e
     except ray.exceptions.RayTaskError as e:
         if isinstance(e.cause, UserError):
             raise e.cause from None
         if isinstance(e.cause, ray.exceptions.RayActorError):  # e.g. an engine, from a learner's call
-            raise FaultError(died(e.cause, owner, phase)) from e
+            raise ActorFault(died(e.cause, owner, phase), [_actor_name(e.cause, owner)], dead=True) from e
         raise
+
+
+def _actor_name(error: Any, owner: str) -> str:
+    """The name of the actor a `RayActorError` is about (`name_actor`'s), else `owner`."""
+    return _names.get(getattr(error, "actor_id", None) or "", owner)
 
 
 def died(error: Any, owner: str, phase: str) -> str:
@@ -75,7 +92,6 @@ def died(error: Any, owner: str, phase: str) -> str:
     node, and why, from the `RayActorError`'s text."""
     text = getattr(error, "error_msg", "") or str(error)
     fields = dict(re.findall(r"^\s*(class_name|pid|ip): (.+)$", text, re.M))
-    who = _names.get(getattr(error, "actor_id", None) or "", owner)
     where = ", ".join(([f"pid {fields['pid']}"] if "pid" in fields else [])
                       + ([f"node {fields['ip']}"] if "ip" in fields else []))
     if "node" in text and ("node has died" in text or "node died" in text or "node was" in text):
@@ -86,4 +102,4 @@ def died(error: Any, owner: str, phase: str) -> str:
         why = "its start failed"
     else:
         why = text.strip().splitlines()[0] if text.strip() else "no reason given by Ray"
-    return f"{who} died during {phase} ({where + '; ' if where else ''}{why})"
+    return f"{_actor_name(error, owner)} died during {phase} ({where + '; ' if where else ''}{why})"

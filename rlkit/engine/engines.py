@@ -12,6 +12,7 @@ Prompts are split contiguously over the engines; samples come back prompt-major.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,11 +20,13 @@ import torch
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import ModelConfig, RayConfig, RolloutConfig
-from rlkit.engine.calls import name_actor, wait_all
+from rlkit.engine.calls import ActorFault, name_actor, wait_all
 from rlkit.engine.group import LearnerGroup
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.errors import FaultError, UserError
 from rlkit.seeding import derive_seed
+
+log = logging.getLogger("rlkit.engines")
 
 
 class RolloutEngines(Protocol):
@@ -38,6 +41,7 @@ class RolloutEngines(Protocol):
     def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]: ...
     def sync_from(self, learners: LearnerGroup) -> dict[str, float]: ...
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]: ...
+    def recovery(self) -> dict[str, float]: ...
     def idle(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -83,7 +87,7 @@ def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo
     `adapter`, each sync sends only the LoRA adapter (separate engines)."""
     if rollout.colocate:
         return ColocatedEngines(learners, rollout, model, device, seed)
-    return SeparateEngines(rollout, model, device, ray_cfg, seed, adapter)
+    return SeparateEngines(rollout, model, device, ray_cfg, seed, learners, adapter)
 
 
 def sync_check_tol(rollout: RolloutConfig, model: ModelConfig, quantized_learner: bool = False) -> float:
@@ -120,29 +124,47 @@ def _shards(prompts: list[str], k: int) -> list[list[str]]:
     return [prompts[i * size:(i + 1) * size] for i in range(k)]
 
 
-def _generate_async(handles: list[Any], prompts: list[str], n: int, sampling: Sampling,
-                    seed: int) -> list[tuple[int, Any]]:
+@dataclass
+class _Call:
+    """A call to engine `index`, kept so that it can be sent again to a restarted engine."""
+
+    index: int
+    method: str
+    args: tuple
+    kwargs: dict[str, Any]
+    handle: Any = None  # the engine it was last sent to
+    ref: Any = None  # its Ray future
+
+    def send(self, handle: Any) -> _Call:
+        self.handle, self.ref = handle, getattr(handle, self.method).remote(*self.args, **self.kwargs)
+        return self
+
+
+def _generate_async(handles: list[Any], prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[_Call]:
     """Start `n` samples per prompt on the engines behind `handles` (actor handles with a
-    `generate` method); (engine index, Ray future) pairs, in prompt order."""
-    return [(i, h.generate.remote(shard, n=n, seed=derive_seed(seed, i), **sampling.kwargs()))
+    `generate` method); one call per engine with prompts, in prompt order."""
+    return [_Call(i, "generate", (shard,), dict(n=n, seed=derive_seed(seed, i), **sampling.kwargs())).send(h)
             for i, (h, shard) in enumerate(zip(handles, _shards(prompts, len(handles)))) if shard]
 
 
-def _gather(futures: list[tuple[int, Any]], names: list[str], timeout_s: float) -> list[Sample]:
-    parts = wait_all([f for _, f in futures], [names[i] for i, _ in futures], "the generation", timeout_s)
+def _gather(calls: list[_Call], names: list[str], timeout_s: float | None) -> list[Sample]:
+    parts = wait_all([c.ref for c in calls], [names[c.index] for c in calls], "the generation", timeout_s)
     return [s for part in parts for s in part]
 
 
 class SeparateEngines:
     """`rollout.num_engines` engines, each its own actor in its own bundle of `tp` devices (or `tp`
-    CPUs: vLLM runs one process per TP rank inside the actor), apart from the learners' bundles."""
+    CPUs: vLLM runs one process per TP rank inside the actor), apart from the learners' bundles.
+
+    Fault tolerance: an engine that dies or does not answer a call within `rollout.sync_timeout_s`
+    is killed, started again in its bundle, given the learners' current policy (none before the
+    first sync: it loads the same `model.path`) and sent again the calls it lost; the same seeds
+    give the same samples. One warning line says so, `rollout/restarts` counts restarts. After
+    `rollout.max_restarts` restarts of one engine, the next fault stops the run."""
 
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
-                 seed: int, adapter: AdapterServing | None = None):
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
+                 seed: int, learners: LearnerGroup, adapter: AdapterServing | None = None):
         from rlkit.engine.placement import actor_resources, placement_group, worker_env
-        from rlkit.engine.rollout import create_rollout_actor
 
         tp = rollout.tensor_parallel_size
         cpus = ray_cfg.cpus_per_actor * (1 if device.is_accelerator else tp)
@@ -150,56 +172,144 @@ class SeparateEngines:
         resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
                      **opts.get("resources", {})}
         self.rollout, self.strategy = rollout, sync_strategy(rollout, device)
-        self.timeout, self.adapter = rollout.sync_timeout_s or None, adapter
+        self.timeout, self.adapter, self.learners = rollout.sync_timeout_s or None, adapter, learners
         self.names = [f"engine {i}" for i in range(rollout.num_engines)]
         self.pg = placement_group(device, rollout.num_engines, cpus, devices=tp)
-        self.handles = [
-            create_rollout_actor(
-                model.path, resources=resources, env_vars=worker_env(device),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
-                                                                     placement_group_bundle_index=i),
-                tensor_parallel_size=tp, index=i,
-                **worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31), adapter))
-            for i in range(rollout.num_engines)]
-        for handle, name in zip(self.handles, self.names):
-            name_actor(handle, name)
-        wait_all([h.ready.remote() for h in self.handles], self.names, "its start",
-                 rollout.start_timeout_s or None, knob="rollout.start_timeout_s")
+        self._spec = dict(model=model.path, resources=resources, env_vars=worker_env(device), tp=tp,
+                          options=[worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31),
+                                                  adapter) for i in range(rollout.num_engines)])
+        self.handles = [self._create(i) for i in range(rollout.num_engines)]
+        self._started(range(rollout.num_engines), "its start")
+        self.synced = False  # whether the engines hold a pushed policy (else model.path's)
+        self.restarts, self.recovery_s = [0] * rollout.num_engines, 0.0
+
+    def _create(self, i: int) -> Any:
+        """Engine `i`'s actor, in bundle `i` (starting; see `_started`)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from rlkit.engine.rollout import create_rollout_actor
+
+        spec = self._spec
+        handle = create_rollout_actor(
+            spec["model"], resources=spec["resources"], env_vars=spec["env_vars"],
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                                 placement_group_bundle_index=i),
+            tensor_parallel_size=spec["tp"], index=i, **spec["options"][i])
+        name_actor(handle, self.names[i])
+        return handle
+
+    def _started(self, indices: Any, phase: str) -> None:
+        """Wait for engines `indices` to be up; their pid and node go to the run log."""
+        indices = list(indices)
+        where = wait_all([self.handles[i].where.remote() for i in indices], [self.names[i] for i in indices],
+                         phase, self.rollout.start_timeout_s or None, knob="rollout.start_timeout_s")
+        for i, (pid, node) in zip(indices, where):
+            log.info("%s: pid %d on node %s", self.names[i], pid, node)
 
     def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
-        """Start generating; returns at once (Ray futures for `gather`)."""
+        """Start generating; returns at once (calls for `gather`)."""
         return _generate_async(self.handles, prompts, n, sampling, seed)
 
     def gather(self, futures: list[Any]) -> list[Sample]:
-        """The samples of `generate_async`, prompt-major."""
-        return _gather(futures, self.names, self.timeout)
+        """The samples of `generate_async`, prompt-major; the calls of an engine that died or hung
+        go again to its restarted self."""
+        return [s for part in self._results(futures, "the generation") for s in part]
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         """`n` samples per prompt, prompt-major, reproducible for `seed`."""
         return self.gather(self.generate_async(prompts, n, sampling, seed))
 
     def sync_from(self, learners: LearnerGroup) -> dict[str, float]:
-        """The learners' current policy into every engine, in place (no restart)."""
-        if self.adapter is not None:
-            return self._sync_adapter(learners)
-        return learners.push_weights(self.handles, self.rollout.sync_bucket_mib, self.strategy, self.timeout)[0]
+        """The learners' current policy into every engine, in place (no restart). An engine that
+        dies or hangs meanwhile is restarted, and the sync starts over (the others may hold part
+        of it)."""
+        self.learners = learners
+        while True:
+            try:
+                stats = self._push(range(len(self.handles)), "the weight sync")
+                self.synced = True
+                return stats
+            except ActorFault as fault:
+                self._recover(fault, push=False)
 
-    def _sync_adapter(self, learners: LearnerGroup) -> dict[str, float]:
-        """Only the LoRA adapter, from learner rank 0 through the object store into every engine."""
+    def _push(self, indices: Any, phase: str) -> dict[str, float]:
+        """The current policy (or adapter) into engines `indices`; the push's stats."""
+        import time
+
+        import ray
+
+        indices = list(indices)
+        handles, names = [self.handles[i] for i in indices], [self.names[i] for i in indices]
+        if self.adapter is None:
+            return self.learners.push_weights(handles, self.rollout.sync_bucket_mib, self.strategy, self.timeout,
+                                              names)[0]
+        t0 = time.perf_counter()  # only the LoRA adapter, from learner rank 0 through the object store
+        files = ray.put(self.learners.adapter_files(self.timeout))
+        sizes = wait_all([h.load_adapter.remote(files) for h in handles], names, phase, self.timeout)
+        return {"bytes": sizes[0], "seconds": time.perf_counter() - t0}
+
+    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
+        """Each engine's `RolloutWorker.sequence_logprobs` (the sync check)."""
+        calls = [_Call(i, "sequence_logprobs", (sequences,), {}).send(h) for i, h in enumerate(self.handles)]
+        return self._results(calls, "the sync check")
+
+    def _results(self, calls: list[_Call], phase: str) -> list[Any]:
+        """The results of `calls`, in order. A call lost with an engine that was restarted since
+        (by this wait or another) is sent again to the new one."""
+        while True:
+            for c in calls:
+                if c.handle is not self.handles[c.index]:
+                    c.send(self.handles[c.index])
+            try:
+                return wait_all([c.ref for c in calls], [self.names[c.index] for c in calls], phase, self.timeout)
+            except ActorFault as fault:
+                self._recover(fault, push=True)
+
+    def _recover(self, fault: ActorFault, push: bool) -> None:
+        """Restart the engines `fault` is about; with `push`, give them the current policy. A fault
+        about no engine of this group, under a broadcast sync, or about an engine out of restarts
+        is raised (it ends the run)."""
         import time
 
         import ray
 
         t0 = time.perf_counter()
-        files = ray.put(learners.adapter_files(self.timeout))
-        sizes = wait_all([h.load_adapter.remote(files) for h in self.handles], self.names, "the adapter sync",
-                         self.timeout)
-        return {"bytes": sizes[0], "seconds": time.perf_counter() - t0}
+        while True:
+            bad = [self.names.index(w) for w in fault.who if w in self.names]
+            if not bad:
+                raise fault
+            for i in bad:
+                if self.restarts[i] >= self.rollout.max_restarts:
+                    n = self.restarts[i]
+                    raise FaultError(f"{fault}; it was restarted {n} time{'s' * (n != 1)} already "
+                                     f"(rollout.max_restarts {self.rollout.max_restarts})") from fault
+                if self.strategy == "broadcast":
+                    raise FaultError(f"{fault}; a restarted engine cannot join the weight broadcast group, so "
+                                     "engines are not restarted with rollout.sync: broadcast (object_store "
+                                     "restarts them)") from fault
+            try:
+                for i in bad:
+                    ray.kill(self.handles[i], no_restart=True)
+                    self.handles[i] = self._create(i)
+                    self.restarts[i] += 1
+                self._started(bad, "its restart")
+                if push and self.synced:
+                    self._push(bad, "the weight sync")
+                break
+            except ActorFault as again:  # it died or hung again before it was back
+                fault = again
+        seconds = time.perf_counter() - t0
+        self.recovery_s += seconds
+        done = ("restarted and re-synced in {:.1f} s" if push and self.synced else
+                "restarted in {:.1f} s (no sync yet: it loads model.path, the policy so far)" if push else
+                "restarted in {:.1f} s; the weight sync starts over").format(seconds)
+        log.warning("%s; %s (restart %s of rollout.max_restarts %d)", fault, done,
+                    ", ".join(str(self.restarts[i]) for i in bad), self.rollout.max_restarts)
 
-    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
-        """Each engine's `RolloutWorker.sequence_logprobs` (the sync check)."""
-        return wait_all([h.sequence_logprobs.remote(sequences) for h in self.handles], self.names,
-                        "the sync check", self.timeout)
+    def recovery(self) -> dict[str, float]:
+        """`rollout/restarts` (engine restarts so far in this process) and `time/engine_recovery`
+        (seconds they took)."""
+        return {"rollout/restarts": float(sum(self.restarts)), "time/engine_recovery": self.recovery_s}
 
     def idle(self) -> None:
         """Nothing to free: separate engines keep their memory."""
@@ -240,6 +350,10 @@ class ColocatedEngines:
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
         return self.learners.engine_sequence_logprobs(sequences, self.timeout)
+
+    def recovery(self) -> dict[str, float]:
+        """None: a colocated engine dies with its learner, which ends the run."""
+        return {}
 
     def idle(self) -> None:
         """Generation is over until the next sync: on accelerators the engines sleep (vLLM sleep

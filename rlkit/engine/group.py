@@ -70,13 +70,13 @@ class LearnerGroup:
     # ------------------------------------------------------------------ weights
 
     def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store",
-                     timeout_s: float | None = None) -> list[dict[str, float] | None]:
+                     timeout_s: float | None = None, names: list[str] | None = None) -> list[dict[str, float] | None]:
         """Current policy -> separate rollout engines. Rank 0 sends and returns its `SyncStats` as a
         dict; the other ranks only take part in ZeRO-3 gathers (None). Each engine call may take
         `timeout_s` (a `FaultError` naming the engine); the learners get `SLACK_S` more, so a hung
         engine is named before its learner."""
         return self._timed("push_weights", "the weight sync", timeout_s and timeout_s + SLACK_S,
-                           engines, bucket_mib, strategy, timeout_s)
+                           engines, bucket_mib, strategy, timeout_s, names)
 
     def adapter_files(self, timeout_s: float | None = None) -> dict[str, bytes]:
         """Rank 0's `Learner.adapter_files` (all ranks take part, for ZeRO-3)."""

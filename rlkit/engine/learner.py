@@ -131,6 +131,7 @@ class Learner:
     def train_step(self, micro_batches: list[MicroBatch], objective: Objective) -> StepMetrics:
         """One optimizer step over `grad_accum` micro-batches; each micro-batch's loss is
         `objective(model, micro_batch)` (DeepSpeed divides it by grad_accum)."""
+        faults.crash_here("train_step", f"learner{self.rank}")
         if len(micro_batches) != self.spec.grad_accum:
             raise ValueError(f"train_step needs grad_accum={self.spec.grad_accum} micro-batches, "
                              f"got {len(micro_batches)}")
@@ -153,7 +154,7 @@ class Learner:
         """Attach the logprobs `objective.needs` to every micro-batch (before any update), then run
         `epochs` passes of the optimizer steps `steps` (each `grad_accum` micro-batches). The
         batch arrives once; only metrics go back."""
-        faults.die_here("fit", f"learner{self.rank}")
+        faults.crash_here("fit", f"learner{self.rank}")
         t0 = time.perf_counter()
         micro = [mb for step in steps for mb in step]
         for key in objective.needs:
@@ -223,12 +224,14 @@ class Learner:
                                   lora_merge=self.spec.finetuning != "full", all_ranks=all_ranks)
 
     def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store",
-                     timeout_s: float | None = None) -> dict | None:
-        """Send the current policy (LoRA merged) to separate rollout engines: through the Ray
-        object store, or by NCCL/HCCL broadcast (`strategy="broadcast"`, accelerators; the group is
-        set up on first use). Every rank must call (ZeRO-3 gathers layer by layer); rank 0 sends
-        and returns the `SyncStats` as a dict. An engine call over `timeout_s` is a `FaultError`
-        naming the engine."""
+                     timeout_s: float | None = None, names: list[str] | None = None) -> dict | None:
+        """Send the current policy (LoRA merged) to separate rollout engines (`names`: theirs in
+        errors): through the Ray object store, or by NCCL/HCCL broadcast (`strategy="broadcast"`,
+        accelerators; the group is set up on first use). Every rank must call (ZeRO-3 gathers
+        layer by layer); rank 0 sends and returns the `SyncStats` as a dict. An engine call over
+        `timeout_s`, or an engine that died, is an `ActorFault` naming the engine, raised after
+        rank 0 has gone through the remaining gathers, so the other ranks are not left waiting in
+        one and the push can be retried."""
         from rlkit.engine.weight_sync import BroadcastSync, ObjectStoreSync
 
         named = self._named_weights()
@@ -236,12 +239,17 @@ class Learner:
             for _ in named:  # take part in the gathers
                 pass
             return None
-        if strategy != "broadcast":
-            return asdict(ObjectStoreSync(engines, bucket_mib, timeout_s=timeout_s).push(named))
-        if self._broadcast is None:
-            self._broadcast = BroadcastSync.connect(engines, self.engine.device,
-                                                    self.device_info.weight_sync_backend, bucket_mib, timeout_s)
-        return asdict(self._broadcast.push(named))
+        try:
+            if strategy != "broadcast":
+                return asdict(ObjectStoreSync(engines, bucket_mib, timeout_s=timeout_s, names=names).push(named))
+            if self._broadcast is None:
+                self._broadcast = BroadcastSync.connect(engines, self.engine.device,
+                                                        self.device_info.weight_sync_backend, bucket_mib, timeout_s)
+            return asdict(self._broadcast.push(named))
+        except Exception:
+            for _ in named:  # the gathers the other ranks are in (none after a failed gather)
+                pass
+            raise
 
     def adapter_files(self) -> dict[str, bytes] | None:
         """The LoRA adapter alone, as the files of a peft adapter directory (what
@@ -299,7 +307,7 @@ class Learner:
 
     def save_checkpoint(self, ckpt_dir: str) -> None:
         """All ranks: engine (weights/adapter, optimizer, scheduler) + this rank's RNG states."""
-        faults.die_here("save_checkpoint", f"learner{self.rank}")
+        faults.crash_here("save_checkpoint", f"learner{self.rank}")
         faults.full_disk_here(f"learner{self.rank}")
         self.engine.save_checkpoint(ckpt_dir, tag="engine", save_latest=False,
                                     exclude_frozen_parameters=self.spec.finetuning != "full")

@@ -152,7 +152,7 @@ class RolloutWorker:
         from vllm import SamplingParams
 
         faults.hang_here("generate", self.index)
-        faults.die_here("generate", f"engine{self.index}")
+        faults.crash_here("generate", f"engine{self.index}")
         params = []
         for i in range(len(prompts)):
             params.append(SamplingParams(
@@ -195,6 +195,7 @@ class RolloutWorker:
         in lists into Python lists).
         """
         faults.hang_here("weight_sync", self.index)
+        faults.crash_here("weight_sync", f"engine{self.index}")
         named_tensors = faults.skip_tensors(named_tensors, self.index)
         if self.in_process and self.tp_size == 1:  # the worker runs in this process: pass by reference
             count = self.llm.collective_rpc("load_weights_from_iter", args=(named_tensors,))[0]
@@ -220,6 +221,7 @@ class RolloutWorker:
         from vllm.lora.request import LoRARequest
 
         faults.hang_here("weight_sync", self.index)
+        faults.crash_here("weight_sync", f"engine{self.index}")
         number = (self.adapters[-1].lora_int_id + 1) if self.adapters else 1
         path = Path(tempfile.mkdtemp(prefix=f"rlkit-adapter-e{self.index}-v{number}-"))
         for name, data in files.items():
@@ -258,6 +260,14 @@ class RolloutWorker:
     def ready(self) -> float:
         """Seconds the engine took to start (also a cheap liveness probe for actors)."""
         return self.start_seconds
+
+    def where(self) -> tuple[int, str]:
+        """This engine's process id and node (IP address in a Ray cluster, else the host name)."""
+        import socket
+
+        import ray
+
+        return os.getpid(), ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostname()
 
     def shutdown(self) -> None:
         """Free the engine (and the adapter files)."""

@@ -219,11 +219,11 @@ class _Counter:
 
 class _Engines:
     """Rollout actor handles and the wait on their calls: each call at most `timeout_s` (None: no
-    limit), a late engine named by its index."""
+    limit), a late engine named by `names` (default: by its index)."""
 
-    def __init__(self, engines: list[Any], timeout_s: float | None):
+    def __init__(self, engines: list[Any], timeout_s: float | None, names: list[str] | None = None):
         self.engines, self.timeout_s = list(engines), timeout_s
-        self.owners = [f"engine {i}" for i in range(len(self.engines))]
+        self.owners = list(names or [f"engine {i}" for i in range(len(self.engines))])
 
     def wait(self, futures: list[Any], phase: str = "the weight sync") -> list[Any]:
         return wait_all(futures, self.owners, phase, self.timeout_s)
@@ -241,10 +241,11 @@ class ObjectStoreSync(_Engines):
     """
 
     def __init__(self, engines: list[Any], bucket_mib: float = 256.0,
-                 dtype: torch.dtype | None = None, max_inflight: int = 2, timeout_s: float | None = None):
+                 dtype: torch.dtype | None = None, max_inflight: int = 2, timeout_s: float | None = None,
+                 names: list[str] | None = None):
         if not engines:
             raise ValueError("ObjectStoreSync needs at least one rollout engine")
-        super().__init__(engines, timeout_s)
+        super().__init__(engines, timeout_s, names)
         self.bucket_mib, self.dtype = bucket_mib, dtype
         self.max_inflight = max(1, max_inflight)
 

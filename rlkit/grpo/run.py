@@ -111,7 +111,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         sync = engines.sync_from(learners)                                        # learner -> vLLM, no restart
         step, version = step + 1, version + 1
         metrics = {**exp.metrics, "reward": exp.metrics["reward/mean"], **adv_metrics, **seen,
-                   **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2),
+                   **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2), **engines.recovery(),
                    **_sync_check(cfg, task, engines, learners, step)}                # parity probe, when due
         if task.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
             metrics.update(held_out())

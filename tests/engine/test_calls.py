@@ -44,9 +44,10 @@ def test_wait_all_names_late_actors_and_fails_fast(ray_local):
 
     t0 = time.monotonic()
     with pytest.raises(FaultError, match=r"^engine 1 \(and engine 2\) did not finish the weight sync within 1\.5 s "
-                                         r"\(rollout.sync_timeout_s\); .*raise rollout.sync_timeout_s$"):
+                                         r"\(rollout.sync_timeout_s\); .*raise rollout.sync_timeout_s$") as e:
         wait_all([actors[0].run.remote(0, 0), actors[1].run.remote(60, 1), actors[2].run.remote(60, 2)],
                  owners, "the weight sync", 1.5)
+    assert e.value.who == ["engine 1", "engine 2"] and not e.value.dead
     assert time.monotonic() - t0 < 10
     for a in actors[1:]:
         ray.kill(a)
@@ -94,7 +95,8 @@ def test_a_dead_actor_is_named_with_its_pid_and_node_also_through_another_actor(
                                          r"its process exited unexpectedly: killed \(the OOM killer, kill -9\) "
                                          r"or crashed\)$"):
         wait_all([direct], ["engine 1"], "the generation")
-    with pytest.raises(FaultError, match=rf"^engine 2 died during the weight sync \(pid {pids[1]}, node "):
+    with pytest.raises(FaultError, match=rf"^engine 2 died during the weight sync \(pid {pids[1]}, node ") as e:
         wait_all([relayed], ["learner 0"], "the weight sync")
+    assert e.value.who == ["engine 2"] and e.value.dead  # whom to restart (an ActorFault)
     assert time.monotonic() - t0 < 30
     ray.kill(learner)

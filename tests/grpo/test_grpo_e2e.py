@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,7 +82,9 @@ def _first_rows(path, n, out):
 def test_grpo_stopped_then_resumed_matches_uninterrupted(sft_model, task_data, tmp_path, stop, staleness):
     """Stopped and resumed: the same rewards per step and final weights as an uninterrupted run.
     SIGTERM (synchronous run) mid-interval: the run checkpoints at the end of that step and
-    exits 3, leaving no process behind. kill -9 of everything after the step-8 checkpoint, with
+    exits 3, leaving no process behind; before that, its rollout engine is killed (-9) in step
+    3: the run restarts it, re-syncs it and sends its lost generation again, which (same seeds,
+    same weights) changes nothing. kill -9 of everything after the step-8 checkpoint, with
     max_staleness 2: the checkpoint holds the two generations in flight (made by older
     policies), so the resumed run trains on exactly what the uninterrupted one did; that run
     also has the online difficulty on, over 32 prompts drawn three times each, so the sampler's
@@ -103,6 +106,11 @@ def test_grpo_stopped_then_resumed_matches_uninterrupted(sft_model, task_data, t
     with open(tmp_path / "stderr.txt", "w") as err:
         proc = subprocess.Popen(cmd(broken), env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.time() + 600
+        if stop == "sigterm":  # engine 0 dies as step 3 starts (its pid is in the run log)
+            while _logged_steps(broken) < 2:
+                assert proc.poll() is None and time.time() < deadline, "run ended or stalled before the kill"
+                time.sleep(0.1)
+            os.kill(int(re.search(r"engine 0: pid (\d+)", (broken / "rlkit.log").read_text())[1]), signal.SIGKILL)
         while not (stop == "sigterm" and _logged_steps(broken) >= 5 or (broken / "checkpoints" / "step-8").exists()):
             assert proc.poll() is None and time.time() < deadline, "run ended or stalled before the stop"
             time.sleep(0.2)
@@ -118,6 +126,12 @@ def test_grpo_stopped_then_resumed_matches_uninterrupted(sft_model, task_data, t
         assert last == (f"rlkit: stopped by SIGTERM after step {at}; checkpoint step-{at} is written: rerun the "
                         "same command to resume") and at % 4 and (broken / "checkpoints" / f"step-{at}").is_dir()
         assert not left_running(tmp_path.name)
+        restart = re.search(r"^engine 0 died during the (generation|weight sync) \(pid \d+, node [\d.]+; its process "
+                            r"exited unexpectedly: .*\); (restarted and re-synced in [\d.]+ s|restarted in [\d.]+ s; "
+                            r"the weight sync starts over) \(restart 1 of rollout.max_restarts 3\)$",
+                            (tmp_path / "stderr.txt").read_text(), re.M)
+        assert restart, (tmp_path / "stderr.txt").read_text()[-3000:]
+        assert [r["rollout/restarts"] for r in _steps(broken)][:5] == [0, 0, 1, 1, 1]
     resumed = subprocess.run(cmd(broken), env=env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
@@ -133,37 +147,45 @@ def test_grpo_stopped_then_resumed_matches_uninterrupted(sft_model, task_data, t
         assert skips == {r["step"]: r["online_difficulty/skipped"] for r in _steps(broken)}
 
 
-@pytest.mark.parametrize("fault, extra, error", [
+@pytest.mark.parametrize("fault, extra, error, steps", [
     # engine 1 drops one tensor of every sync: the parity probe after step 2 finds it
-    ("sync_skip:layers.1.mlp.down_proj:1", "rollout.sync_check_every=2",
-     "rlkit: error: sync check after step 2: engine 1 scores the check sequences up to "),
-    # engine 1 hangs in the weight sync after step 2 (its first sync after step 1 went through)
-    ("hang:weight_sync:1:1", "rollout.sync_timeout_s=6",
-     "rlkit: error: engine 1 did not finish the weight sync within 6 s (rollout.sync_timeout_s); "),
+    ("sync_skip:layers.1.mlp.down_proj:1", ["rollout.sync_check_every=2"],
+     "rlkit: error: sync check after step 2: engine 1 scores the check sequences up to ", 1),
+    # engine 1 hangs in its third generation (step 2; the first is the evaluation before step 1):
+    # restarted, re-synced, its generation sent again; the new engine hangs in its third
+    # generation too (step 4), and one restart was all it had
+    ("hang:generate:1:2", ["rollout.sync_timeout_s=6", "rollout.max_restarts=1"],
+     "rlkit: error: engine 1 did not finish the generation within 6 s (rollout.sync_timeout_s); it is hung or "
+     "far slower than expected: see its log, or raise rollout.sync_timeout_s; it was restarted 1 time already "
+     "(rollout.max_restarts 1); ", 3),
     # learner 1 is killed (-9) in step 2's training, while learner 0 waits for it in a collective
-    ("die:fit:learner1:1", "grpo.num_learners=2",
-     "rlkit: error: learner 1 died during the training step (pid "),
+    ("die:fit:learner1:1", ["grpo.num_learners=2"], "rlkit: error: learner 1 died during the training step (pid ", 1),
 ], ids=["broken-sync", "hung-engine", "dead-learner"])
-def test_faults_stop_the_run_with_one_line(sft_model, task_data, tmp_path, fault, extra, error):
-    """A sync that misses a tensor, an engine that hangs, a learner that dies: the run stops with
-    one line naming the actor and the phase and the checkpoint a rerun resumes from, exit 2,
-    within a bounded time, instead of training on or waiting forever; the checkpoint written
-    before is intact, Ray's detail is in rlkit.log, and no process is left running."""
+def test_faults_stop_the_run_with_one_line(sft_model, task_data, tmp_path, fault, extra, error, steps):
+    """A sync that misses a tensor, an engine that hangs past its restarts, a learner that dies:
+    the run stops with one line naming the actor and the phase and the checkpoint a rerun resumes
+    from, exit 2, within a bounded time, instead of training on or waiting forever; the checkpoint
+    written before is intact, Ray's detail is in rlkit.log, and no process is left running."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlkit.cli", "grpo", str(GRPO_RECIPE),
            *grpo_overrides(sft_model, task_data, out, "rollout.num_engines=2", "grpo.steps=6", "eval.every=0",
-                           "checkpoint.every=1", extra)]
+                           "checkpoint.every=1", *extra)]
     t0 = time.monotonic()
     res = subprocess.run(cmd, env=marked_env(tmp_path.name, RLKIT_FAULT=fault), capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 2, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith(error), res.stderr[-3000:]
-    assert last.endswith(f"; the newest checkpoint, step-1, is intact: rerun the same command to resume from it "
-                         f"(details: {out / 'rlkit.log'})")
+    assert last.endswith(f"; the newest checkpoint, step-{steps}, is intact: rerun the same command to resume from "
+                         f"it (details: {out / 'rlkit.log'})")
     assert "Traceback" not in res.stderr
     assert time.monotonic() - t0 < 240
-    assert [r["step"] for r in _steps(out)] == [1] and (out / "checkpoints" / "step-1").is_dir()
+    assert [r["step"] for r in _steps(out)] == list(range(1, steps + 1))
+    assert (out / "checkpoints" / f"step-{steps}").is_dir()
+    if fault.startswith("hang"):  # the first hang was survived
+        assert re.search(r"^engine 1 did not finish the generation within 6 s .*; restarted and re-synced in "
+                         r"[\d.]+ s \(restart 1 of rollout.max_restarts 1\)$", res.stderr, re.M), res.stderr[-3000:]
+        assert _steps(out)[-1]["rollout/restarts"] == 1
     assert "the fault in detail" in (out / "rlkit.log").read_text()
     assert not left_running(tmp_path.name)
 
