@@ -64,9 +64,11 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="the GRPO start model (e.g. runs/tiny-sft/final)")
     parser.add_argument("--data", required=True, help="folder with grpo_train.jsonl and grpo_eval.jsonl")
     parser.add_argument("--repeats", type=int, default=3)
+    targets = ["Learner", "RolloutWorker"]
+    parser.add_argument("--targets", nargs="+", default=targets, choices=targets, help="what to kill (default both)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fault-surface-"))
-    for target in ("Learner", "RolloutWorker"):
+    for target in args.targets:
         times = []
         for i in range(args.repeats):
             seconds, code, last = surface(args.model, args.data, target, work / f"{target}-{i}")

@@ -119,6 +119,9 @@ def test_unknown_and_missing_difficulty():
         CurriculumSampler(["explain", "hard"], 10, 2, seed=0)
     with pytest.raises(DataError, match="row 3 has no 'difficulty' while other rows do"):
         CurriculumSampler(["explain", "topology", None], 10, 2, seed=0)
+    # the data file is named (the driver passes data.train)
+    with pytest.raises(DataError, match=r"^data/train.jsonl: row 2: unknown difficulty 'hard' "):
+        CurriculumSampler(["explain", "hard"], 10, 2, seed=0, source="data/train.jsonl")
 
 
 def test_empty_level_renormalised_and_recorded(caplog):
