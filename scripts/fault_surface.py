@@ -4,16 +4,18 @@ takes to surface, and to recover from).
 
     python scripts/fault_surface.py --model runs/tiny-sft/final --data runs/tiny/data --repeats 3
 
-Runs `recipes/tiny-grpo.yaml` (2 learners, 2 engines) from `--model`, kills the newest process
-of the target (`ray::Learner`, `ray::RolloutWorker`) one second after step 3 is logged, and
-prints each run's seconds and the median: for a learner until the run exits, for an engine until
-the run logs the restart (the run then finishes its steps; its exit code is printed too).
+Runs `recipes/tiny-grpo.yaml` (2 learners, 2 engines) from `--model`, kills one actor process
+of the target (`ray::Learner`, `ray::RolloutWorker`; not a process it forked) one second after
+step 3 is logged, and prints each run's seconds and the median: for a learner until the run exits,
+for an engine until the run logs the restart (the run then finishes its steps; its exit code is
+printed too). A kill that lands after the engines' last call restarts nothing and is not counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -25,14 +27,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def surface(model: str, data: str, target: str, out: Path) -> tuple[float, int, str]:
-    """Seconds from the kill to the exit (learner) or to the restart's line (engine), the exit
-    code, and the last line of the run's log output."""
+RESTART = re.compile(r"; restarted (and re-synced )?in [0-9.]+ s")
+
+
+def surface(model: str, data: str, target: str, out: Path) -> tuple[float | None, int, str]:
+    """Seconds from the kill to the exit (learner) or to the restart's line (engine; None when the
+    run ended without one: the kill came after the engine's last call), the exit code, and the
+    line the run ended with (for an engine, its restart line)."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = ["rlkit", "grpo", str(ROOT / "recipes" / "tiny-grpo.yaml"), f"model.path={model}",
            f"data.train={data}/grpo_train.jsonl", f"data.eval={data}/grpo_eval.jsonl", "data.synthetic_seed=null",
            f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false",
-           f"grpo.steps={20 if target == 'Learner' else 6}",
+           f"grpo.steps={20 if target == 'Learner' else 12}",
            "eval.every=0", "checkpoint.every=2"]
     err = out.with_suffix(".err")
     with open(err, "w") as f:
@@ -42,8 +48,11 @@ def surface(model: str, data: str, target: str, out: Path) -> tuple[float, int, 
             if proc.poll() is not None:
                 raise SystemExit(f"the run ended before the kill: see {err}")
             time.sleep(0.1)
-        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-        pids = sorted(int(line.split()[0]) for line in ps if f"ray::{target}" in line)
+        ps = [line.split(None, 2) for line in
+              subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout.splitlines()[1:]]
+        actors = {int(pid): int(ppid) for pid, ppid, args in ps if f"ray::{target}" in args}
+        # the actors themselves, not a process one of them forked (it carries the same name)
+        pids = sorted(pid for pid, ppid in actors.items() if ppid not in actors)
         time.sleep(1.0)  # into the next step
         t0 = time.monotonic()
         os.kill(pids[-1], signal.SIGKILL)
@@ -51,12 +60,12 @@ def surface(model: str, data: str, target: str, out: Path) -> tuple[float, int, 
             code = proc.wait()
             seconds = time.monotonic() - t0
         else:
-            while "restarted and re-synced" not in err.read_text() and proc.poll() is None:
+            while not RESTART.search(err.read_text()) and proc.poll() is None:
                 time.sleep(0.05)
-            seconds = time.monotonic() - t0
+            seconds = time.monotonic() - t0 if RESTART.search(err.read_text()) else None
             code = proc.wait()
     lines = err.read_text().strip().splitlines()
-    return seconds, code, next((x for x in lines if "restarted and" in x), lines[-1])
+    return seconds, code, next((x for x in lines if RESTART.search(x)), lines[-1])
 
 
 def main() -> None:
@@ -72,10 +81,14 @@ def main() -> None:
         times = []
         for i in range(args.repeats):
             seconds, code, last = surface(args.model, args.data, target, work / f"{target}-{i}")
+            if seconds is None:
+                print(f"{target} killed after its last call: no restart (exit {code}); not counted")
+                continue
             times.append(seconds)
             print(f"{target} killed: {'exit' if target == 'Learner' else 'restarted'} after {seconds:.2f} s "
                   f"(exit {code}): {last[:200]}")
-        print(f"{target}: median {statistics.median(times):.2f} s over {len(times)} runs")
+        if times:
+            print(f"{target}: median {statistics.median(times):.2f} s over {len(times)} runs")
 
 
 if __name__ == "__main__":
