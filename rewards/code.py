@@ -1,6 +1,8 @@
 """Run model-written Python against test cases in a sandbox; reward = fraction passed.
 
-Test cases (the ``test_cases`` column, one list per sample, or its JSON string):
+Test cases (the ``test_cases`` column, or open-r1's ``verification_info`` (same shape), one
+list per sample, or its JSON string; an open-r1 entry whose ``language`` is not Python scores
+None, not applicable):
 * a string: a statement run after the solution, e.g. ``"assert add(2, 3) == 5"``;
 * ``{"input": str, "output": str}``: the solution runs as ``__main__`` with that stdin and
   its stdout must equal ``output`` (trailing whitespace per line ignored).
@@ -46,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit.reward.contract import completion_text
+from rlkit.reward.contract import completion_text, needs_one_of
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 _UID_BASE = 1_000_000_000
@@ -292,6 +294,8 @@ def _tests_of(t: Any) -> list | None:
     if isinstance(t, str):
         t = json.loads(t)
     if isinstance(t, dict):  # open-r1 verification_info / {"inputs": [...], "outputs": [...]}
+        if str(t.get("language", "python")).lower() not in ("python", "python3", "py"):
+            return None  # only Python runs here: not applicable
         if "test_cases" in t:
             return _tests_of(t["test_cases"])
         if "inputs" in t:
@@ -300,14 +304,20 @@ def _tests_of(t: Any) -> list | None:
     return list(t) or None
 
 
-def code_reward(completions: list, test_cases: list, timeout_s: float = 5.0, memory_mb: int = 512,
-                max_procs: int = 4, workers: int | None = None, **kwargs: Any) -> list[float | None]:
-    """Fraction of ``test_cases`` the last fenced code block of each completion passes.
+@needs_one_of("test_cases", "verification_info")
+def code_reward(completions: list, test_cases: list | None = None, verification_info: list | None = None,
+                timeout_s: float = 5.0, memory_mb: int = 512, max_procs: int = 4, workers: int | None = None,
+                **kwargs: Any) -> list[float | None]:
+    """Fraction of the test cases (``test_cases``, else ``verification_info``) the last fenced
+    code block of each completion passes.
 
     0.0 without a code block; None for samples without test cases. Samples run in
     parallel (``workers``, default: CPU count), each in its own sandbox (see module doc).
     """
-    tests = [_tests_of(t) for t in test_cases]
+    column = test_cases if test_cases is not None else verification_info
+    if column is None:
+        raise ValueError("code_reward needs a 'test_cases' or 'verification_info' column")
+    tests = [_tests_of(t) for t in column]
     codes = [extract_code(c) for c in completions]
 
     def one(i: int) -> float | None:

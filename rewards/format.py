@@ -2,6 +2,8 @@
 
 When a prompt ends with ``<think>`` (e.g. the DeepSeek-R1-Distill chat template opens the
 think block in the generation prompt), the completion is scored as if it started with it.
+For chat data the rewards read the rendered prompt text (``prompt_texts``), since the message
+list does not show what the template added.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ _STEP = re.compile(
 )
 
 
-def _texts(prompts: list | None, completions: list) -> list[str]:
+def _texts(prompts: list | None, completions: list, prompt_texts: list | None = None) -> list[str]:
+    prompts = prompt_texts if prompt_texts is not None else prompts
     out = []
     for i, c in enumerate(completions):
         text = completion_text(c).strip()
@@ -33,11 +36,12 @@ def _texts(prompts: list | None, completions: list) -> list[str]:
     return out
 
 
-def think_answer(completions: list, prompts: list | None = None, **kwargs: Any) -> list[float]:
+def think_answer(completions: list, prompts: list | None = None, prompt_texts: list | None = None,
+                 **kwargs: Any) -> list[float]:
     """1.0 when the completion is exactly ``<think>…</think>`` then ``<answer>…</answer>``
     (only whitespace between and around, each tag once, both blocks non-empty), else 0.0."""
     out = []
-    for text in _texts(prompts, completions):
+    for text in _texts(prompts, completions, prompt_texts):
         m = _STRUCTURE.fullmatch(text)
         ok = (m is not None and all(text.count(t) == 1 for t in _TAGS)
               and m.group(1).strip() != "" and m.group(2).strip() != "")
@@ -45,10 +49,40 @@ def think_answer(completions: list, prompts: list | None = None, **kwargs: Any) 
     return out
 
 
-def tag_count(completions: list, prompts: list | None = None, **kwargs: Any) -> list[float]:
+def tag_count(completions: list, prompts: list | None = None, prompt_texts: list | None = None,
+              **kwargs: Any) -> list[float]:
     """0.25 for each of ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` that occurs
     exactly once (open-r1's partial credit, without its newline requirements)."""
-    return [sum(0.25 for t in _TAGS if text.count(t) == 1) for text in _texts(prompts, completions)]
+    return [sum(0.25 for t in _TAGS if text.count(t) == 1) for text in _texts(prompts, completions, prompt_texts)]
+
+
+def think_format(completions: list, prompts: list | None = None, prompt_texts: list | None = None,
+                 **kwargs: Any) -> list[float]:
+    """1.0 when the completion is one ``<think>…</think>`` block (each tag once, at the start)
+    followed by a non-empty answer in any form, else 0.0: TRL's ``think_format_reward``, which
+    also accepts an empty answer, for models that answer in prose or ``\\boxed{}`` rather than
+    ``<answer>`` tags."""
+    out = []
+    for text in _texts(prompts, completions, prompt_texts):
+        ok = (text.startswith("<think>") and text.count("<think>") == 1 and text.count("</think>") == 1
+              and text.split("</think>", 1)[1].strip() != "")
+        out.append(1.0 if ok else 0.0)
+    return out
+
+
+def code_format(completions: list, prompts: list | None = None, prompt_texts: list | None = None,
+                language: str = "python", **kwargs: Any) -> list[float]:
+    """1.0 when the completion is ``<think>…</think>`` then ``<answer>…</answer>`` (as
+    ``think_answer``) and the answer holds a fenced code block in ``language``
+    (```` ```python ... ``` ````), else 0.0: open-r1's ``code_format_reward`` without its
+    newline requirements."""
+    fence = re.compile(r"```" + re.escape(language) + r"[ \t]*\n.*?```", re.DOTALL | re.IGNORECASE)
+    out = []
+    for text, ok in zip(_texts(prompts, completions, prompt_texts),
+                        think_answer(completions, prompts, prompt_texts)):
+        m = _STRUCTURE.fullmatch(text) if ok else None
+        out.append(1.0 if m is not None and fence.search(m.group(2)) else 0.0)
+    return out
 
 
 def reasoning_steps(completions: list, min_steps: int = 3, **kwargs: Any) -> list[float]:

@@ -54,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             completions, ids = _generate(args.model, prompts, args.max_new_tokens)
         else:
-            completions = [r["completion"] for r in rows]
+            # chat prompts get chat completions, as in a GRPO run (TRL's shape)
+            completions = [[{"role": "assistant", "content": r["completion"]}]
+                           if isinstance(r["prompt"], list) and isinstance(r["completion"], str) else r["completion"]
+                           for r in rows]
             ids = [r["completion_ids"] for r in rows] if all("completion_ids" in r for r in rows) else None
         cols = {c: [r.get(c) for r in rows] for c in columns}
         scorer = RewardScorer(specs, base_dir, set(columns), collect_errors=True)
@@ -178,6 +181,8 @@ def _probes(scorer: RewardScorer, row: dict, completion: Any, columns: list[str]
     cases = [("empty completion", ""), ("repeated text (x8)", base * 8)]
     if ans_col is not None:
         cases.append((f"{ans_col} repeated x50", " ".join([str(row[ans_col])] * 50)))
+        # a truncated rollout whose reasoning mentions the answer: should it count?
+        cases.append((f"{ans_col} only in unfinished <think>", f"<think>maybe \\boxed{{{row[ans_col]}}}"))
     cases.append(("overlong (10k chars)", (base or "x") * (10_000 // max(1, len(base or "x")) + 1)))
     out = []
     cols = {c: [row.get(c)] for c in columns}

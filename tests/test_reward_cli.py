@@ -94,3 +94,31 @@ def test_generate_with_model(work, capsys, tiny_model):
     assert cli("rewards.exact:exact_match", "--data", "prompts.jsonl", "--model", str(tiny_model),
                "--max-new-tokens", "4") == 0
     assert "exact_match" in capsys.readouterr().out
+
+
+def test_new_rewards_on_chat_rows_with_probes(work, capsys, monkeypatch):
+    """The rewards open-r1/TRL users look for, on Chinese chat rows, through `rlkit reward test`:
+    each is scored and probed; the reasoning-only accuracy gives nothing to an answer that sits
+    only in an unfinished <think> (the plain one gives full credit: what the probe is for)."""
+    monkeypatch.setenv("COLUMNS", "300")
+    rows = [{"prompt": [{"role": "user", "content": "三加四等于几？"}],
+             "completion": "<think>三加四得七</think>\n答案是 \\boxed{7}", "answer": "7"},
+            {"prompt": [{"role": "user", "content": "写一个函数"}],
+             "completion": "<think>想想</think>\n```python\nprint(1)\n```", "answer": "1"}]
+    (work / "chat.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    (work / "recipe.yaml").write_text(
+        "model: x\nrewards:\n"
+        "  - {fn: 'rewards.math:accuracy'}\n"
+        "  - {fn: 'rewards.math:accuracy', name: after_think, args: {reasoning_delimiters: ['</think>']}}\n"
+        "  - {fn: 'rewards.format:think_format'}\n"
+        "  - {fn: 'rewards.format:code_format'}\n"
+        "  - {fn: 'rewards.length:cosine_scaled', args: {max_len: 100}}\n"
+        "  - {fn: 'rewards.repetition:repetition_penalty'}\n")
+    assert cli("--data", "chat.jsonl", "--recipe", "recipe.yaml") == 0
+    out = capsys.readouterr().out
+    for name in ("accuracy", "after_think", "think_format", "code_format", "cosine_scaled", "repetition_penalty"):
+        assert name in out, name
+    probe = next(line for line in out.splitlines() if "only in unfinished <think>" in line)
+    cells = [c.strip() for c in probe.split("│")]
+    i = cells.index("answer only in unfinished <think>")
+    assert cells[i + 2] == "1.000" and cells[i + 3] == "0.000", probe   # accuracy, after_think

@@ -236,7 +236,7 @@ def load_rows(path: str, fmt: str = "auto", dataset: str | None = None,
     return LoadedRows(rows, schema.kind, skipped, source)
 
 
-def _prompt_row(row: dict) -> dict[str, Any]:
+def _prompt_row(row: dict, with_answer: bool) -> dict[str, Any]:
     p = row.get("prompt")
     if isinstance(p, list):
         p = _messages(p, "prompt", {"role_tag": "role", "content_tag": "content",
@@ -246,7 +246,9 @@ def _prompt_row(row: dict) -> dict[str, Any]:
     else:
         p = _req_str(row, "prompt")
     out = dict(row)
-    out.update(prompt=p, answer=_answer(row, "answer"), difficulty=_difficulty(row))
+    out.update(prompt=p, difficulty=_difficulty(row))
+    if with_answer:
+        out["answer"] = _answer(row, "answer")
     return out
 
 
@@ -260,7 +262,9 @@ def _answer(row: dict, col: str) -> str:
 def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
                  skip_bad_rows: bool = False, split: str | None = None) -> LoadedRows:
     """Load GRPO prompt rows: ``prompt`` (str or messages ending with a user turn) and
-    ``answer`` (str; numbers become their text), other columns kept (reward kwargs).
+    ``answer`` (str; numbers become their text), other columns kept (reward kwargs). When the
+    first row has no ``answer`` (TRL/open-r1 data names it ``solution``, or rewards need no
+    gold), no row needs one: the rewards' columns are checked against the data before launch.
 
     Also accepts alpaca rows (answer = output; prompt = the alpaca-template text; the
     instruction/input/system/history fields stay so ``render_prompt`` can re-render them
@@ -270,7 +274,7 @@ def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
     records, source, schema = _open(path, fmt, dataset, split)
     first = next((r for _, r in records if isinstance(r, dict)), {})
     if schema is None and fmt == "auto" and "prompt" in first:
-        convert = _prompt_row
+        convert = lambda r: _prompt_row(r, "answer" in first)  # noqa: E731
     else:
         schema = schema or _detect_schema(records, fmt, source)
         convert = (lambda r: _alpaca_prompt(_alpaca_row(r, schema))) if schema.kind == "alpaca" \

@@ -71,10 +71,19 @@ def start_generation(indices: list[int], task: Task, engines: Any, sampling: Sam
 
 
 def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[Sample], n: int) -> Any:
-    """Score `n` samples per row (prompt-major); the rows' columns go to the rewards as kwargs."""
+    """Score `n` samples per row (prompt-major); the rows' columns go to the rewards as kwargs.
+
+    As TRL's GRPOTrainer: a row whose prompt is a message list (chat data) gives the rewards
+    that list and the completion as ``[{"role": "assistant", "content": text}]``; a text row
+    its rendered prompt and the text. `prompts` (rendered) also go as ``prompt_texts``."""
     expand = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731
     columns = {k: expand([row.get(k) for row in rows]) for k in rows[0] if k != "prompt"}
-    return scorer.score(expand(prompts), [s.text for s in samples], [s.token_ids for s in samples], columns)
+    chat = [isinstance(row.get("prompt"), list) for row in rows]
+    shown = [row["prompt"] if c else p for row, p, c in zip(rows, prompts, chat)]
+    completions = [[{"role": "assistant", "content": s.text}] if chat[i // n] else s.text
+                   for i, s in enumerate(samples)]
+    return scorer.score(expand(shown), completions, [s.token_ids for s in samples], columns,
+                        prompt_texts=expand(prompts))
 
 
 def score_samples(generation: Generation, samples: list[Sample], scorer: Any, algo: GRPOAlgoConfig,

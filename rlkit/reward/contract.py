@@ -4,9 +4,14 @@ Contract (TRL's, so a reward written for TRL or open-r1 runs unchanged)::
 
     fn(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]
 
-* ``prompts`` / ``completions``: one entry per sample; strings, or message lists
-  (``[{"role": "assistant", "content": ...}]``) for chat data.
+* ``prompts`` / ``completions``: one entry per sample, exactly as TRL's GRPOTrainer passes
+  them: for chat data (a ``prompt`` that is a message list, or ``messages``/sharegpt rows) the
+  prompt's message list and ``[{"role": "assistant", "content": text}]``; for plain-text data
+  (``prompt`` strings, alpaca rows) the prompt as the model saw it and the text.
 * ``completion_ids``: token ids per completion (``list[list[int]]``) or ``None``.
+* ``prompt_texts`` (rlkit's addition; passed only to functions that name it or take
+  ``**kwargs``): the prompts as the model saw them, rendered with the template, for chat data
+  too (e.g. to see that a template opened ``<think>``).
 * ``kwargs``: the dataset columns of each sample (as lists, same length) plus the recipe
   spec's ``args``. Only the names the signature accepts are passed (all of them when it has
   ``**kwargs``).
@@ -25,13 +30,13 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.errors import RewardError
 
-FIXED_PARAMS = ("prompts", "completions", "completion_ids")
+FIXED_PARAMS = ("prompts", "completions", "completion_ids", "prompt_texts")
 _PREVIEW = 200
 
 
@@ -71,6 +76,15 @@ class RewardSpec:
             d = self.on_error["default"]
             if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
                 raise RewardError(f"expected a finite number, got {d!r}", key="on_error.default")
+
+
+def needs_one_of(*columns: str) -> Callable[[Any], Any]:
+    """Mark a reward that reads whichever of these dataset columns a dataset has (its
+    parameters default to None): a dataset with none of them is an error before launch."""
+    def mark(fn: Any) -> Any:
+        fn.rlkit_needs_one_of = columns
+        return fn
+    return mark
 
 
 def completion_text(c: Any) -> str:

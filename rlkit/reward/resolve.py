@@ -43,7 +43,7 @@ class ResolvedReward:
     def call_kwargs(self, prompts: list, completions: list, completion_ids: list | None,
                     columns: dict[str, list]) -> dict[str, Any]:
         """The keyword arguments one call gets: the fixed three, columns, then args."""
-        full = {k: v for k, v in columns.items() if k not in FIXED_PARAMS}
+        full = {k: v for k, v in columns.items() if k not in FIXED_PARAMS or k == "prompt_texts"}
         if not self.is_instance:
             full.update(self.spec.args)
         full.update(prompts=prompts, completions=completions, completion_ids=completion_ids)
@@ -202,10 +202,11 @@ def _check_signature(target: Callable[..., Any], attr: str, fn_args: dict[str, A
         raise RewardError(f"{key}.args: {clash[0]!r} is also a dataset column; rename the arg")
     available = set(FIXED_PARAMS) | set(fn_args) | (columns if columns is not None else set(named))
     missing = [n for n, p in named.items() if p.default is p.empty and n not in available]
-    if missing:
+    one_of = getattr(target, "rlkit_needs_one_of", None)
+    if missing or (one_of and columns is not None and not set(one_of) & available):
         have = ", ".join(sorted(columns or ())) or "none"
-        raise RewardError(f"{key}: {attr} needs {', '.join(repr(m) for m in missing)} — not a dataset column "
-                          f"(columns: {have}) nor in args")
+        need = ", ".join(repr(m) for m in missing) if missing else "one of " + ", ".join(map(repr, one_of))
+        raise RewardError(f"{key}: {attr} needs {need} — not a dataset column (columns: {have}) nor in args")
     return named, var_kw
 
 

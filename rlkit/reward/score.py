@@ -97,13 +97,15 @@ class RewardScorer:
         self.close()
 
     def score(self, prompts: Sequence, completions: Sequence, completion_ids: Sequence | None = None,
-              columns: dict[str, Sequence] | None = None) -> RewardResult:
+              columns: dict[str, Sequence] | None = None, prompt_texts: Sequence[str] | None = None) -> RewardResult:
         """Score one batch: every function on all samples, concurrently.
 
-        columns: dataset column -> one value per sample. Raises RewardError naming the
-        function and the sample when a call fails (unless its spec has ``on_error``).
+        columns: dataset column -> one value per sample. prompt_texts: the prompts as the
+        model saw them (default: the prompts' text). Raises RewardError naming the function
+        and the sample when a call fails (unless its spec has ``on_error``).
         """
-        batch = _check_batch(prompts, completions, completion_ids, columns or {})
+        texts = list(prompt_texts) if prompt_texts is not None else [prompt_text(p) for p in prompts]
+        batch = _check_batch(prompts, completions, completion_ids, {**(columns or {}), "prompt_texts": texts})
         n = len(batch[1])
         self.setup()
         runs = [self._start(r, batch) for r in self.rewards]

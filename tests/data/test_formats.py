@@ -95,8 +95,12 @@ def test_load_prompts_prompt_answer_rows(tmp_path):
     assert got.kind == "prompts"
     assert got.rows[0] == {"prompt": "1+2=?", "answer": "3", "level": "easy", "difficulty": None}
     assert got.rows[1]["prompt"] == [{"role": "user", "content": "2+2=?"}]
-    with pytest.raises(DataError, match=r"row 1: field 'answer' is missing"):
-        load_prompts(write_jsonl(tmp_path / "q.jsonl", [{"prompt": "x"}]))
+    # an answer column is needed in every row once the first has one; TRL-style data without it loads
+    with pytest.raises(DataError, match=r"row 2: field 'answer' is missing"):
+        load_prompts(write_jsonl(tmp_path / "q.jsonl", [rows[0], {"prompt": "x"}]))
+    got = load_prompts(write_jsonl(tmp_path / "s.jsonl", [{"prompt": [{"role": "user", "content": "1+1?"}],
+                                                           "solution": "$2$"}]))
+    assert got.rows[0]["solution"] == "$2$" and "answer" not in got.rows[0]
     with pytest.raises(DataError, match=r"row 2: field 'prompt' is empty"):
         load_prompts(write_jsonl(tmp_path / "r.jsonl", [rows[0], {"prompt": " ", "answer": "1"}]))
 

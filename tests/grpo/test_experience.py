@@ -71,3 +71,33 @@ def test_without_dynamic_sampling_nothing_is_refilled(scorer):
     # soft overlong penalty: max 2, buffer 2 -> free up to 0 tokens; 1 token -> -0.5, 2 tokens -> -1
     assert exp.rewards == [0.5, 0.5, -1.0, 0.5]
     assert exp.metrics["completion/len_max"] == 2.0 and exp.metrics["reward/overlong_penalty"] == -0.625
+
+
+SHAPES = []
+
+
+def record_shapes(prompts, completions, prompt_texts, **kwargs):
+    SHAPES.append((prompts, completions, prompt_texts))
+    return [1.0] * len(completions)
+
+
+def test_rewards_get_chat_data_as_trl_passes_it():
+    """Chat rows give the rewards the prompt's messages and `[{"role": "assistant", ...}]`
+    (TRL's GRPOTrainer shape), text rows strings; both also get the rendered prompts."""
+    from rlkit.grpo.experience import score_rows
+
+    chat = [{"role": "user", "content": "2+2?"}]
+    rows = [{"prompt": chat, "answer": "4"}, {"prompt": "3+3?", "answer": "6"}]
+    rendered = ["<|user|>2+2?<|assistant|>", "### 指令:\n3+3?\n\n### 回答:\n"]
+    samples = Canned().gather(["4", "5", "6", "7"])
+    SHAPES.clear()
+    with RewardScorer([RewardSpec(fn="tests.grpo.test_experience:record_shapes")], parallel="none") as s:
+        score_rows(s, rows, rendered, samples, 2)
+    prompts, completions, texts = SHAPES[0]
+    assert prompts == [chat, chat, "### 指令:\n3+3?\n\n### 回答:\n", "### 指令:\n3+3?\n\n### 回答:\n"]
+    assert completions == [[{"role": "assistant", "content": "4"}], [{"role": "assistant", "content": "5"}], "6", "7"]
+    assert texts == [rendered[0]] * 2 + [rendered[1]] * 2
+    # TRL's own reward reads completion[0]["content"]: it works on the chat rows
+    from trl.rewards import think_format_reward
+
+    assert think_format_reward(completions[:2]) == [0.0, 0.0]

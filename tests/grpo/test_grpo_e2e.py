@@ -199,16 +199,35 @@ def test_errors_before_launch_are_one_line(task_data, tmp_path):
 
 
 TRL_STYLE_REWARD = '''
-def answer_digits(completions, answer, **kwargs):
-    """Written the TRL way: a dataset column as a kwarg, returns floats."""
-    return [float(len(c.strip()) > 0 and c.strip()[0] == a[0]) for c, a in zip(completions, answer)]
+def answer_digits(prompts, completions, answer, **kwargs):
+    """Written the TRL way for chat data: a dataset column as a kwarg, message lists in, floats out."""
+    for p, c in zip(prompts, completions):  # exactly the shapes TRL's GRPOTrainer passes
+        assert isinstance(p, list) and p[-1]["role"] == "user", p
+        assert isinstance(c, list) and len(c) == 1 and c[0]["role"] == "assistant", c
+        assert isinstance(c[0]["content"], str)
+    assert all(t.endswith("### 回答:\\n") for t in kwargs["prompt_texts"])  # rlkit's rendered prompts too
+    return [float(c[0]["content"].strip()[:1] == a[0]) for c, a in zip(completions, answer)]
 '''
 
 
-def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tmp_path):
+def _chat_rows(src, out):
+    """The task's alpaca rows as TRL chat data: `prompt` messages, the gold as `answer` and as
+    TRL's `solution`."""
+    with open(src, encoding="utf-8") as f:
+        rows = [json.loads(x) for x in f]
+    with open(out, "w", encoding="utf-8") as f:
+        for r in rows:
+            prompt = [{"role": "user", "content": f"{r['instruction']}\n{r['input']}"}]
+            f.write(json.dumps({"prompt": prompt, "answer": r["output"], "solution": r["output"]},
+                               ensure_ascii=False) + "\n")
+    return out
+
+
+def test_grpo_lora_with_kl_and_user_trl_and_shipped_rewards_on_chat_data(sft_model, task_data, tmp_path):
     """LoRA policy, reference = adapters disabled (beta > 0), LoRA merged into two vLLM engines at
-    each sync; a TRL-style reward file next to the recipe plus the shipped math accuracy and R1
-    format rewards; DAPO dynamic sampling, truncation masking and the soft overlong penalty."""
+    each sync; chat data; a TRL-style reward file next to the recipe, TRL's own accuracy and think
+    format rewards (which read `completion[0]["content"]`), the shipped math accuracy and R1 format
+    rewards; DAPO dynamic sampling, truncation masking and the soft overlong penalty."""
     import shutil
 
     from rlkit.grpo.run import run_grpo
@@ -218,9 +237,12 @@ def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tm
     (tmp_path / "my_rewards.py").write_text(TRL_STYLE_REWARD)
     out = tmp_path / "grpo-lora"
     rewards = ("rewards=[{fn: 'my_rewards.py:answer_digits'}, {fn: 'rewards.math:accuracy'}, "
-               "{fn: 'rewards.format:think_answer', weight: 0.1}]")
+               "{fn: 'rewards.format:think_answer', weight: 0.1}, {fn: trl.rewards.accuracy_reward, weight: 0.5}, "
+               "{fn: trl.rewards.think_format_reward, weight: 0.1}]")
+    chat = _chat_rows(task_data["grpo_train"], tmp_path / "chat.jsonl")
     cfg = stages.load("grpo", recipe, grpo_overrides(
-        sft_model, task_data, out, rewards, "finetuning=lora", "lora.r=8", "lora.alpha=16", "lora.dropout=0.0",
+        sft_model, task_data, out, rewards, f"data.train={chat}", "data.eval=null", "finetuning=lora",
+        "lora.r=8", "lora.alpha=16", "lora.dropout=0.0",
         "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]", "grpo.beta=0.05",
         "grpo.steps=4", "grpo.epochs=2", "eval.every=0", "checkpoint.every=0", "optim.lr=5e-3",
         "rollout.num_engines=2", "grpo.dynamic_sampling=true", "grpo.mask_truncated=true",
@@ -228,9 +250,9 @@ def test_grpo_lora_with_kl_and_user_and_shipped_rewards(sft_model, task_data, tm
     final = run_grpo(cfg, recipe)
     rows = _steps(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    for name in ("answer_digits", "accuracy", "think_answer"):
+    for name in ("answer_digits", "accuracy", "think_answer", "accuracy_reward", "think_format_reward"):
         assert f"reward/{name}/mean" in rows[0], name
-    assert rows[0]["reward/accuracy/mean"] >= 0.0
+    assert rows[0]["reward/accuracy/mean"] >= 0.0 and rows[0]["reward/answer_digits/mean"] > 0.0
     # The policy moves away from the reference: KL grows from ~0 at the first update.
     assert rows[-1]["train/kl_mean"] > rows[0]["train/kl_mean"] >= 0.0
     assert rows[-1]["train/kl_mean"] > 1e-6

@@ -64,6 +64,25 @@ def test_stdio_tests_and_json_column():
     assert code_reward([prog], [verification]) == [1.0]
 
 
+def test_open_r1_verification_info_column():
+    """open-r1's code datasets name the column `verification_info` (a JSON string per row)."""
+    from rlkit.errors import RewardError
+    from rlkit.reward import RewardScorer, RewardSpec
+
+    prog = fenced("a, b = map(int, input().split())\nprint(a + b)")
+    cases = [{"input": "1 2\n", "output": "3\n", "type": "stdin_stdout"},
+             {"input": "5 5\n", "output": "11\n", "type": "stdin_stdout"}]
+    info = [json.dumps({"language": "python", "test_cases": cases}),
+            json.dumps({"language": "cpp", "test_cases": [{"input": "1 2\n", "output": "3\n"}]})]
+    assert code_reward([prog, prog], verification_info=info) == [0.5, None]  # only Python runs here
+    s = RewardScorer([RewardSpec(fn="rewards.code:code_reward")], columns={"prompt", "verification_info"})
+    assert s.score(["p"], [prog], None, {"verification_info": info[:1]}).total == [0.5]
+    # a dataset with neither column is an error before launch, naming both
+    with pytest.raises(RewardError, match=r"rewards\[0\]: code_reward needs one of 'test_cases', 'verification_info' "
+                                          r"— not a dataset column \(columns: answer, prompt\)"):
+        RewardScorer([RewardSpec(fn="rewards.code:code_reward")], columns={"prompt", "answer"})
+
+
 def test_environment_is_clean_and_workdir_writable(monkeypatch):
     monkeypatch.setenv("RLKIT_TEST_SECRET", "hunter2")
     code = "import os\nopen('scratch.txt', 'w').write('ok')\n"

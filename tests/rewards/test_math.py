@@ -2,7 +2,9 @@
 
 import threading
 
-from rewards.math import accuracy, parse_prediction
+import pytest
+
+from rewards.math import accuracy, is_text_gold, parse_prediction
 
 CASES = [  # (completion, gold, expected)
     ("The answer is \\boxed{\\frac{1}{2}}.", "0.5", 1.0),
@@ -18,7 +20,8 @@ CASES = [  # (completion, gold, expected)
     ("no answer here", "5", 0.0),
     ("", "5", 0.0),
     ("\\boxed{x^2+1}", "x^2 + 1", 1.0),
-    ("\\boxed{2}", "not math at all ∅∅", None),   # unparseable gold: not applicable
+    ("\\boxed{2}", "∅∅", None),                    # unparseable gold: not applicable
+    ("\\boxed{2}", "", None),                      # no gold
 ]
 
 
@@ -47,3 +50,52 @@ def test_works_off_the_main_thread():
 
 def test_parse_prediction_prefers_answer_tag():
     assert str(parse_prediction("\\boxed{1} <answer>2</answer>")[0]) == "2"
+
+
+def test_words_are_text_not_algebra():
+    # a word gold would parse as a product of one-letter symbols: anagrams matched and
+    # "forty two" scored 0.0; it is compared as text (case, \\text{}, spaces, punctuation aside)
+    cases = [
+        ("\\boxed{two forty}", "forty two", 0.0),
+        ("\\boxed{Forty  Two}", "forty two", 1.0),
+        ("\\boxed{sirap}", "Paris", 0.0),
+        ("<answer>paris.</answer>", "Paris", 1.0),
+        ("\\boxed{\\text{Paris}}", "Paris", 1.0),
+        ("The capital is Paris", "Paris", 0.0),        # no final answer marked: nothing to compare
+        ("答案是 \\boxed{巴黎}", "巴黎", 1.0),
+        ("答案是 \\boxed{黎巴}", "巴黎", 0.0),
+        ("\\boxed{42}", "forty two", 0.0),
+        ("\\boxed{\\sin(x)}", "\\sin x", 1.0),        # function names stay math
+        ("\\boxed{yx+1}", "xy + 1", 1.0),              # so do products of variables
+        ("\\boxed{5}", "5\\text{ cm}", 1.0),           # a unit after a number stays math
+    ]
+    got = accuracy([c for c, _, _ in cases], [g for _, g, _ in cases])
+    assert got == [e for _, _, e in cases], list(zip(cases, got))
+    assert [is_text_gold(g) for g in ("Paris", "巴黎", "\\text{Monday}", "x^2+1", "\\frac{1}{2}", "\\sqrt{3}",
+                                      "5\\text{ cm}", "2xy")] == [True, True, True, False, False, False, False, False]
+
+
+def test_reasoning_delimiters_score_only_the_final_answer():
+    completions = [
+        "<think>2+2 is \\boxed{4}</think> so \\boxed{4}",   # answer after the reasoning
+        "<think>maybe \\boxed{4}</think> I am not sure",     # answer only inside the reasoning
+        "<think>maybe \\boxed{4}",                           # truncated: reasoning never ended
+        "\\boxed{4}",                                        # no reasoning block at all
+        [{"role": "assistant", "content": "<think>想想</think>答案 \\boxed{4}"}],
+    ]
+    gold = ["4"] * 5
+    assert accuracy(completions, gold) == [1.0, 1.0, 1.0, 1.0, 1.0]
+    assert accuracy(completions, gold, reasoning_delimiters=["</think>"]) == [1.0, 0.0, 0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="list of non-empty strings"):
+        accuracy(completions, gold, reasoning_delimiters="</think>")
+
+
+def test_agrees_with_trl_reasoning_accuracy_reward():
+    from trl.rewards import reasoning_accuracy_reward
+
+    contents = ["<think>\\boxed{\\frac{1}{3}}</think> The answer is \\boxed{\\frac{1}{3}}",
+                "<think>\\boxed{\\frac{1}{3}}</think> The answer is \\boxed{\\frac{1}{2}}",
+                "<think>partial \\boxed{\\frac{1}{3}} but no end"]
+    chat = [[{"role": "assistant", "content": c}] for c in contents]
+    gold = ["\\frac{1}{3}"] * 3
+    assert accuracy(chat, gold, reasoning_delimiters=["</think>"]) == reasoning_accuracy_reward(chat, gold)
