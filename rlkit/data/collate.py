@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rlkit.data.templates import render_sft
+from rlkit.data.templates import render_sft, sft_turns
 from rlkit.errors import DataError
 
 IGNORE_INDEX = -100
@@ -38,25 +38,46 @@ def truncate_lengths(prompt_len: int, response_len: int, cutoff_len: int) -> tup
     return min(prompt_len, cutoff_len - r_keep), r_keep
 
 
-def encode_sft(row: dict[str, Any], tokenizer: Any, template: str,
-               cutoff_len: int) -> dict[str, list[int]]:
+def encode_sft(row: dict[str, Any], tokenizer: Any, template: str, cutoff_len: int,
+               mask_history: bool = False) -> dict[str, list[int]]:
     """Token ids and labels for one SFT row; labels are -100 on prompt tokens.
 
-    The response gets ``tokenizer.eos_token_id`` appended. Over ``cutoff_len`` (see
-    truncate_lengths) the prompt loses tokens from the left (the end, next to the response,
-    stays), the response from the right (a cut response loses its eos).
-    The prompt is tokenised with the tokenizer's special tokens (e.g. BOS) for the alpaca
-    template, without them for the chat template (which writes its own).
+    Every assistant turn is a target (each one's tokens keep their labels, the turns between
+    them are -100), as LLaMA-Factory trains multi-turn rows; ``mask_history`` trains the last
+    turn only (earlier turns are prompt). The last response gets ``tokenizer.eos_token_id``
+    appended; an earlier one keeps the template's own end-of-turn text (with the chat template,
+    an eos at its end stays an eos, its trailing whitespace goes to the next prompt piece).
+    Over ``cutoff_len`` (see truncate_lengths, with everything before the last response as
+    the prompt) the prompt loses tokens from the left (the end, next to the response, stays),
+    the last response from the right (a cut response loses its eos).
+    The first prompt piece is tokenised with the tokenizer's special tokens (e.g. BOS) for the
+    alpaca template, without them for the chat template (which writes its own).
     """
     if tokenizer.eos_token_id is None:
         raise DataError("the tokenizer has no eos token; set eos_token")
-    prompt, response = render_sft(row, template, tokenizer)
-    p_ids = tokenizer(prompt, add_special_tokens=template == "alpaca")["input_ids"]
-    r_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    p_keep, r_keep = truncate_lengths(len(p_ids), len(r_ids), cutoff_len)
-    p_ids = p_ids[len(p_ids) - p_keep:]
-    r_ids = r_ids[:r_keep]
-    return {"input_ids": p_ids + r_ids, "labels": [IGNORE_INDEX] * len(p_ids) + r_ids}
+    eos = tokenizer.eos_token
+    turns = [render_sft(row, template, tokenizer)] if mask_history else sft_turns(row, template, tokenizer)
+    ids: list[int] = []
+    labels: list[int] = []
+    carry = ""
+    for k, (prompt, response) in enumerate(turns):
+        last = k == len(turns) - 1
+        p_ids = tokenizer(carry + prompt, add_special_tokens=template == "alpaca" and k == 0)["input_ids"]
+        body = response.rstrip()
+        ends_eos = bool(eos) and body.endswith(eos)
+        carry = response[len(body):] if ends_eos and not last else ""
+        text = body[:-len(eos)] if ends_eos else response
+        r_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if last or ends_eos:
+            r_ids.append(tokenizer.eos_token_id)
+        ids += p_ids
+        labels += [IGNORE_INDEX] * len(p_ids)
+        if last:
+            p_keep, r_keep = truncate_lengths(len(ids), len(r_ids), cutoff_len)
+            ids, labels, r_ids = ids[len(ids) - p_keep:], labels[len(labels) - p_keep:], r_ids[:r_keep]
+        ids += r_ids
+        labels += r_ids
+    return {"input_ids": ids, "labels": labels}
 
 
 def pad_collate(samples: Sequence[dict[str, list[int]]], pad_id: int) -> dict[str, torch.Tensor]:

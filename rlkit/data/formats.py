@@ -29,6 +29,11 @@ _LF_ALPACA_KEYS = {"prompt": "instruction", "query": "input", "response": "outpu
                    "system": "system", "history": "history"}
 _SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human",
                   "assistant_tag": "gpt", "system_tag": "system"}
+_OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                "assistant_tag": "assistant", "system_tag": "system"}
+# turns of function-calling data (LLaMA-Factory's observation/function_call, OpenAI's tool)
+_TOOL_ROLES = ("tool", "function", "function_call", "observation", "ipython")
+_MEDIA = ("images", "videos", "audios")
 
 
 @dataclass(frozen=True)
@@ -55,42 +60,74 @@ class _Schema:
     kind: str  # "alpaca" | "messages"
     columns: dict[str, str]  # our field -> source column
     tags: dict[str, str] | None = None  # role_tag, content_tag, source role -> our role
+    kto_tag: str | None = None  # column of LLaMA-Factory's KTO tag: rows tagged false are dropped
 
 
 def _messages_schema(fmt: str, columns: dict[str, str] | None = None,
-                     tags: dict[str, str] | None = None) -> _Schema:
+                     tags: dict[str, str] | None = None, kto_tag: str | None = None) -> _Schema:
     if fmt == "messages":
         return _Schema("messages", {"messages": "messages", "system": "system"},
                        {"role_tag": "role", "content_tag": "content",
                         **{r: r for r in ROLES}})
-    t = {**_SHAREGPT_TAGS, **(tags or {})}
-    cols = {"messages": "conversations", "system": "system", **(columns or {})}
+    t = {**(_OPENAI_TAGS if fmt == "openai" else _SHAREGPT_TAGS), **(tags or {})}
+    cols = {"messages": "messages" if fmt == "openai" else "conversations", "system": "system", **(columns or {})}
     return _Schema("messages", cols, {
         "role_tag": t["role_tag"], "content_tag": t["content_tag"],
-        t["user_tag"]: "user", t["assistant_tag"]: "assistant", t["system_tag"]: "system"})
+        t["user_tag"]: "user", t["assistant_tag"]: "assistant", t["system_tag"]: "system"}, kto_tag)
 
 
 def _entry_schema(entry: DatasetEntry, fmt: str) -> _Schema:
     """The row schema a dataset_info.json entry declares (its `columns` renames our fields)."""
-    columns = entry.columns
-    if fmt not in ("auto", "sharegpt" if entry.formatting == "sharegpt" else "alpaca"):
+    columns = dict(entry.columns)
+    kto = columns.pop("kto_tag", None)
+    asked = {"sharegpt": "sharegpt", "openai": "sharegpt"}.get(entry.formatting, "alpaca")
+    if fmt not in ("auto", asked):
         raise DataError(f"{entry.where}: formatting is {entry.formatting!r} but format {fmt!r} was asked for")
-    if entry.formatting == "sharegpt":
-        return _messages_schema("sharegpt", {k: v for k, v in columns.items() if k in ("messages", "system")},
-                                entry.tags)
+    if entry.formatting in ("sharegpt", "openai"):
+        if "tools" in columns:
+            raise DataError(f"{entry.where}: has tools (column {columns['tools']!r}); function-calling "
+                            "data is not supported yet: use a dataset without tool turns")
+        return _messages_schema(entry.formatting, {k: v for k, v in columns.items() if k in ("messages", "system")},
+                                entry.tags, kto)
     bad = sorted(set(columns) - set(_LF_ALPACA_KEYS))
     if bad:
-        raise DataError(f"{entry.where}: unknown column key {bad[0]!r} (expected {', '.join(_LF_ALPACA_KEYS)})")
-    return _Schema("alpaca", {**ALPACA_COLUMNS, **{_LF_ALPACA_KEYS[k]: v for k, v in columns.items()}})
+        raise DataError(f"{entry.where}: unknown column key {bad[0]!r} "
+                        f"(expected {', '.join(_LF_ALPACA_KEYS)}, kto_tag)")
+    return _Schema("alpaca", {**ALPACA_COLUMNS, **{_LF_ALPACA_KEYS[k]: v for k, v in columns.items()}},
+                   kto_tag=kto)
 
 
-def _open(path: str, fmt: str, dataset: str | None,
-          split: str | None) -> tuple[list[Record], str, _Schema | None]:
-    """Read all records; the schema is known for dataset_info entries, else None."""
+def _open(path: str, fmt: str, dataset: str | None, split: str | None,
+          seed: int = 0) -> tuple[list[Record], str, _Schema | None]:
+    """Read all records; the schema is known for dataset_info entries, else None. Rows a KTO
+    tag marks false are dropped here (a count goes to the log)."""
     if fmt not in ROW_FORMATS:
         raise DataError(f"{path}: unknown format {fmt!r} (expected one of {', '.join(ROW_FORMATS)})")
-    got = read_records(path, dataset, split)
-    return got.records, got.source, _entry_schema(got.entry, fmt) if got.entry else None
+    got = read_records(path, dataset, split, seed)
+    schema = _entry_schema(got.entry, fmt) if got.entry else None
+    records = got.records
+    if schema is not None and schema.kto_tag:
+        records = _drop_kto_false(records, schema.kto_tag, got.source)
+    return records, got.source, schema
+
+
+def _drop_kto_false(records: list[Record], col: str, source: str) -> list[Record]:
+    """LLaMA-Factory's KTO data tags each response desirable (true) or not (false): a false one
+    must not become a target (nor a GRPO gold). A row without the tag is kept, as there."""
+    kept = []
+    for n, rec in records:
+        tag = rec.get(col) if isinstance(rec, dict) else None
+        if tag is not None and not isinstance(tag, bool):
+            raise DataError(f"{source}: row {n}: field {col!r} (kto_tag) is {type(tag).__name__} "
+                            "(expected true or false)")
+        if tag is not False:
+            kept.append((n, rec))
+    if len(kept) < len(records):
+        log.warning("%s: dropped %d of %d rows tagged %s=false (KTO's undesirable responses are not "
+                    "training targets)", source, len(records) - len(kept), len(records), col)
+    if not kept:
+        raise DataError(f"{source}: every row is tagged {col}=false (KTO's undesirable responses); nothing to train on")
+    return kept
 
 
 def _detect_schema(records: list[Record], fmt: str, source: str) -> _Schema:
@@ -138,7 +175,15 @@ def _difficulty(row: dict) -> str | None:
     return v
 
 
+def _no_media(row: dict) -> None:
+    media = next((k for k in _MEDIA if row.get(k)), None)
+    if media:
+        raise _RowError(f"has {media}: rlkit trains text-only models, and the <{media[:-1]}> placeholders "
+                        "would stay in the text; use a text-only dataset")
+
+
 def _alpaca_row(row: dict, schema: _Schema) -> dict[str, Any]:
+    _no_media(row)
     c = schema.columns
     history = row.get(c["history"]) or []
     if not isinstance(history, list) or not all(
@@ -166,6 +211,9 @@ def _messages(value: Any, col: str, tags: dict[str, str]) -> list[dict[str, str]
     known = [k for k in tags if k not in ("role_tag", "content_tag")]
     msgs = []
     for i, m in enumerate(value, start=1):
+        if isinstance(m, dict) and (m.get("tool_calls") or m.get(rt) in _TOOL_ROLES):
+            raise _RowError(f"field {col!r} item {i} is a tool turn ({m.get(rt)!r}); function-calling "
+                            "data is not supported yet: drop rows with tool turns")
         if not isinstance(m, dict) or not isinstance(m.get(rt), str) or not isinstance(m.get(ct), str):
             raise _RowError(f"field {col!r} item {i} must be an object with string "
                             f"{rt!r} and {ct!r}")
@@ -180,6 +228,7 @@ def _messages(value: Any, col: str, tags: dict[str, str]) -> list[dict[str, str]
 
 
 def _messages_row(row: dict, schema: _Schema) -> dict[str, Any]:
+    _no_media(row)
     col, scol = schema.columns["messages"], schema.columns["system"]
     if col not in row:
         raise _RowError(f"field {col!r} is missing (expected a list of messages)")
@@ -219,7 +268,7 @@ def _validate(records: list[Record], source: str, skip_bad_rows: bool,
 
 
 def load_rows(path: str, fmt: str = "auto", dataset: str | None = None,
-              skip_bad_rows: bool = False, split: str | None = None) -> LoadedRows:
+              skip_bad_rows: bool = False, split: str | None = None, seed: int = 0) -> LoadedRows:
     """Load SFT rows, normalised to alpaca fields or to ``messages``.
 
     Alpaca rows get instruction, input, output, system (str, '' when absent), history
@@ -228,7 +277,7 @@ def load_rows(path: str, fmt: str = "auto", dataset: str | None = None,
     Raises DataError (one line: file, row, field) on the first bad row, unless
     ``skip_bad_rows`` (then counted in ``skipped``).
     """
-    records, source, schema = _open(path, fmt, dataset, split)
+    records, source, schema = _open(path, fmt, dataset, split, seed)
     schema = schema or _detect_schema(records, fmt, source)
     convert = (lambda r: _alpaca_row(r, schema)) if schema.kind == "alpaca" else (
         lambda r: _messages_row(r, schema))
@@ -237,6 +286,7 @@ def load_rows(path: str, fmt: str = "auto", dataset: str | None = None,
 
 
 def _prompt_row(row: dict, with_answer: bool) -> dict[str, Any]:
+    _no_media(row)
     p = row.get("prompt")
     if isinstance(p, list):
         p = _messages(p, "prompt", {"role_tag": "role", "content_tag": "content",
@@ -260,7 +310,7 @@ def _answer(row: dict, col: str) -> str:
 
 
 def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
-                 skip_bad_rows: bool = False, split: str | None = None) -> LoadedRows:
+                 skip_bad_rows: bool = False, split: str | None = None, seed: int = 0) -> LoadedRows:
     """Load GRPO prompt rows: ``prompt`` (str or messages ending with a user turn) and
     ``answer`` (str; numbers become their text), other columns kept (reward kwargs). When the
     first row has no ``answer`` (TRL/open-r1 data names it ``solution``, or rewards need no
@@ -271,7 +321,7 @@ def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
     with the chat template) and messages rows (prompt = all turns before the last
     assistant turn, answer = its content).
     """
-    records, source, schema = _open(path, fmt, dataset, split)
+    records, source, schema = _open(path, fmt, dataset, split, seed)
     first = next((r for _, r in records if isinstance(r, dict)), {})
     if schema is None and fmt == "auto" and "prompt" in first:
         convert = lambda r: _prompt_row(r, "answer" in first)  # noqa: E731

@@ -4,8 +4,11 @@ Sources (detected from the path):
 
 - a ``.json`` file holding a list of rows, or a ``.jsonl`` file (one row per line);
 - a LLaMA-Factory ``dataset_info.json`` (the file, or a folder holding it) plus a
-  ``dataset`` name; its entry gives ``file_name``, ``formatting`` (alpaca | sharegpt),
-  ``columns`` and, for sharegpt, ``tags``;
+  ``dataset`` name; its entry gives ``file_name``, ``formatting`` (alpaca | sharegpt |
+  openai), ``columns`` (with ``kto_tag``: rows tagged false are dropped), ``tags`` and
+  ``num_samples`` (as LLaMA-Factory: a seeded permutation of all rows cut to that many, or
+  all rows plus random repeats when it asks for more). Entries rlkit cannot train on say so
+  in one line: ``ranking`` (preference pairs) and image/video/audio columns;
 - a folder written by ``datasets`` ``save_to_disk`` (a Dataset or a DatasetDict; ``split``
   picks one, default ``train`` or the only split).
 
@@ -18,12 +21,15 @@ list or a saved dataset, the 1-based position).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.errors import DataError
+
+log = logging.getLogger("rlkit")
 
 Record = tuple[int, Any]  # (row number as the user counts it, parsed row)
 
@@ -33,9 +39,10 @@ class DatasetEntry:
     """What a dataset_info.json entry says about its rows (LLaMA-Factory's keys)."""
 
     where: str  # "<info file>: dataset '<name>'", for messages
-    formatting: str  # "alpaca" | "sharegpt"
+    formatting: str  # "alpaca" | "sharegpt" | "openai"
     columns: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] | None = None
+    num_samples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -47,15 +54,35 @@ class Records:
     entry: DatasetEntry | None = None
 
 
-def read_records(path: str, dataset: str | None = None, split: str | None = None) -> Records:
-    """Read every record of `path` (any source above)."""
+_MEDIA = ("images", "videos", "audios")
+
+
+def read_records(path: str, dataset: str | None = None, split: str | None = None, seed: int = 0) -> Records:
+    """Read every record of `path` (any source above); `seed` draws `num_samples` rows."""
     path = os.fspath(path)
     is_info = os.path.basename(path) == "dataset_info.json" and os.path.isfile(path)
     if is_info or (os.path.isdir(path) and not _is_saved_dataset(path)
                    and os.path.isfile(os.path.join(path, "dataset_info.json"))):
-        return _read_dataset_info(path, dataset, split)
+        got = _read_dataset_info(path, dataset, split)
+        if got.entry.num_samples is None:
+            return got
+        drawn = sample_records(got.records, got.entry.num_samples, seed)
+        log.info("%s: %d rows drawn from %d (num_samples, seed %d)", got.source, len(drawn), len(got.records), seed)
+        return Records(drawn, got.source, got.entry)
     records, source = _read_container(path, split)
     return Records(list(records), source)
+
+
+def sample_records(records: list[Record], n: int, seed: int) -> list[Record]:
+    """LLaMA-Factory's `num_samples`: a seeded permutation cut to n rows; when n is more than
+    there are, every row once plus n - len random repeats. Row numbers stay the file's."""
+    import numpy as np
+
+    rng = np.random.RandomState(seed)
+    idx = list(rng.permutation(len(records))[:n])
+    if n > len(records):
+        idx += list(rng.choice(len(records), n - len(records)))
+    return [records[i] for i in idx]
 
 
 def _read_json_file(path: str) -> Iterator[tuple[int, Any]]:
@@ -132,13 +159,25 @@ def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Rec
     if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
         raise DataError(f"{where}: needs a 'file_name' (only local files are supported)")
     formatting = entry.get("formatting", "alpaca")
-    if formatting not in ("alpaca", "sharegpt"):
+    if formatting not in ("alpaca", "sharegpt", "openai"):
         raise DataError(f"{where}: formatting {formatting!r} not supported "
-                        "(expected alpaca or sharegpt)")
+                        "(expected alpaca, sharegpt or openai)")
+    columns = dict(entry.get("columns") or {})
+    if entry.get("ranking"):
+        raise DataError(f"{where}: is a ranking (chosen/rejected preference) dataset; rlkit trains SFT "
+                        "and GRPO, which take no preference pairs: use its prompts with rewards (GRPO) "
+                        "or its chosen answers as an SFT dataset")
+    media = [k for k in _MEDIA if k in columns]
+    if media:
+        raise DataError(f"{where}: has {media[0]} (column {columns[media[0]]!r}); rlkit trains text-only "
+                        f"models, and its <{media[0][:-1]}> placeholders would stay in the text: "
+                        "use a text-only dataset")
+    num = entry.get("num_samples")
+    if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < 1):
+        raise DataError(f"{where}: num_samples must be a positive integer, got {num!r}")
     file_path = os.path.join(os.path.dirname(info_path), entry["file_name"])
     records, source = _read_container(file_path, split)
-    return Records(list(records), source,
-                   DatasetEntry(where, formatting, dict(entry.get("columns") or {}), entry.get("tags")))
+    return Records(list(records), source, DatasetEntry(where, formatting, columns, entry.get("tags"), num))
 
 
 def _read_container(path: str, split: str | None) -> tuple[Iterator[tuple[int, Any]], str]:

@@ -13,7 +13,9 @@ chat: ``tokenizer.apply_chat_template``; the prompt is rendered with
 Any row shape works with either template: alpaca rows become messages (system, history
 turns, user = instruction + "\\n\\n" + input) and messages become alpaca fields (system,
 user/assistant pairs as history, last user turn as instruction).
-Only the final assistant turn is a training target; earlier turns are prompt.
+`render_sft` splits a row into prompt and final response (earlier turns are prompt);
+`sft_turns` splits it at every assistant turn, so each one can be a training target (as
+LLaMA-Factory trains multi-turn rows).
 """
 
 from __future__ import annotations
@@ -129,3 +131,40 @@ def render_sft(row: dict[str, Any], template: str, tokenizer: Any = None) -> tup
     if eos and response.rstrip().endswith(eos):
         response = response.rstrip()[: -len(eos)]
     return prompt, response
+
+
+def sft_turns(row: dict[str, Any], template: str, tokenizer: Any = None) -> list[tuple[str, str]]:
+    """(prompt piece, response piece) for every assistant turn of an SFT row, in order: joined,
+    they are the whole conversation as the template renders it (for alpaca rows, history
+    answers are assistant turns). A piece of prompt holds whatever the template writes
+    between two responses (the next user turn, end-of-turn text).
+
+    Raises DataError when the template renders an earlier turn differently once later turns
+    follow it (e.g. a template that drops the reasoning of past turns): such a row can only
+    train its last turn.
+    """
+    _check(template, tokenizer)
+    msgs = alpaca_to_messages(row, with_output=True) if "instruction" in row else row["messages"]
+    ends = [i + 1 for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    if template == "alpaca":
+        f = row if "instruction" in row else messages_to_alpaca(msgs)
+        if not f.get("output"):
+            raise DataError("sft_turns needs a row with a response (output)")
+        history = [list(p) for p in f.get("history") or []]
+        # (prompt up to turn k, the same plus its answer): history turns, then the final one
+        prefixes = [(render_alpaca(q, "", f.get("system", ""), history[:k]), a) for k, (q, a) in enumerate(history)]
+        prefixes.append((render_prompt(f, "alpaca"), f["output"]))
+        prefixes = [(p, p + a) for p, a in prefixes]
+    else:
+        prefixes = [(_chat(tokenizer, msgs[:e - 1], True), _chat(tokenizer, msgs[:e], False)) for e in ends]
+    out, done = [], ""
+    for k, (prompt, full) in enumerate(prefixes):
+        if not prompt.startswith(done):
+            raise DataError(f"the {template} template renders assistant turn {k} differently once turn {k + 1} "
+                            "follows it; set data.mask_history: true to train the last turn only")
+        if not full.startswith(prompt):
+            raise DataError(f"the {template} template renders the prompt differently inside the full conversation "
+                            f"(assistant turn {k + 1}); cannot split prompt and response")
+        out.append((prompt[len(done):], full[len(prompt):]))
+        done = full
+    return out

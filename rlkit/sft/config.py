@@ -29,6 +29,7 @@ from rlkit.recipe import check
 class SFTDataConfig(DataConfig):
     cutoff_len: int = 1024
     packing: bool = False
+    mask_history: bool = False  # multi-turn rows: train the last assistant turn only (default: every turn)
 
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {}
 

@@ -31,14 +31,16 @@ class SFTData:
     pad_id: int
 
 
-def load_sft_data(data: SFTDataConfig, tokenizer: Any) -> SFTData:
-    """Load, validate and tokenise `data.train` (and `data.eval`); errors name file and row."""
+def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0) -> SFTData:
+    """Load, validate and tokenise `data.train` (and `data.eval`); errors name file and row.
+    `seed` draws a dataset_info entry's `num_samples` rows."""
     from rlkit.data.collate import encode_sft
     from rlkit.data.formats import load_rows
 
     def encode(path: str, skip_bad_rows: bool) -> tuple[list[dict], list[str | None]]:
-        loaded = load_rows(path, data.format, data.dataset, skip_bad_rows)
-        encoded = [encode_sft(r, tokenizer, data.template, data.cutoff_len) for r in loaded.rows]
+        loaded = load_rows(path, data.format, data.dataset, skip_bad_rows, seed=seed)
+        encoded = [encode_sft(r, tokenizer, data.template, data.cutoff_len, data.mask_history)
+                   for r in loaded.rows]
         return encoded, [r.get("difficulty") for r in loaded.rows]
 
     train, difficulties = encode(data.train, data.skip_bad_rows)
@@ -106,7 +108,7 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     device = detect(cfg.device)
     prepare_inputs(cfg.model, cfg.data)
     tokenizer = load_tokenizer(cfg.model)
-    data = load_sft_data(cfg.data, tokenizer)
+    data = load_sft_data(cfg.data, tokenizer, cfg.seed)
     t = cfg.train
     global_batch = t.micro_batch_size * t.grad_accum * t.num_learners
     total = t.max_steps or max(1, math.ceil(t.epochs * len(data.train) / global_batch))
