@@ -127,6 +127,9 @@ class DeepSpeedConfig:
     torch_adam: bool = True  # torch AdamW instead of DeepSpeed's JIT-compiled fused/CPU Adam
     dist_timeout_s: int = 600  # init_distributed timeout: a hang fails instead of waiting forever
     extra: dict[str, Any] = field(default_factory=dict)  # merged into the generated DeepSpeed config
+    # a DeepSpeed JSON (e.g. ds_config.json, beside the recipe or from the working folder), folded
+    # into these keys, model.dtype, optim.* and the micro-batch size at load (see ds_config.py)
+    config: str | None = None
 
     def __post_init__(self):
         check(not self.offload_param or self.zero_stage == 3, "offload_param", "needs zero_stage: 3")

@@ -9,12 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlkit.engine.ds_config import check_batch_claims, fold_config_file
 from rlkit.errors import ConfigError
 from rlkit.grpo.config import GRPOConfig
 from rlkit.recipe import build, merge, parse_overrides, read_yaml
 from rlkit.sft.config import SFTConfig
 
 STAGES: dict[str, type] = {"sft": SFTConfig, "grpo": GRPOConfig}
+# A DeepSpeed JSON's batch keys -> the recipe key that holds each, per stage (GRPO derives
+# its gradient accumulation from the rollout batch: checked after the build instead).
+DS_BATCH_KEYS = {"sft": {"train_micro_batch_size_per_gpu": "train.micro_batch_size",
+                         "gradient_accumulation_steps": "train.grad_accum"},
+                 "grpo": {"train_micro_batch_size_per_gpu": "grpo.micro_batch_size"}}
 
 
 def load(stage: str, path: str | Path, overrides: list[str] | None = None) -> Any:
@@ -27,4 +33,11 @@ def load(stage: str, path: str | Path, overrides: list[str] | None = None) -> An
         raise ConfigError(f"{path}: stage: this recipe is for {declared!r}, not {stage!r}")
     if overrides:
         data = merge(data, parse_overrides(overrides))
-    return build(STAGES[stage], data, str(path))
+    data, claims = fold_config_file(data, DS_BATCH_KEYS[stage], path)
+    cfg = build(STAGES[stage], data, str(path))
+    if claims:
+        t = cfg.train if stage == "sft" else cfg.grpo
+        keys = "train.micro_batch_size, grad_accum, num_learners" if stage == "sft" else \
+            "grpo.micro_batch_size, num_learners and the rollout batch"
+        check_batch_claims(claims, cfg.deepspeed.config, t.micro_batch_size, t.grad_accum, t.num_learners, keys)
+    return cfg

@@ -1,12 +1,16 @@
-"""DeepSpeed config and learning-rate schedule from the typed recipe (pure; no DeepSpeed import)."""
+"""DeepSpeed config and learning-rate schedule from the typed recipe (pure; no DeepSpeed import),
+and a user's own DeepSpeed JSON (``deepspeed.config``) folded into the recipe at load."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rlkit.config import DeepSpeedConfig, OptimConfig
+from rlkit.errors import ConfigError
 from rlkit.recipe import merge
 
 
@@ -77,3 +81,191 @@ def lr_lambda(optim: OptimConfig, total_steps: int) -> Callable[[int], float]:
         return floor + (1 - floor) * (1.0 - progress)
 
     return fn
+
+
+# ------------------------------------------------------------------ a user's ds_config.json
+
+_OFF = object()  # a file value that sets nothing (e.g. fp16.enabled: false)
+_SCHEDULERS = {"warmuplr": "constant", "warmupdecaylr": "linear", "warmupcosinelr": "cosine"}
+
+
+def fold_config_file(data: dict[str, Any], batch_keys: dict[str, str],
+                     recipe_path: str | Path | None) -> tuple[dict[str, Any], dict[str, int]]:
+    """Fold the DeepSpeed JSON named by ``deepspeed.config`` into the raw recipe `data`.
+
+    A value the file sets fills the recipe key it means (ZeRO stage and offload, precision,
+    clipping, AdamW params, warmup schedule, micro-batch size per `batch_keys`) where the
+    recipe leaves that key unset; where the recipe sets it too, the two must agree (else one
+    ConfigError naming both). ``"auto"`` takes the recipe's value. Everything else in the file
+    (bucket sizes, overlap_comm, loss-scale settings, ...) goes to ``deepspeed.extra``, under
+    the recipe's own ``extra``; an ``"auto"`` there is dropped (DeepSpeed's default applies).
+    Returns the new data and the file's batch sizes the recipe only derives (train_batch_size,
+    and gradient_accumulation_steps where no key holds it), to check once the recipe is built.
+    """
+    ds = data.get("deepspeed") if isinstance(data.get("deepspeed"), dict) else {}
+    name = ds.get("config")
+    if name is None:
+        return data, {}
+    if not isinstance(name, str):
+        raise ConfigError(f"deepspeed.config: expected the path of a DeepSpeed JSON file, got {name!r}")
+    file_cfg, where = _read_ds_json(name, recipe_path)
+    found: dict[str, tuple[str, Any]] = {}  # recipe key -> (file key, value)
+
+    def put(file_key: str, recipe_key: str, value: Any) -> None:
+        if value is _OFF or value == "auto":
+            return
+        if recipe_key in found and not _same(found[recipe_key][1], value):  # e.g. optimizer lr vs warmup_max_lr
+            raise ConfigError(f"{where}: {file_key} is {value!r} but {found[recipe_key][0]} is "
+                              f"{found[recipe_key][1]!r}; both set {recipe_key}: make them agree")
+        found.setdefault(recipe_key, (file_key, value))
+
+    rest = dict(file_cfg)
+    zero = dict(rest.pop("zero_optimization", None) or {})
+    put("zero_optimization.stage", "deepspeed.zero_stage", zero.pop("stage", "auto"))
+    stage = found.get("deepspeed.zero_stage", ("", _get(data, "deepspeed.zero_stage") or 0))[1]
+    for part in ("offload_optimizer", "offload_param"):
+        sub = zero.get(part)
+        if isinstance(sub, dict) and sub.get("device", "none") != "none":
+            if part == "offload_param" and stage != 3:
+                raise ConfigError(f"{where}: zero_optimization.offload_param needs stage 3, the config is at "
+                                  f"stage {stage}: remove it, or use stage 3")
+            put(f"zero_optimization.{part}", f"deepspeed.{part}", True)
+        elif isinstance(sub, dict):
+            zero.pop(part)
+    if zero:
+        rest["zero_optimization"] = zero
+    put("fp16.enabled / bf16.enabled", "model.dtype", _precision(rest, where))
+    put("gradient_clipping", "optim.max_grad_norm", rest.pop("gradient_clipping", "auto"))
+    _fold_optimizer(rest.pop("optimizer", None), where, put)
+    _fold_scheduler(rest.pop("scheduler", None), where, put)
+    put("train_micro_batch_size_per_gpu", batch_keys["train_micro_batch_size_per_gpu"],
+        rest.pop("train_micro_batch_size_per_gpu", "auto"))
+    claims = {}
+    for key in ("train_batch_size", "gradient_accumulation_steps"):
+        value = rest.pop(key, "auto")
+        if value != "auto" and key in batch_keys:
+            put(key, batch_keys[key], value)
+        elif value != "auto":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{where}: {key} must be a positive integer or \"auto\", got {value!r}")
+            claims[key] = value
+
+    out = merge(data, {})
+    for recipe_key, (file_key, value) in found.items():
+        have = _get(data, recipe_key)
+        if have is None:
+            _set(out, recipe_key, value)
+        elif not _same(have, value):
+            raise ConfigError(f"{where}: {file_key} is {value!r} but the recipe sets {recipe_key}: {have!r}; "
+                              "remove one (the file fills what the recipe leaves unset, \"auto\" takes the recipe's)")
+    extra = _drop_auto(rest)
+    _set(out, "deepspeed.extra", merge(extra, _get(data, "deepspeed.extra") or {}))
+    return out, claims
+
+
+def check_batch_claims(claims: dict[str, int], config_file: str, micro: int, accum: int, world: int,
+                       keys: str) -> None:
+    """The file's train_batch_size / gradient_accumulation_steps must be what the recipe gives."""
+    given = {"train_batch_size": micro * accum * world, "gradient_accumulation_steps": accum}
+    for key, value in claims.items():
+        if value != given[key]:
+            raise ConfigError(f"{config_file}: {key} is {value} but the recipe gives {given[key]} ({keys}: "
+                              f"micro-batch {micro} x accumulation {accum} x learners {world}); "
+                              f"set it to \"auto\" or {given[key]}")
+
+
+def _read_ds_json(name: str, recipe_path: str | Path | None) -> tuple[dict[str, Any], str]:
+    path = Path(name)
+    if not path.is_absolute() and recipe_path is not None:
+        beside = Path(recipe_path).resolve().parent / path
+        path = beside if beside.exists() or not path.exists() else path
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"deepspeed.config: cannot read {name} ({e.strerror or e})") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: expected a JSON object (a DeepSpeed config), got {type(cfg).__name__}")
+    return cfg, str(path)
+
+
+def _precision(rest: dict[str, Any], where: str) -> Any:
+    on = {}
+    for name in ("bf16", "fp16"):
+        block = rest.get(name)
+        if isinstance(block, dict):
+            block = dict(block)
+            on[name] = block.pop("enabled", "auto")
+            if block:
+                rest[name] = block  # loss-scale settings and the like go to extra
+            else:
+                rest.pop(name)
+    if on.get("bf16") is True and on.get("fp16") is True:
+        raise ConfigError(f"{where}: bf16.enabled and fp16.enabled are both true: enable one")
+    return next((n for n in ("bf16", "fp16") if on.get(n) is True), _OFF)
+
+
+def _fold_optimizer(opt: Any, where: str, put: Callable[[str, str, Any], None]) -> None:
+    if opt is None:
+        return
+    kind = str(opt.get("type", "")) if isinstance(opt, dict) else ""
+    if kind.lower() not in ("adam", "adamw"):
+        raise ConfigError(f"{where}: optimizer.type {kind or opt!r}: rlkit trains with AdamW; remove the "
+                          "optimizer section or make it AdamW (its params fill optim.*)")
+    params = opt.get("params") or {}
+    for key, recipe_key in (("lr", "optim.lr"), ("betas", "optim.betas"), ("eps", "optim.eps"),
+                            ("weight_decay", "optim.weight_decay")):
+        put(f"optimizer.params.{key}", recipe_key, params.get(key, "auto"))
+
+
+def _fold_scheduler(sched: Any, where: str, put: Callable[[str, str, Any], None]) -> None:
+    if sched is None:
+        return
+    kind = str(sched.get("type", "")) if isinstance(sched, dict) else ""
+    if kind.lower() not in _SCHEDULERS:
+        raise ConfigError(f"{where}: scheduler.type {kind or sched!r} is not one rlkit maps (WarmupLR, "
+                          "WarmupDecayLR, WarmupCosineLR); remove it and set optim.scheduler")
+    params = sched.get("params") or {}
+    put("scheduler.type", "optim.scheduler", _SCHEDULERS[kind.lower()])
+    put("scheduler.params.warmup_num_steps", "optim.warmup_steps", params.get("warmup_num_steps", "auto"))
+    put("scheduler.params.warmup_max_lr", "optim.lr", params.get("warmup_max_lr", "auto"))
+    top, low = params.get("warmup_max_lr"), params.get("warmup_min_lr")
+    if kind.lower() == "warmupcosinelr":
+        put("scheduler.params.cos_min_ratio", "optim.min_lr_ratio", params.get("cos_min_ratio", "auto"))
+    elif kind.lower() == "warmupdecaylr" and isinstance(low, (int, float)) and isinstance(top, (int, float)) and top:
+        put("scheduler.params.warmup_min_lr", "optim.min_lr_ratio", low / top)
+
+
+def _drop_auto(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _drop_auto(v) for k, v in node.items() if v != "auto"}
+    return node
+
+
+def _get(data: dict[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = data
+    for part in parents:
+        node[part] = dict(node.get(part) or {})
+        node = node[part]
+    node[last] = value
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return a == b

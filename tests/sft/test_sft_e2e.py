@@ -100,9 +100,17 @@ def _merge_against_float64(base_dir, final):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_learners_zero(ray_local, tiny_model, task_data, tmp_path, stage):
-    final, out = _run(tiny_model, task_data, tmp_path / f"z{stage}", "train.num_learners=2",
-                      f"deepspeed.zero_stage={stage}", "train.micro_batch_size=8", "train.max_steps=40",
-                      "eval.every=20")
+    """ZeRO-2 from the recipe; ZeRO-3 from a user's ds_config.json in seed 002's shape ("auto"
+    batch sizes, precision and clipping; the stage and its tuning keys from the file)."""
+    zero = [f"deepspeed.zero_stage={stage}"]
+    if stage == 3:
+        import json
+
+        from tests.test_ds_json import SEED_002
+        (tmp_path / "ds_config.json").write_text(json.dumps(SEED_002))
+        zero = [f"deepspeed.config={tmp_path / 'ds_config.json'}", "deepspeed.zero_stage=null"]
+    final, out = _run(tiny_model, task_data, tmp_path / f"z{stage}", "train.num_learners=2", *zero,
+                      "train.micro_batch_size=8", "train.max_steps=40", "eval.every=20")
     losses = eval_losses(out)
     assert losses[-1] < 0.6 * losses[0], f"zero{stage}: {losses}"
     assert isinstance(_generate(final), str)
