@@ -35,7 +35,10 @@ class ModelConfig:
     trust_remote_code: bool = False
     attn_implementation: str | None = None
     gradient_checkpointing: bool = False
-    tiny: TinyName | None = None  # build offline at `path` if missing
+    # build an untrained tiny model offline at `path` when nothing is there (the demo's recipes)
+    build_tiny_if_missing: TinyName | None = None
+
+    RENAMED: ClassVar[dict[str, str]] = {"tiny": "build_tiny_if_missing"}
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,10 @@ class DataConfig:
     dataset: str | None = None  # entry name in a dataset_info.json
     template: Template = "alpaca"
     skip_bad_rows: bool = False
-    synthetic_seed: int | None = None  # write the offline arithmetic task next to `train` if missing
+    # write the offline arithmetic task (with this seed) next to `train` when `train` is missing
+    build_synthetic_if_missing: int | None = None
+
+    RENAMED: ClassVar[dict[str, str]] = {"synthetic_seed": "build_synthetic_if_missing"}
 
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {
         "cutoff_len": "SFT only: GRPO prompts are not cut, completions end at rollout.max_tokens",
@@ -87,7 +93,9 @@ class PhaseConfig:
 
 @dataclass(frozen=True)
 class CurriculumConfig:
-    enabled: bool = True  # turns itself off (one warning) when rows have no `difficulty`
+    # off unless a recipe asks (the seed recipes do); when on and no row has a `difficulty`, it
+    # turns itself off with one warning; when off, a `difficulty` column is not read
+    enabled: bool = False
     levels: tuple[str, ...] = DEFAULT_LEVELS
     phases: tuple[PhaseConfig, ...] = tuple(PhaseConfig(until, mix) for until, mix in DEFAULT_PHASES)
 

@@ -46,10 +46,12 @@ def prepare_inputs(model: ModelConfig, data: DataConfig) -> None:
 
     ensure_tiny_model(model)
     check_model_path(model.path)
-    if data.synthetic_seed is not None and not Path(data.train).exists():
+    if data.build_synthetic_if_missing is not None and not Path(data.train).exists():
         from rlkit.tiny import write_task_data
 
-        write_task_data(Path(data.train).parent, seed=data.synthetic_seed)
+        write_task_data(Path(data.train).parent, seed=data.build_synthetic_if_missing)
+        log.warning("data.train %s was missing: wrote the synthetic arithmetic task there "
+                    "(data.build_synthetic_if_missing)", data.train)
 
 
 def curriculum_sampler(curriculum: CurriculumConfig, difficulties: list[str | None], total_steps: int,

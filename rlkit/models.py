@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlkit.config import LoraConfig, ModelConfig, QuantConfig
+
+log = logging.getLogger("rlkit")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -20,11 +23,14 @@ def resolve_dtype(name: str, bf16_ok: bool) -> torch.dtype:
 
 
 def ensure_tiny_model(cfg: ModelConfig) -> None:
-    """Build the offline tiny model at `cfg.path` if the recipe asks for it and it is missing."""
-    if cfg.tiny and not (Path(cfg.path) / "config.json").exists():
+    """Build the offline tiny model at `cfg.path` if the recipe asks for it and it is missing,
+    and say so: an untrained model where the user meant their own must not pass unnoticed."""
+    if cfg.build_tiny_if_missing and not (Path(cfg.path) / "config.json").exists():
         from rlkit.tiny import build_tiny_model
 
-        build_tiny_model(cfg.path, cfg.tiny)
+        build_tiny_model(cfg.path, cfg.build_tiny_if_missing)
+        log.warning("model.path %s was missing: built an untrained %r tiny model there "
+                    "(model.build_tiny_if_missing)", cfg.path, cfg.build_tiny_if_missing)
 
 
 def check_model_path(path: str) -> None:

@@ -221,6 +221,9 @@ def _convert_dataclass(cls: Any, value: Any, key: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for name in value:
         if name not in fields:
+            renamed = getattr(cls, "RENAMED", {}).get(name)
+            if renamed:
+                raise _invalid(_join(key, str(name)), f"renamed: use {renamed!r}")
             elsewhere = getattr(cls, "READ_ELSEWHERE", {}).get(name)
             if elsewhere:
                 raise _invalid(_join(key, str(name)), f"this stage does not read it ({elsewhere}); remove it")
@@ -230,7 +233,12 @@ def _convert_dataclass(cls: Any, value: Any, key: str) -> Any:
     kwargs = {}
     for name, f in fields.items():
         if name in value:
-            kwargs[name] = _convert(hints[name], value[name], _join(key, name))
+            given = value[name]
+            if dataclasses.is_dataclass(hints[name]) and f.default_factory is not dataclasses.MISSING \
+                    and (given is None or isinstance(given, dict)):
+                # a section this stage gives its own defaults (GRPO's optim): a key set changes that key only
+                given = merge(to_dict(f.default_factory()), given or {})
+            kwargs[name] = _convert(hints[name], given, _join(key, name))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise _invalid(_join(key, name), f"required key is missing (expected {_type_name(hints[name])})")
     try:

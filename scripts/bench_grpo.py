@@ -160,8 +160,9 @@ def phase_rlkit(args: argparse.Namespace, model_dir: str, data: str, out: str) -
     from rlkit.metrics import read_jsonl
 
     overrides = [
-        f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", "model.tiny=null", "model.dtype=fp32",
-        "device=cpu", f"data.train={data}", "data.eval=null", "data.synthetic_seed=null", "curriculum.enabled=false",
+        f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", "model.build_tiny_if_missing=null",
+        "model.dtype=fp32", "device=cpu", f"data.train={data}", "data.eval=null",
+        "data.build_synthetic_if_missing=null", "curriculum.enabled=false",
         f"rewards=[{{fn: '{REWARD}'}}]", f"grpo.steps={args.steps}", f"grpo.prompts_per_step={args.prompts}",
         f"grpo.group_size={args.group}", f"grpo.micro_batch_size={args.micro_batch}", "grpo.num_learners=1",
         "grpo.mini_batches=1", "grpo.epochs=1", "grpo.beta=0.0", "grpo.loss_type=dapo",

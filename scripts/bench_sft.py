@@ -185,8 +185,9 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list
     from rlkit.sft.run import run_sft
 
     overrides = [
-        f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", "model.tiny=null",
-        "model.dtype=fp32", "device=cpu", f"data.train={data}", "data.eval=null", "data.synthetic_seed=null",
+        f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", "model.build_tiny_if_missing=null",
+        "model.dtype=fp32", "device=cpu", f"data.train={data}", "data.eval=null",
+        "data.build_synthetic_if_missing=null",
         f"data.cutoff_len={args.cutoff}", f"data.packing={str(packing).lower()}", "curriculum.enabled=false",
         f"train.micro_batch_size={args.micro_batch}", "train.grad_accum=1", "train.num_learners=1",
         f"train.max_steps={args.steps}", f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}",

@@ -36,7 +36,8 @@ def surface(model: str, data: str, target: str, out: Path) -> tuple[float | None
     line the run ended with (for an engine, its restart line)."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = ["rlkit", "grpo", str(ROOT / "recipes" / "tiny-grpo.yaml"), f"model.path={model}",
-           f"data.train={data}/grpo_train.jsonl", f"data.eval={data}/grpo_eval.jsonl", "data.synthetic_seed=null",
+           f"data.train={data}/grpo_train.jsonl", f"data.eval={data}/grpo_eval.jsonl",
+           "data.build_synthetic_if_missing=null",
            f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false",
            f"grpo.steps={20 if target == 'Learner' else 12}",
            "eval.every=0", "checkpoint.every=2"]

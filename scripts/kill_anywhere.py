@@ -46,7 +46,8 @@ MARK = "RLKIT_KILL_ANYWHERE"  # in the environment of every process of one run (
 
 
 def command(stage: str, out: Path, model: str, data: Path, work: Path) -> list[str]:
-    common = [f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false", "data.synthetic_seed=null"]
+    common = [f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false",
+              "data.build_synthetic_if_missing=null"]
     if stage == "sft":
         return [sys.executable, "-m", "rlkit.cli", "sft", str(ROOT / "recipes" / "tiny-sft.yaml"), *common,
                 f"model.path={work / 'tiny-model'}", f"data.train={data / 'sft_train.jsonl'}",

@@ -25,8 +25,8 @@ def test_bad_row_names_file_row_and_field(tmp_path, tiny_model):
     rows = [{"instruction": "计算", "input": "1+1=", "output": "2"},
             {"instruction": "计算", "input": "2+2=", "output": ""}]
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    out = _rlkit("sft", "recipes/tiny-sft.yaml", f"model.path={tiny_model}", "model.tiny=null",
-                 f"data.train={data}", "data.eval=null", "eval.every=0", "data.synthetic_seed=null",
+    out = _rlkit("sft", "recipes/tiny-sft.yaml", f"model.path={tiny_model}", "model.build_tiny_if_missing=null",
+                 f"data.train={data}", "data.eval=null", "eval.every=0", "data.build_synthetic_if_missing=null",
                  f"output_dir={tmp_path / 'o'}")
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()

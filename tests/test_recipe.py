@@ -39,6 +39,8 @@ def test_configs_are_frozen():
     ("curriculum.phases=[{until: 0.5, mix: [1, 0, 0]}]", "curriculum.phases: the last phase must end at until: 1.0"),
     ("curriculum.phases=[{until: 1.0, mix: [0.5, 0.5]}]", "curriculum.phases[0].mix: needs one share per level"),
     ("data.eval=null", "tiny-sft.yaml: eval.every: evaluates on data.eval every 200 steps, but data.eval is not set"),
+    ("model.tiny=tiny", "tiny-sft.yaml: model.tiny: renamed: use 'build_tiny_if_missing'"),
+    ("data.synthetic_seed=0", "tiny-sft.yaml: data.synthetic_seed: renamed: use 'build_synthetic_if_missing'"),
 ])
 def test_cli_user_errors_are_one_line_exit_2(override, expected):
     recipe = RECIPES / "tiny-sft.yaml"
@@ -110,3 +112,39 @@ def test_a_key_the_stage_does_not_read_is_an_error(tmp_path, stage, override, me
     with pytest.raises(ConfigError) as e:
         stages.load(stage, r, [override])
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_stage_defaults_apply_field_by_field(stage, tmp_path):
+    """Setting one key of a section changes that key only: every key of every section, set to
+    its stage default on its own (and the section set to null), gives the stage's default
+    section. (GRPO's optim defaults, lr 1e-6 and a constant schedule, used to vanish as soon as
+    any optim key was set.)"""
+    import dataclasses
+
+    import yaml
+
+    from rlkit.recipe import to_dict
+
+    base = {"model": {"path": "m"}, "data": {"train": "t.jsonl"}, "output_dir": "out"}
+    if stage == "grpo":
+        base["rewards"] = [{"fn": "rewards.exact:exact_match"}]
+    r = tmp_path / "r.yaml"
+    r.write_text(yaml.safe_dump(base))
+    default = stages.load(stage, r)
+    checked = 0
+    for f in dataclasses.fields(default):
+        section = getattr(default, f.name)
+        if not dataclasses.is_dataclass(section) or f.default_factory is dataclasses.MISSING:
+            continue
+        want = to_dict(section)
+        for sub, value in want.items():
+            r.write_text(yaml.safe_dump({**base, f.name: {sub: value}}))
+            assert to_dict(getattr(stages.load(stage, r), f.name)) == want, f"{f.name}.{sub}"
+            checked += 1
+        r.write_text(yaml.safe_dump({**base, f.name: None}))
+        assert to_dict(getattr(stages.load(stage, r), f.name)) == want, f"{f.name}: null"
+    assert checked > 30
+    if stage == "grpo":  # the case that was wrong
+        cfg = stages.load(stage, r, ["optim.lr=2e-6"])
+        assert (cfg.optim.lr, cfg.optim.scheduler) == (2e-6, "constant")

@@ -73,7 +73,7 @@ def _data_files(recipe: dict, tmp: Path, task_data: dict) -> dict[str, Path | No
     """Files in the shape the recipe's seed describes, at the recipe's own file names."""
     data = recipe["data"]
     name = Path(data["train"]).name
-    if data.get("synthetic_seed") is not None:
+    if data.get("build_synthetic_if_missing") is not None:
         kind = "sft" if recipe["stage"] == "sft" else "grpo"
         return {"train": task_data[f"{kind}_train"], "eval": task_data[f"{kind}_eval"]}
     if name == "dataset_info.json":
@@ -91,7 +91,8 @@ def test_every_recipe_loads_its_data(path, tmp_path, tiny_model, task_data):
 
     recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
     files = _data_files(recipe, tmp_path, task_data)
-    overrides = [f"data.train={files['train']}", f"data.eval={files['eval'] or 'null'}", "data.synthetic_seed=null",
+    overrides = [f"data.train={files['train']}", f"data.eval={files['eval'] or 'null'}",
+                 "data.build_synthetic_if_missing=null",
                  f"model.path={tiny_model}", "model.tokenizer=null", "device=auto"]
     cfg = stages.load(recipe["stage"], path, overrides)
     tokenizer = load_tokenizer(cfg.model)

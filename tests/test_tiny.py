@@ -60,3 +60,24 @@ def test_problems_are_correct(level):
     with pytest.raises(ValueError, match="unknown difficulty level"):
         make_problem(rng, "hard")
     assert torch.__version__
+
+
+def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog):
+    """A recipe key whose name says so builds them, with a line saying what and where; without
+    it a missing model path is a one-line error (no untrained model passes for the user's)."""
+    import logging
+
+    from rlkit.config import DataConfig, ModelConfig
+    from rlkit.driver import prepare_inputs
+    from rlkit.errors import UserError
+
+    with pytest.raises(UserError, match=r"model.path: .*nope is not a model directory \(no config.json\)"):
+        prepare_inputs(ModelConfig(path=str(tmp_path / "nope")), DataConfig(train=str(tmp_path / "t.jsonl")))
+    assert not (tmp_path / "nope").exists()
+    model = ModelConfig(path=str(tmp_path / "m"), build_tiny_if_missing="tiny")
+    data = DataConfig(train=str(tmp_path / "d" / "sft_train.jsonl"), build_synthetic_if_missing=0)
+    with caplog.at_level(logging.WARNING, logger="rlkit"):
+        prepare_inputs(model, data)
+    assert (tmp_path / "m" / "config.json").exists() and (tmp_path / "d" / "sft_train.jsonl").exists()
+    assert f"model.path {tmp_path / 'm'} was missing: built an untrained 'tiny' tiny model there" in caplog.text
+    assert "wrote the synthetic arithmetic task there (data.build_synthetic_if_missing)" in caplog.text

@@ -39,7 +39,7 @@ def truncate_lengths(prompt_len: int, response_len: int, cutoff_len: int) -> tup
 
 
 def encode_sft(row: dict[str, Any], tokenizer: Any, template: str, cutoff_len: int,
-               mask_history: bool = False) -> dict[str, list[int]]:
+               mask_history: bool = False, full_lengths: list[int] | None = None) -> dict[str, list[int]]:
     """Token ids and labels for one SFT row; labels are -100 on prompt tokens.
 
     Every assistant turn is a target (each one's tokens keep their labels, the turns between
@@ -52,6 +52,7 @@ def encode_sft(row: dict[str, Any], tokenizer: Any, template: str, cutoff_len: i
     the last response from the right (a cut response loses its eos).
     The first prompt piece is tokenised with the tokenizer's special tokens (e.g. BOS) for the
     alpaca template, without them for the chat template (which writes its own).
+    ``full_lengths``, when given, gets the row's length before truncation appended.
     """
     if tokenizer.eos_token_id is None:
         raise DataError("the tokenizer has no eos token; set eos_token")
@@ -73,6 +74,8 @@ def encode_sft(row: dict[str, Any], tokenizer: Any, template: str, cutoff_len: i
         ids += p_ids
         labels += [IGNORE_INDEX] * len(p_ids)
         if last:
+            if full_lengths is not None:
+                full_lengths.append(len(ids) + len(r_ids))
             p_keep, r_keep = truncate_lengths(len(ids), len(r_ids), cutoff_len)
             ids, labels, r_ids = ids[len(ids) - p_keep:], labels[len(labels) - p_keep:], r_ids[:r_keep]
         ids += r_ids

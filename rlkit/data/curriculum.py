@@ -22,6 +22,7 @@ epochs. Everything is seeded; ``state_dict``/``load_state_dict`` resume exactly.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 from collections.abc import Sequence
@@ -93,7 +94,8 @@ class CurriculumSampler:
             log.warning("curriculum: no row has a 'difficulty' field; curriculum is off, "
                         "sampling shuffled epochs")
         if self.curriculum:
-            groups = self._group(difficulties, f"{source}: " if source else "")
+            where = f"{source}: " if source else ""
+            groups = self._group(self._bucket_numbers(difficulties, where), where)
             self.level_counts = {lv: len(groups[lv]) for lv in self.levels}
             self._mixes = [self._effective_mix(i, mix) for i, (_, mix) in enumerate(self.phases)]
         else:
@@ -108,6 +110,27 @@ class CurriculumSampler:
         self._rng = random.Random(seed)
         self.row_filter = row_filter  # accept(row, rng) -> bool, state_dict(), load_state_dict()
 
+    def _bucket_numbers(self, difficulties: Sequence[Any], where: str) -> Sequence[Any]:
+        """Numeric difficulties become the levels by equal-count buckets of the sorted values,
+        easiest first (ties stay in one bucket); level names pass through."""
+        for i, d in enumerate(difficulties):
+            if d is not None and (isinstance(d, bool) or not isinstance(d, (str, int, float))):
+                raise DataError(f"{where}row {i + 1}: difficulty is {type(d).__name__} (expected a level "
+                                f"name such as {self.levels[0]!r} or a number)")
+        numbers = [d for d in difficulties if isinstance(d, (int, float))]
+        if not numbers:
+            return difficulties
+        if len(numbers) < sum(d is not None for d in difficulties):
+            i = next(i for i, d in enumerate(difficulties) if isinstance(d, str))
+            raise DataError(f"{where}row {i + 1}: difficulty {difficulties[i]!r} is a name but other rows "
+                            "give numbers; use one kind")
+        ordered, k = sorted(numbers), len(self.levels)
+        bucket = {v: self.levels[min(k - 1, bisect.bisect_left(ordered, v) * k // len(ordered))] for v in ordered}
+        spans = {lv: [v for v in ordered if bucket[v] == lv] for lv in self.levels}
+        log.info("curriculum: numeric difficulty bucketed by count, easiest first: " + ", ".join(
+            f"{lv} {s[0]:g}..{s[-1]:g}" if s else f"{lv} none" for lv, s in spans.items()))
+        return [bucket[d] if d is not None else None for d in difficulties]
+
     def _group(self, difficulties: Sequence[str | None], where: str) -> dict[str, list[int]]:
         groups: dict[str, list[int]] = {lv: [] for lv in self.levels}
         for i, d in enumerate(difficulties):
@@ -117,7 +140,8 @@ class CurriculumSampler:
                                 "curriculum off")
             if d not in groups:
                 raise DataError(f"{where}row {i + 1}: unknown difficulty {d!r} "
-                                f"(allowed: {', '.join(self.levels)})")
+                                f"(allowed: {', '.join(self.levels)}; set curriculum.levels to your data's "
+                                "levels, easiest first)")
             groups[d].append(i)
         return groups
 

@@ -39,13 +39,31 @@ def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0) -> SFTData
 
     def encode(path: str, skip_bad_rows: bool) -> tuple[list[dict], list[str | None]]:
         loaded = load_rows(path, data.format, data.dataset, skip_bad_rows, seed=seed)
-        encoded = [encode_sft(r, tokenizer, data.template, data.cutoff_len, data.mask_history)
+        lengths: list[int] = []
+        encoded = [encode_sft(r, tokenizer, data.template, data.cutoff_len, data.mask_history, lengths)
                    for r in loaded.rows]
+        report_truncation(loaded.source, lengths, data.cutoff_len)
         return encoded, [r.get("difficulty") for r in loaded.rows]
 
     train, difficulties = encode(data.train, data.skip_bad_rows)
     held_out = encode(data.eval, False)[0] if data.eval else []
     return SFTData(train, difficulties, held_out, tokenizer.pad_token_id)
+
+
+TRUNCATION_WARN_SHARE = 0.1
+
+
+def report_truncation(source: str, lengths: list[int], cutoff_len: int) -> None:
+    """One line, before training, when rows are longer than cutoff_len (they are cut: a cut
+    response loses its eos); a warning when more than TRUNCATION_WARN_SHARE of them are."""
+    cut = sum(n > cutoff_len for n in lengths)
+    if not cut:
+        return
+    share = cut / len(lengths)
+    (log.warning if share > TRUNCATION_WARN_SHARE else log.info)(
+        "%s: %d of %d rows (%.0f%%) are longer than data.cutoff_len %d tokens and are cut (longest %d)%s",
+        source, cut, len(lengths), 100 * share, cutoff_len, max(lengths),
+        "; raise cutoff_len if the responses matter to the end" if share > TRUNCATION_WARN_SHARE else "")
 
 
 def micro_batches(samples: list[dict], per_micro: int, packing: bool, max_len: int, pad_id: int) -> list[dict]:

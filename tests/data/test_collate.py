@@ -114,3 +114,28 @@ def test_pack_collate_exact():
 def test_block_causal_mask_values():
     m = block_causal_mask([[2]], 2)
     assert m[0, 0, 0, 0] == 0 and m[0, 0, 0, 1] == torch.finfo(torch.float32).min
+
+
+def test_truncated_rows_are_counted_before_training(tmp_path, tokenizer, caplog):
+    """Rows longer than cutoff_len are cut: one line says how many and the longest length
+    (a warning past 10% of the rows), none when nothing is cut."""
+    import json
+    import logging
+
+    from rlkit.sft.config import SFTDataConfig
+    from rlkit.sft.run import load_sft_data
+
+    rows = [{"instruction": "q", "output": "a"}] * 8 + [{"instruction": "q", "output": "很长的回答" * 20}] * 2
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows))
+    full = encode_sft({**ROW, "instruction": "q", "output": "很长的回答" * 20}, tokenizer, "alpaca", 10**6)
+    with caplog.at_level(logging.INFO, logger="rlkit"):
+        data = load_sft_data(SFTDataConfig(train=str(path), cutoff_len=32), tokenizer)
+    assert all(len(s["input_ids"]) <= 32 for s in data.train)
+    line = f"rows.jsonl: 2 of 10 rows (20%) are longer than data.cutoff_len 32 tokens and are cut " \
+           f"(longest {len(full['input_ids'])}); raise cutoff_len"
+    assert line in caplog.text and caplog.records[-1].levelno == logging.WARNING
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rlkit"):
+        load_sft_data(SFTDataConfig(train=str(path), cutoff_len=4096), tokenizer)
+    assert "longer than data.cutoff_len" not in caplog.text

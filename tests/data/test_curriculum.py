@@ -115,13 +115,44 @@ def test_disabled_ignores_difficulties(caplog):
 
 
 def test_unknown_and_missing_difficulty():
-    with pytest.raises(DataError, match=r"row 2: unknown difficulty 'hard' \(allowed: explain, reasoning, topology\)"):
+    with pytest.raises(DataError, match=r"row 2: unknown difficulty 'hard' \(allowed: explain, reasoning, topology; "
+                                        r"set curriculum.levels to your data's levels, easiest first\)"):
         CurriculumSampler(["explain", "hard"], 10, 2, seed=0)
     with pytest.raises(DataError, match="row 3 has no 'difficulty' while other rows do"):
         CurriculumSampler(["explain", "topology", None], 10, 2, seed=0)
     # the data file is named (the driver passes data.train)
     with pytest.raises(DataError, match=r"^data/train.jsonl: row 2: unknown difficulty 'hard' "):
         CurriculumSampler(["explain", "hard"], 10, 2, seed=0, source="data/train.jsonl")
+
+
+def test_numeric_difficulty_is_bucketed_easiest_first(caplog):
+    """Numbers (1..9 here) become the levels by equal-count buckets; the first phase (80/20/0)
+    then draws from 1..3 and 4..6 only."""
+    d = [v for v in range(1, 10) for _ in range(10)]
+    with caplog.at_level(logging.INFO, logger="rlkit"):
+        s = CurriculumSampler(d, total_steps=10, batch_size=10, seed=0)
+    assert s.level_counts == {"explain": 30, "reasoning": 30, "topology": 30}
+    assert "explain 1..3, reasoning 4..6, topology 7..9" in caplog.text
+    first = [d[i] for i in s.next_batch()]
+    assert Counter(v <= 3 for v in first)[True] == 8 and max(first) <= 6
+    with pytest.raises(DataError, match=r"row 2: difficulty 'hard' is a name but other rows give numbers"):
+        CurriculumSampler([1, "hard", 2], 10, 2, seed=0)
+    with pytest.raises(DataError, match=r"row 1: difficulty is list \(expected a level name such as 'explain'"):
+        CurriculumSampler([[1], 2], 10, 2, seed=0)
+
+
+def test_curriculum_is_off_unless_asked_and_then_ignores_the_column(tmp_path):
+    """Off by default: a `difficulty` column of any kind loads and is not read."""
+    from rlkit.config import CurriculumConfig
+    from rlkit.data.formats import load_rows
+
+    assert CurriculumConfig().enabled is False
+    p = tmp_path / "rows.jsonl"
+    p.write_text("\n".join(json.dumps({"instruction": "q", "output": "a", "difficulty": d})
+                           for d in ("easy", 3, {"level": 1})))
+    assert [r["difficulty"] for r in load_rows(str(p)).rows] == ["easy", 3, {"level": 1}]
+    s = CurriculumSampler(["easy", 3, {"level": 1}], 2, 3, seed=0, enabled=False)
+    assert sorted(s.next_batch()) == [0, 1, 2]
 
 
 def test_empty_level_renormalised_and_recorded(caplog):

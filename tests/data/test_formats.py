@@ -41,7 +41,6 @@ def test_alpaca_json_and_jsonl_normalised(tmp_path):
     ({"instruction": "q", "output": 5}, "field 'output' is int (expected a string)"),
     ({"instruction": "q", "output": ["a"]}, "field 'output' is list (expected a string)"),
     ({"output": "a"}, "field 'instruction' is missing"),
-    ({"instruction": "q", "output": "a", "difficulty": 2}, "field 'difficulty' is int"),
     ({"instruction": "q", "output": "a", "history": [["x"]]}, "field 'history' must be a list"),
     ("not a row", "expected a JSON object, got str"),
 ])

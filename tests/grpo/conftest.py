@@ -31,5 +31,6 @@ def grpo_overrides(model, task_data, out, *extra: str) -> list[str]:
     # One engine and one learner unless a test asks for more (the recipe itself runs 2 + 2).
     return ["rollout.num_engines=1", "grpo.num_learners=1", "deepspeed.zero_stage=0",
             f"model.path={model}", f"data.train={task_data['grpo_train']}", f"data.eval={task_data['grpo_eval']}",
-            "data.synthetic_seed=null", f"output_dir={out}", "logging.progress=none", "logging.tensorboard=false",
+            "data.build_synthetic_if_missing=null", f"output_dir={out}", "logging.progress=none",
+            "logging.tensorboard=false",
             *extra]

@@ -9,8 +9,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def sft_overrides(tiny_model, task_data, out_dir, *extra: str) -> list[str]:
-    return [f"model.path={tiny_model}", "model.tiny=null", f"data.train={task_data['sft_train']}",
-            f"data.eval={task_data['sft_eval']}", "data.synthetic_seed=null", f"output_dir={out_dir}",
+    return [f"model.path={tiny_model}", "model.build_tiny_if_missing=null", f"data.train={task_data['sft_train']}",
+            f"data.eval={task_data['sft_eval']}", "data.build_synthetic_if_missing=null", f"output_dir={out_dir}",
             "logging.progress=none", "logging.tensorboard=false", *extra]
 
 
