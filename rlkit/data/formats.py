@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from rlkit.data.sources import DatasetEntry, Record, read_records
+from rlkit.data.sources import MEDIA_COLUMNS, DatasetEntry, Record, read_records
 from rlkit.data.templates import render_alpaca
 from rlkit.errors import DataError
 
@@ -33,7 +33,6 @@ _OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user"
                 "assistant_tag": "assistant", "system_tag": "system"}
 # turns of function-calling data (LLaMA-Factory's observation/function_call, OpenAI's tool)
 _TOOL_ROLES = ("tool", "function", "function_call", "observation", "ipython")
-_MEDIA = ("images", "videos", "audios")
 
 
 @dataclass(frozen=True)
@@ -175,14 +174,13 @@ def _difficulty(row: dict) -> Any:
 
 
 def _no_media(row: dict) -> None:
-    media = next((k for k in _MEDIA if row.get(k)), None)
+    media = next((k for k in MEDIA_COLUMNS if row.get(k)), None)
     if media:
         raise _RowError(f"has {media}: rlkit trains text-only models, and the <{media[:-1]}> placeholders "
                         "would stay in the text; use a text-only dataset")
 
 
 def _alpaca_row(row: dict, schema: _Schema) -> dict[str, Any]:
-    _no_media(row)
     c = schema.columns
     history = row.get(c["history"]) or []
     if not isinstance(history, list) or not all(
@@ -227,7 +225,6 @@ def _messages(value: Any, col: str, tags: dict[str, str]) -> list[dict[str, str]
 
 
 def _messages_row(row: dict, schema: _Schema) -> dict[str, Any]:
-    _no_media(row)
     col, scol = schema.columns["messages"], schema.columns["system"]
     if col not in row:
         raise _RowError(f"field {col!r} is missing (expected a list of messages)")
@@ -252,6 +249,7 @@ def _validate(records: list[Record], source: str, skip_bad_rows: bool,
         try:
             if not isinstance(rec, dict):
                 raise _RowError(f"expected a JSON object, got {type(rec).__name__}")
+            _no_media(rec)
             rows.append(convert(rec))
         except _RowError as e:
             msg = f"{source}: row {n}: {e}"
@@ -285,7 +283,6 @@ def load_rows(path: str, fmt: str = "auto", dataset: str | None = None,
 
 
 def _prompt_row(row: dict, with_answer: bool) -> dict[str, Any]:
-    _no_media(row)
     p = row.get("prompt")
     if isinstance(p, list):
         p = _messages(p, "prompt", {"role_tag": "role", "content_tag": "content",

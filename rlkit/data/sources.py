@@ -54,7 +54,7 @@ class Records:
     entry: DatasetEntry | None = None
 
 
-_MEDIA = ("images", "videos", "audios")
+MEDIA_COLUMNS = ("images", "videos", "audios")  # LLaMA-Factory's multimodal columns
 
 
 def read_records(path: str, dataset: str | None = None, split: str | None = None, seed: int = 0) -> Records:
@@ -167,7 +167,7 @@ def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Rec
         raise DataError(f"{where}: is a ranking (chosen/rejected preference) dataset; rlkit trains SFT "
                         "and GRPO, which take no preference pairs: use its prompts with rewards (GRPO) "
                         "or its chosen answers as an SFT dataset")
-    media = [k for k in _MEDIA if k in columns]
+    media = [k for k in MEDIA_COLUMNS if k in columns]
     if media:
         raise DataError(f"{where}: has {media[0]} (column {columns[media[0]]!r}); rlkit trains text-only "
                         f"models, and its <{media[0][:-1]}> placeholders would stay in the text: "

@@ -145,7 +145,6 @@ def sft_turns(row: dict[str, Any], template: str, tokenizer: Any = None) -> list
     """
     _check(template, tokenizer)
     msgs = alpaca_to_messages(row, with_output=True) if "instruction" in row else row["messages"]
-    ends = [i + 1 for i, m in enumerate(msgs) if m["role"] == "assistant"]
     if template == "alpaca":
         f = row if "instruction" in row else messages_to_alpaca(msgs)
         if not f.get("output"):
@@ -156,6 +155,7 @@ def sft_turns(row: dict[str, Any], template: str, tokenizer: Any = None) -> list
         prefixes.append((render_prompt(f, "alpaca"), f["output"]))
         prefixes = [(p, p + a) for p, a in prefixes]
     else:
+        ends = [i + 1 for i, m in enumerate(msgs) if m["role"] == "assistant"]
         prefixes = [(_chat(tokenizer, msgs[:e - 1], True), _chat(tokenizer, msgs[:e], False)) for e in ends]
     out, done = [], ""
     for k, (prompt, full) in enumerate(prefixes):
