@@ -160,6 +160,8 @@ class CheckpointConfig:
     every: int = 0  # steps between checkpoints; 0 = only the final one
     keep_last: int = 2
     resume: str = "auto"  # auto | never | a checkpoint directory
+    # resume even though the model, data or batch shape differ from the checkpoint's config.yaml
+    force_resume: bool = False
 
     def __post_init__(self):
         check(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")

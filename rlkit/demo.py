@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+AGAIN = ("overwrite=true", "checkpoint.resume=never")  # a second demo replaces the first one's runs
 
 
 def run_demo(out_dir: str | Path = "runs/demo", stages: list[str] | None = None) -> Iterator[str]:
@@ -27,14 +28,14 @@ def run_demo(out_dir: str | Path = "runs/demo", stages: list[str] | None = None)
 
         cfg = load("sft", RECIPES / "tiny-sft.yaml", [
             f"model.path={model_dir}", f"data.train={data_dir / 'sft_train.jsonl'}",
-            f"data.eval={data_dir / 'sft_eval.jsonl'}", f"output_dir={out / 'sft'}"])
+            f"data.eval={data_dir / 'sft_eval.jsonl'}", f"output_dir={out / 'sft'}", *AGAIN])
         yield f"sft: final model in {run_sft(cfg, recipe_path=RECIPES / 'tiny-sft.yaml')}"
     if "grpo" in wanted:
         from rlkit.grpo.run import run_grpo
 
         cfg = load("grpo", RECIPES / "tiny-grpo.yaml", [
             f"model.path={out / 'sft' / 'final'}", f"data.train={data_dir / 'grpo_train.jsonl'}",
-            f"data.eval={data_dir / 'grpo_eval.jsonl'}", f"output_dir={out / 'grpo'}"])
+            f"data.eval={data_dir / 'grpo_eval.jsonl'}", f"output_dir={out / 'grpo'}", *AGAIN])
         final = run_grpo(cfg, recipe_path=RECIPES / "tiny-grpo.yaml")
         yield f"grpo: final policy in {final}; {_accuracy_line(out / 'grpo' / 'metrics.jsonl')}"
 

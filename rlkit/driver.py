@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from rlkit import faults
+from rlkit import faults, reruns
 from rlkit.checkpoint import CheckpointManager, dir_bytes, resolve_resume
 from rlkit.config import CheckpointConfig, CurriculumConfig, DataConfig, ModelConfig
 from rlkit.data.curriculum import CurriculumSampler
@@ -67,24 +67,30 @@ class RunDir:
 
     def __init__(self, cfg: Any, stage: str):
         self.path = Path(cfg.output_dir)
+        self.stage, self.config = stage, to_dict(cfg)
+        self.config_text = yaml.safe_dump({"stage": stage, **self.config}, sort_keys=False, allow_unicode=True)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            (self.path / "config.yaml").write_text(
-                yaml.safe_dump({"stage": stage, **to_dict(cfg)}, sort_keys=False, allow_unicode=True),
-                encoding="utf-8")
+            (self.path / LOG_FILE).touch()
         except (FileExistsError, NotADirectoryError):
             raise UserError(f"output_dir: {self.path} (or a folder above it) is a file, not a directory; "
                             "choose another output_dir") from None
         except PermissionError as e:
             raise UserError(f"output_dir: cannot write in {self.path} ({e.strerror}: {e.filename}); "
                             "choose another output_dir") from None
-        self.stage, self.config = stage, to_dict(cfg)
         checkpoint: CheckpointConfig = cfg.checkpoint
         self.checkpointing = checkpoint.every > 0
         self.ckpts = CheckpointManager(self.path / "checkpoints", checkpoint.keep_last)
         self.stop_signal: int | None = None
         with self._log_file():
             self.resume_from = resolve_resume(self.ckpts, checkpoint.resume)
+            current = yaml.safe_load(self.config_text)
+            if self.resume_from is not None:
+                reruns.check_resume(self.resume_from, self.path, current, type(cfg).RESUME_FIXED,
+                                    checkpoint.force_resume)
+            else:
+                reruns.check_fresh_start(self.path, current, cfg.overwrite)
+        (self.path / reruns.CONFIG_FILE).write_text(self.config_text, encoding="utf-8")
 
     @property
     def final(self) -> Path:
@@ -124,6 +130,7 @@ class RunDir:
                 import torch
 
                 torch.save(payload, staging / PAYLOAD_FILE)
+            (staging / reruns.CONFIG_FILE).write_text(self.config_text, encoding="utf-8")
             self.ckpts.commit(staging, step, {"sampler": sampler_state, **({"driver": driver} if driver else {})},
                               protect)
 

@@ -170,7 +170,8 @@ def phase_rlkit(args: argparse.Namespace, model_dir: str, data: str, out: str) -
         "rollout.temperature=1.0", "rollout.top_p=1.0", f"rollout.max_tokens={args.max_tokens}",
         f"rollout.max_model_len={max(128, 64 + args.max_tokens)}", f"optim.lr={args.lr}", "optim.scheduler=constant",
         "optim.max_grad_norm=1.0", "deepspeed.zero_stage=0", "eval.every=0", "checkpoint.every=0",
-        "checkpoint.resume=never", "logging.tensorboard=false", "logging.progress=none", "logging.every=1",
+        "checkpoint.resume=never", "overwrite=true", "logging.tensorboard=false", "logging.progress=none",
+        "logging.every=1",
         f"grpo.max_staleness={0 if args.sync_generation else 1}",
     ]
     cfg = stages.load("grpo", RECIPE, overrides)

@@ -191,7 +191,7 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list
         f"data.cutoff_len={args.cutoff}", f"data.packing={str(packing).lower()}", "curriculum.enabled=false",
         f"train.micro_batch_size={args.micro_batch}", "train.grad_accum=1", "train.num_learners=1",
         f"train.max_steps={args.steps}", f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}",
-        "eval.every=0", "checkpoint.every=0", "checkpoint.resume=never", "logging.tensorboard=false",
+        "eval.every=0", "checkpoint.every=0", "checkpoint.resume=never", "overwrite=true", "logging.tensorboard=false",
         "logging.progress=none", "logging.every=1",
     ]
     run_sft(stages.load("sft", RECIPE, overrides))

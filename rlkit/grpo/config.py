@@ -179,6 +179,7 @@ class GRPOConfig:
     data: DataConfig
     output_dir: str
     rewards: tuple[RewardSpec, ...]
+    overwrite: bool = False  # a fresh run may replace another run's outputs in output_dir
     seed: int = 42
     device: Device = "auto"
     finetuning: Finetuning = "full"
@@ -194,6 +195,13 @@ class GRPOConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+
+    # what a resumed run may not change from its checkpoint's config (checkpoint.force_resume)
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = (
+        "stage", "model", "finetuning", "lora", "qlora", "data.train", "data.format", "data.dataset",
+        "data.template", "data.skip_bad_rows", "curriculum", "grpo.prompts_per_step", "grpo.group_size",
+        "grpo.num_learners", "grpo.micro_batch_size", "grpo.mini_batches", "grpo.max_staleness",
+        "deepspeed.zero_stage")
 
     def __post_init__(self):
         check_finetuning(self)

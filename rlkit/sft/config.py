@@ -68,6 +68,7 @@ class SFTConfig:
     model: ModelConfig
     data: SFTDataConfig
     output_dir: str
+    overwrite: bool = False  # a fresh run may replace another run's outputs in output_dir
     seed: int = 42
     device: Device = "auto"
     finetuning: Finetuning = "full"
@@ -81,6 +82,12 @@ class SFTConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+
+    # what a resumed run may not change from its checkpoint's config (checkpoint.force_resume)
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = (
+        "stage", "model", "finetuning", "lora", "qlora", "data.train", "data.format", "data.dataset",
+        "data.template", "data.skip_bad_rows", "data.cutoff_len", "data.packing", "data.mask_history", "curriculum",
+        "train.num_learners", "train.micro_batch_size", "train.grad_accum", "deepspeed.zero_stage")
 
     def __post_init__(self):
         check_finetuning(self)
