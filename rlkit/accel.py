@@ -74,9 +74,9 @@ def describe(probe: Probe) -> DeviceInfo:
     if probe.cuda_available:
         return DeviceInfo("cuda", "cuda", "nccl", "CUDA_VISIBLE_DEVICES", "GPU",
                           bf16=probe.bf16_supported, fp16=True, env={}, **common)
-    # CPU: bf16 autocast works in torch on any x86-64 (fast only with AVX512-BF16/AMX); fp16 is
-    # not a training dtype on CPU.
-    return DeviceInfo("cpu", "cpu", "gloo", None, None, bf16=True, fp16=False,
+    # CPU: bf16 where oneDNN has native bf16 kernels (AVX512-BF16 / AMX); fp16 is not a training
+    # dtype on CPU (DeepSpeed's fp16 loss scaling is for accelerators).
+    return DeviceInfo("cpu", "cpu", "gloo", None, None, bf16=probe.bf16_supported, fp16=False,
                       env=dict(CPU_ENV), **{**common, "device_count": 0})
 
 
@@ -102,15 +102,20 @@ def probe_torch() -> Probe:
                      device_count=torch.cuda.device_count(), device_name=torch.cuda.get_device_name(0),
                      bf16_supported=torch.cuda.is_bf16_supported(),
                      free_memory_bytes=free, total_memory_bytes=total)
-    free = _host_available_memory()
-    return Probe(free_memory_bytes=free, total_memory_bytes=_host_total_memory())
+    return _cpu_probe()
+
+
+def _cpu_probe() -> Probe:
+    import torch
+
+    return Probe(bf16_supported=bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                 free_memory_bytes=_host_available_memory(), total_memory_bytes=_host_total_memory())
 
 
 def detect(prefer: str = "auto") -> DeviceInfo:
     """The device of this process; `prefer="cpu"` forces CPU even where an accelerator exists."""
     if prefer == "cpu":
-        return describe(Probe(free_memory_bytes=_host_available_memory(),
-                              total_memory_bytes=_host_total_memory()))
+        return describe(_cpu_probe())
     info = describe(probe_torch())
     if prefer not in ("auto", info.kind):
         from rlkit.errors import UserError
@@ -118,6 +123,20 @@ def detect(prefer: str = "auto") -> DeviceInfo:
         raise UserError(f"device: the recipe asks for {prefer!r} but this host has {info.kind!r} "
                         "(set device: auto, or run it where that device is)")
     return info
+
+
+def check_precision(dtype: str, info: DeviceInfo, key: str = "model.dtype") -> None:
+    """A training precision this device cannot run is a one-line error before launch."""
+    from rlkit.errors import UserError
+
+    if dtype == "fp16" and not info.fp16:
+        raise UserError(f"{key}: fp16 does not train on {info.device_name} ({info.kind}: DeepSpeed's fp16 loss "
+                        f"scaling runs on GPUs and NPUs): use {'bf16 or ' if info.bf16 else ''}fp32, or auto")
+    if dtype == "bf16" and not info.bf16:
+        instead = "fp16 or fp32" if info.fp16 else "fp32"
+        what = "this CPU has no native bf16 (AVX512-BF16 or AMX)" if info.kind == "cpu" else "it has no bf16"
+        raise UserError(f"{key}: bf16 does not run on {info.device_name} ({info.kind}; {what}): use {instead}, "
+                        "or auto")
 
 
 def apply_env(info: DeviceInfo, environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -18,9 +18,10 @@ STAGE_HELP = {"sft": "supervised fine-tuning (full / LoRA / QLoRA, curriculum) f
 
 
 def _add_recipe_stage(sub, name: str, help_text: str) -> None:
-    p = sub.add_parser(name, help=help_text, description=help_text)
-    p.add_argument("recipe", help="YAML recipe")
-    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override recipe keys")
+    p = sub.add_parser(name, help=help_text, description=help_text,
+                       epilog=f"example: rlkit {name} recipes/tiny-{name}.yaml optim.lr=1e-4 output_dir=runs/mine")
+    p.add_argument("recipe", nargs="?", help="YAML recipe")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override recipe keys (optional)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--address", default=None, help="join a running Ray cluster (e.g. auto)")
     p.set_defaults(handler=_run_stage, stage=name)
@@ -29,6 +30,9 @@ def _add_recipe_stage(sub, name: str, help_text: str) -> None:
 def _run_stage(args: argparse.Namespace) -> int:
     from rlkit.stages import load
 
+    if args.recipe is None:
+        raise UserError(f"rlkit {args.stage} needs a recipe: rlkit {args.stage} RECIPE.yaml [key.sub=value ...] "
+                        f"(e.g. recipes/tiny-{args.stage}.yaml; rlkit demo runs both stages on a tiny model)")
     overrides = list(args.overrides)
     if args.address:
         overrides.append(f"ray.address={args.address}")
@@ -39,6 +43,12 @@ def _run_stage(args: argparse.Namespace) -> int:
         from rlkit.recipe import to_dict
 
         print(yaml.safe_dump({"stage": args.stage, **to_dict(cfg)}, sort_keys=False, allow_unicode=True), end="")
+        if args.stage == "grpo":
+            from rlkit.grpo.task import recipe_dir
+            from rlkit.reward.resolve import describe_rewards
+
+            print("# rewards, resolved:\n" + "\n".join(f"#   {line}" for line in
+                                                       describe_rewards(cfg.rewards, recipe_dir(args.recipe))))
         return 0
     if args.stage == "sft":
         from rlkit.sft.run import run_sft
@@ -88,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the embedded default end to end on the tiny model")
     p.add_argument("--out-dir", default="runs/demo")
-    p.add_argument("--stages", nargs="*", default=None, help="subset of the demo's stages")
+    p.add_argument("--stages", nargs="*", default=None, choices=list(STAGE_HELP), help="subset of the demo's stages")
     p.set_defaults(handler=_run_demo)
 
     from rlkit import merge, reward_cli
@@ -100,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    dashed = _dashed_key(argv)
+    if dashed:
+        print(f"rlkit: error: {dashed}", file=sys.stderr)
+        return EXIT_USER_ERROR
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None) or getattr(args, "func", None)
     if handler is None:
@@ -116,6 +131,25 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:  # one line, no traceback; bugs keep theirs
         print(f"rlkit: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+
+
+def _dashed_key(argv: list[str]) -> str | None:
+    """`rlkit sft R.yaml --max_steps 20`: recipe keys are key=value; say so, with the full key."""
+    if not argv or argv[0] not in STAGE_HELP:
+        return None
+    options = {"--print-config", "--address", "--help", "-h"}
+    for i, arg in enumerate(argv[1:], 1):
+        name, eq, value = arg.partition("=")
+        if not arg.startswith("--") or name in options or argv[i - 1] == "--address":
+            continue
+        if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            value = argv[i + 1]
+        from rlkit.stages import key_for
+
+        recipe = next((a for a in argv[1:i] if not a.startswith("-") and "=" not in a), "RECIPE.yaml")
+        return (f"{arg}: recipe keys are given as key=value after the recipe, without dashes: rlkit {argv[0]} "
+                f"{recipe} {key_for(argv[0], name.lstrip('-').replace('-', '_'))}={value or 'VALUE'}")
+    return None
 
 
 if __name__ == "__main__":

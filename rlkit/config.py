@@ -174,6 +174,13 @@ class LoggingConfig:
     wandb: bool = False
     wandb_project: str = "rlkit"
     progress: Literal["auto", "bar", "plain", "none"] = "auto"
+    # GRPO: completions written to rollouts.jsonl at each logging step (prompt, completion, rewards
+    # per function, advantage; one from each prompt group in turn), as TRL's log_completions; 0 = off
+    completions: int = 4
+
+    def __post_init__(self):
+        check(self.every >= 1, "every", f"must be >= 1, got {self.every}")
+        check(self.completions >= 0, "completions", f"must be >= 0 (0 = off), got {self.completions}")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ import yaml
 
 from rlkit import faults, reruns
 from rlkit.checkpoint import CheckpointManager, dir_bytes, resolve_resume
-from rlkit.config import CheckpointConfig, CurriculumConfig, DataConfig, ModelConfig
+from rlkit.config import CheckpointConfig, CurriculumConfig
 from rlkit.data.curriculum import CurriculumSampler
 from rlkit.errors import FaultError, Stopped, UserError
 from rlkit.recipe import to_dict
@@ -39,19 +40,42 @@ EXIT_STOPPED = 3  # stopped by a signal after the checkpoint of the current step
 FULL_BELOW = 64 << 20  # free bytes under which a failed write is put down to a full disk
 
 
-def prepare_inputs(model: ModelConfig, data: DataConfig) -> None:
-    """Build the offline tiny model / synthetic task where the recipe asks for them and they are
-    missing, then check the model path. Runs before Ray starts."""
+def prepare_inputs(cfg: Any, device: Any) -> None:
+    """Check the precision against the device, build the offline tiny model / synthetic task
+    where the recipe asks for them and they are missing, then check the model (and tokenizer)
+    path. Runs before Ray starts."""
+    from rlkit.accel import check_precision
     from rlkit.models import check_model_path, ensure_tiny_model
 
+    model, data = cfg.model, cfg.data
+    check_precision(model.dtype, device)
+    if cfg.qlora is not None:
+        check_precision(cfg.qlora.compute_dtype, device, "qlora.compute_dtype")
     ensure_tiny_model(model)
     check_model_path(model.path)
+    if model.tokenizer:
+        check_model_path(model.tokenizer, "model.tokenizer")
     if data.build_synthetic_if_missing is not None and not Path(data.train).exists():
         from rlkit.tiny import write_task_data
 
         write_task_data(Path(data.train).parent, seed=data.build_synthetic_if_missing)
         log.warning("data.train %s was missing: wrote the synthetic arithmetic task there "
                     "(data.build_synthetic_if_missing)", data.train)
+
+
+def devices_line(device: Any, learners: int, engines: int = 0, tp: int = 1, colocate: bool = False) -> str:
+    """How many devices (CPU: processes) the learners and engines take."""
+    def count(n: int, what: str) -> str:
+        plural = {"CPU process": "CPU processes"}.get(what, what + "s")
+        return f"{n} {what if n == 1 else plural}"
+
+    unit = "CPU process" if not device.is_accelerator else f"{device.kind} device"
+    if not engines:
+        return f"{count(learners, unit)} ({count(learners, 'learner')})"
+    if colocate:
+        return f"{count(learners, unit)} (each holds a learner and its engine)"
+    return (f"{count(learners + engines * tp, unit)} ({count(learners, 'learner')} + {count(engines, 'engine')} "
+            f"x tensor_parallel_size {tp})")
 
 
 def curriculum_sampler(curriculum: CurriculumConfig, difficulties: list[str | None], total_steps: int,
@@ -91,6 +115,12 @@ class RunDir:
             else:
                 reruns.check_fresh_start(self.path, current, cfg.overwrite)
         (self.path / reruns.CONFIG_FILE).write_text(self.config_text, encoding="utf-8")
+
+    def announce(self, line: str) -> None:
+        """A line the console shows before training (the run's plan), also in rlkit.log."""
+        with self._log_file():
+            log.info("%s", line)
+        print(line, file=sys.stderr, flush=True)
 
     @property
     def final(self) -> Path:

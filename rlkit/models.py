@@ -33,22 +33,48 @@ def ensure_tiny_model(cfg: ModelConfig) -> None:
                     "(model.build_tiny_if_missing)", cfg.path, cfg.build_tiny_if_missing)
 
 
-def check_model_path(path: str) -> None:
-    """Fail before launch when `path` names a local model directory that is not there.
-
-    A hub id (`org/name`, exactly one slash, no local first part) is left to the loader.
-    """
+def check_model_path(path: str, key: str = "model.path") -> None:
+    """Fail before launch when `path` is neither a local model directory nor a hub model this
+    host can fetch: a hub id (`org/name`) is looked up once, with a short timeout, so a host
+    without network says so in one line instead of retrying for a minute inside the loaders."""
     import re
 
+    from rlkit.errors import UserError
+
     p = Path(path)
-    if (p / "config.json").exists():
+    if (p / "config.json").exists() or (key == "model.tokenizer" and p.is_dir()):
         return
     hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not Path(path.split("/")[0]).exists()
     if not hub_id:
-        from rlkit.errors import UserError
-
         hint = " (run `rlkit sft recipes/tiny-sft.yaml` first)" if "tiny-sft" in path else ""
-        raise UserError(f"model.path: {path} is not a model directory (no config.json){hint}")
+        raise UserError(f"{key}: {path} is not a model directory (no config.json){hint}")
+    problem = hub_problem(path)
+    if problem:
+        raise UserError(f"{key}: {path} is not a local folder, and as a hub id: {problem}")
+
+
+def hub_problem(repo_id: str, timeout_s: float = 10.0) -> str | None:
+    """None when the hub model `repo_id` is in the local cache or the hub answers for it; else
+    what is wrong and what to do, in one phrase (one request, no retries)."""
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return None
+    fetch = (f"download it where there is network (`hf download {repo_id} --local-dir DIR`) and set the "
+             "path to DIR")
+    if constants.HF_HUB_OFFLINE:
+        return f"it is not in the local hub cache and HF_HUB_OFFLINE is set: {fetch}"
+    try:
+        model_info(repo_id, timeout=timeout_s)
+    except GatedRepoError:
+        return f"{constants.ENDPOINT} says it is gated: accept its terms on the hub and log in (`hf auth login`)"
+    except RepositoryNotFoundError:
+        return f"{constants.ENDPOINT} has no model {repo_id} (or it is private: log in with `hf auth login`)"
+    except Exception as e:  # noqa: BLE001 - any transport failure means the same to the user
+        return f"{constants.ENDPOINT} cannot be reached ({type(e).__name__}: {str(e)[:120]}): {fetch}, or set " \
+               "HF_ENDPOINT to a mirror"
+    return None
 
 
 def load_tokenizer(cfg: ModelConfig):

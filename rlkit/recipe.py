@@ -227,8 +227,9 @@ def _convert_dataclass(cls: Any, value: Any, key: str) -> Any:
             elsewhere = getattr(cls, "READ_ELSEWHERE", {}).get(name)
             if elsewhere:
                 raise _invalid(_join(key, str(name)), f"this stage does not read it ({elsewhere}); remove it")
-            near = difflib.get_close_matches(str(name), list(fields), n=1, cutoff=0.6)
-            hint = f" (did you mean {near[0]!r}?)" if near else f" (valid keys: {', '.join(fields)})"
+            near = nearest_keys(cls, str(name))
+            hint = (f" (did you mean {' or '.join(repr(k) for k in near)}?)" if near
+                    else f" (valid keys: {', '.join(fields)})")
             raise _invalid(_join(key, str(name)), f"unknown key{hint}")
     kwargs = {}
     for name, f in fields.items():
@@ -247,6 +248,34 @@ def _convert_dataclass(cls: Any, value: Any, key: str) -> Any:
         if e.key is None:
             raise
         raise _invalid(_join(key, e.key), e.message) from None
+
+
+def nearest_keys(cls: Any, name: str) -> list[str]:
+    """The keys of `cls` a mistyped or section-less `name` most likely means: its name in a peer
+    toolkit (`PEER_NAMES`), the same name inside a section (`lr` -> `optim.lr`), a close top-level
+    key, a close key inside a section; [] when nothing is close."""
+    fields = [f.name for f in dataclasses.fields(cls) if f.init]
+    inside = {k: k.rpartition(".")[2] for k in section_keys(cls)}
+    peer = getattr(cls, "PEER_NAMES", {}).get(name)
+    if peer or name in fields:
+        return [peer or name]
+    close = difflib.get_close_matches(name, set(inside.values()), n=1, cutoff=0.7)
+    return ([k for k, last in inside.items() if last == name]
+            or difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+            or [k for k, last in inside.items() if last in close])
+
+
+def section_keys(cls: Any) -> list[str]:
+    """The dotted keys inside `cls`'s sections (`optim.lr`, `train.max_steps`, ...), for a key
+    given without its section."""
+    keys = []
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        inner = [t for t in (get_args(hints[f.name]) or (hints[f.name],)) if dataclasses.is_dataclass(t)]
+        for sub in inner[:1]:
+            keys += [f"{f.name}.{g.name}" for g in dataclasses.fields(sub) if g.init]
+            keys += [f"{f.name}.{k}" for k in section_keys(sub)]
+    return keys
 
 
 def check(cond: bool, key: str, message: str) -> None:

@@ -3,7 +3,11 @@
     rlkit reward test module:function --data samples.jsonl [--recipe recipe.yaml]
                       [--model DIR] [--arg k=v ...]
 
-Rows: ``prompt``, ``completion`` (optional with ``--model``) and any dataset columns.
+Rows: any file and row format training reads (JSONL, a JSON list, parquet/CSV, a
+dataset_info.json entry with ``--dataset``; prompt/answer, alpaca or chat rows), with a
+``completion`` column or ``--model`` to generate one; alpaca and chat rows without either are
+scored on their own response (``output``, the last assistant turn). With ``--recipe`` and no
+``--data``, the recipe's ``data.train`` is read.
 Prints per-function statistics, failures with the offending sample, the slowest
 functions, and reward-hacking probes. Exit status: 0 ok, 1 a call failed, 2 bad input.
 """
@@ -31,7 +35,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t = sub.add_parser("test", help="run rewards over sample rows and probe for reward hacking")
     t.add_argument("fn", nargs="?", help="module:function or path/to/file.py:function "
                                          "(default: every reward of --recipe)")
-    t.add_argument("--data", required=True, help="JSONL rows with prompt, completion and dataset columns")
+    t.add_argument("--data", help="rows in any format training reads, with a `completion` column (or --model); "
+                                  "default: the --recipe's data.train")
+    t.add_argument("--format", default=None, help="row format, as data.format (default: the recipe's, else auto)")
+    t.add_argument("--dataset", default=None, help="entry name when --data is a dataset_info.json")
     t.add_argument("--recipe", help="recipe YAML; its `rewards:` list is used")
     t.add_argument("--model", help="model directory: generate the completions from the prompts")
     t.add_argument("--arg", action="append", default=[], metavar="K=V",
@@ -47,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(width=max(120, Console().width), soft_wrap=False)
     try:
-        specs, base_dir = _specs(args)
-        rows = _rows(args.data, need_completion=not args.model)
+        specs, base_dir, data = _specs(args)
+        rows = _rows(args, data, need_completion=not args.model)
         columns = sorted({k for r in rows for k in r} - {"prompt", "completion", "completion_ids"})
         prompts = [r["prompt"] for r in rows]
         if args.model:
@@ -73,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _specs(args: argparse.Namespace) -> tuple[list[RewardSpec], str]:
+def _specs(args: argparse.Namespace) -> tuple[list[RewardSpec], str, dict[str, Any]]:
+    """The rewards to test, the folder their file paths are relative to, the recipe's `data:`."""
     extra = {}
     for kv in args.arg:
         k, sep, v = kv.partition("=")
@@ -83,7 +91,7 @@ def _specs(args: argparse.Namespace) -> tuple[list[RewardSpec], str]:
     if not args.recipe:
         if not args.fn:
             raise UserError("name a reward (module:function) or pass --recipe")
-        return [RewardSpec(fn=args.fn, args=extra)], os.getcwd()
+        return [RewardSpec(fn=args.fn, args=extra)], os.getcwd(), {}
     try:
         with open(args.recipe, encoding="utf-8") as f:
             recipe = _yaml().safe_load(f) or {}
@@ -108,7 +116,8 @@ def _specs(args: argparse.Namespace) -> tuple[list[RewardSpec], str]:
             raise UserError(f"{args.recipe}: rewards[{i}].{err}") from None
     if not specs:
         raise UserError(f"--recipe: no reward with fn {args.fn!r} in {args.recipe}")
-    return specs, os.path.dirname(os.path.abspath(args.recipe))
+    data = recipe.get("data") if isinstance(recipe.get("data"), dict) else {}
+    return specs, os.path.dirname(os.path.abspath(args.recipe)), data
 
 
 def _yaml() -> Any:
@@ -117,27 +126,27 @@ def _yaml() -> Any:
     return yaml
 
 
-def _rows(path: str, need_completion: bool) -> list[dict]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
-    except OSError as e:
-        raise UserError(f"--data: cannot read {path}: {e.strerror}") from None
-    rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict) or "prompt" not in row:
-            raise UserError(f"{path}:{n}: each row needs a `prompt`")
-        if need_completion and "completion" not in row:
-            raise UserError(f"{path}:{n}: no `completion` (add it, or pass --model to generate)")
-        rows.append(row)
+def _rows(args: argparse.Namespace, data: dict[str, Any], need_completion: bool) -> list[dict]:
+    """The rows, read by training's own loader; a `completion` per row unless generating."""
+    from rlkit.data.formats import load_prompts
+
+    path = args.data or data.get("train")
+    if not path:
+        raise UserError("--data: name the rows to score (or a --recipe whose data.train has them)")
+    loaded = load_prompts(str(path), args.format or data.get("format") or "auto", args.dataset or data.get("dataset"))
+    rows = loaded.rows
     if not rows:
-        raise UserError(f"{path}: no rows")
+        raise UserError(f"{loaded.source}: no rows")
+    if need_completion and "completion" not in rows[0]:
+        if "instruction" not in rows[0] and not isinstance(rows[0]["prompt"], list):
+            raise UserError(f"{loaded.source}: row 1: no `completion` (add it, or pass --model to generate)")
+        print(f"{loaded.source}: no `completion` column: scoring each row's own response "
+              "(alpaca `output`, or the last assistant turn)", file=sys.stderr)
+        for r in rows:
+            r["completion"] = r["answer"]
+    for n, r in enumerate(rows, 1):
+        if need_completion and "completion" not in r:
+            raise UserError(f"{loaded.source}: row {n}: no `completion` (add it, or pass --model to generate)")
     return rows
 
 

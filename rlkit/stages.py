@@ -12,7 +12,7 @@ from typing import Any
 from rlkit.engine.ds_config import check_batch_claims, fold_config_file
 from rlkit.errors import ConfigError
 from rlkit.grpo.config import GRPOConfig
-from rlkit.recipe import build, merge, parse_overrides, read_yaml
+from rlkit.recipe import build, merge, nearest_keys, parse_overrides, read_yaml
 from rlkit.sft.config import SFTConfig
 
 STAGES: dict[str, type] = {"sft": SFTConfig, "grpo": GRPOConfig}
@@ -41,3 +41,9 @@ def load(stage: str, path: str | Path, overrides: list[str] | None = None) -> An
             "grpo.micro_batch_size, num_learners and the rollout batch"
         check_batch_claims(claims, cfg.deepspeed.config, t.micro_batch_size, t.grad_accum, t.num_learners, keys)
     return cfg
+
+
+def key_for(stage: str, name: str) -> str:
+    """The recipe key of `stage` that a bare `name` (`max_steps`, `lr`) stands for."""
+    near = nearest_keys(STAGES[stage], name)
+    return near[0] if len(near) == 1 else "KEY"

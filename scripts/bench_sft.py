@@ -195,7 +195,7 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list
         "logging.progress=none", "logging.every=1",
     ]
     run_sft(stages.load("sft", RECIPE, overrides))
-    records = [r for r in read_jsonl(out / "metrics.jsonl") if "tokens_per_s" in r]
+    records = [r for r in read_jsonl(out / "metrics.jsonl") if "train/tokens_per_s" in r]
     if len(records) != args.steps:
         raise RuntimeError(f"{out / 'metrics.jsonl'}: {len(records)} step records, expected {args.steps}")
     tokens, padded, seconds = 0, 0, 0.0
@@ -203,7 +203,7 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list
         if rec["step"] <= args.warmup:
             continue
         batch = [samples[i] for i in rows]
-        seconds += sum(label_tokens(s) for s in batch) / rec["tokens_per_s"]
+        seconds += sum(label_tokens(s) for s in batch) / rec["train/tokens_per_s"]
         tokens += sum(len(s["input_ids"]) for s in batch)
         padded += padded_tokens(batch, packing, args.cutoff)
     return Result(tokens, padded, seconds, args.steps - args.warmup)

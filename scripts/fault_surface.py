@@ -45,7 +45,7 @@ def surface(model: str, data: str, target: str, out: Path) -> tuple[float | None
     with open(err, "w") as f:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, env={**os.environ, "OMP_NUM_THREADS": "1"})
         metrics = out / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().count('"reward"') >= 3):
+        while not (metrics.exists() and metrics.read_text().count('"reward/mean"') >= 3):
             if proc.poll() is not None:
                 raise SystemExit(f"the run ended before the kill: see {err}")
             time.sleep(0.1)

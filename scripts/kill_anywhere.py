@@ -127,7 +127,7 @@ def main() -> None:
     shares = [args.points // len(args.stages) + (i < args.points % len(args.stages)) for i in range(len(args.stages))]
     results = []
     for stage, share in zip(args.stages, shares):
-        key = "loss" if stage == "sft" else "reward"
+        key = "train/loss" if stage == "sft" else "reward/mean"
         ref = work / f"{stage}-ref"
         t0 = time.monotonic()
         if run(command(stage, ref, args.model, data, work), f"{stage}-ref", work / f"{stage}-ref.err") != 0:

@@ -39,7 +39,7 @@ def _run(out: Path, base: Path, staleness: int, correction: str, seed: int) -> d
         subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         print(f"  {run.name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     rows = _metrics(run / "metrics.jsonl")
-    steps = [r for r in rows if "reward" in r]
+    steps = [r for r in rows if "reward/mean" in r]
     evals = [r["eval/exact_match"] for r in rows if "eval/exact_match" in r]
     return {"start": evals[0], "final": evals[-1],
             "kl": statistics.mean(r["train/mismatch/kl"] for r in steps),

@@ -1,12 +1,14 @@
 """Every backend's description, from the facts the detector probes (no global torch patching)."""
 
+import pytest
+
 from rlkit.accel import Probe, apply_env, configure_cpu_threads, describe, detect
 
 GiB = 1 << 30
 
 
 def test_cpu_description():
-    info = describe(Probe(free_memory_bytes=20 * GiB, total_memory_bytes=24 * GiB))
+    info = describe(Probe(bf16_supported=True, free_memory_bytes=20 * GiB, total_memory_bytes=24 * GiB))
     assert (info.kind, info.torch_device, info.dist_backend) == ("cpu", "cpu", "gloo")
     assert info.visible_devices_var is None and info.ray_resource is None
     assert info.bf16 and not info.fp16 and not info.is_accelerator
@@ -62,3 +64,22 @@ def test_detect_on_this_host_is_cpu_with_one_thread(monkeypatch):
     info = detect()
     assert info.kind == "cpu" and info.free_memory_bytes and info.free_memory_bytes > 0
     assert configure_cpu_threads() == 1 and torch.get_num_threads() == 1
+
+
+def test_a_precision_the_device_cannot_run_is_one_line():
+    from rlkit.accel import check_precision
+    from rlkit.errors import UserError
+
+    cpu, old_cpu = describe(Probe(bf16_supported=True)), describe(Probe(bf16_supported=False))
+    v100 = describe(Probe(cuda_available=True, device_count=1, device_name="Tesla V100", bf16_supported=False))
+    for info, dtype in ((cpu, "fp32"), (cpu, "bf16"), (cpu, "auto"), (old_cpu, "fp32"), (v100, "fp16")):
+        check_precision(dtype, info)
+    with pytest.raises(UserError, match=r"^model.dtype: fp16 does not train on cpu \(cpu: DeepSpeed's fp16 loss "
+                                        r"scaling runs on GPUs and NPUs\): use bf16 or fp32, or auto$"):
+        check_precision("fp16", cpu)
+    with pytest.raises(UserError, match=r"^qlora.compute_dtype: bf16 does not run on cpu \(cpu; this CPU has no "
+                                        r"native bf16 \(AVX512-BF16 or AMX\)\): use fp32, or auto$"):
+        check_precision("bf16", old_cpu, "qlora.compute_dtype")
+    with pytest.raises(UserError, match=r"^model.dtype: bf16 does not run on Tesla V100 \(cuda; it has no bf16\): "
+                                        r"use fp16 or fp32, or auto$"):
+        check_precision("bf16", v100)

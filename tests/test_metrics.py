@@ -1,4 +1,9 @@
-"""The metrics log: a resumed run drops the records after its checkpoint and appends after it."""
+"""The metrics log: a resumed run drops the records after its checkpoint and appends after it;
+one naming scheme, a timestamp per record, held-out metrics on the console."""
+
+import time
+
+import pytest
 
 from rlkit.config import LoggingConfig
 from rlkit.metrics import MetricsLogger, read_jsonl
@@ -8,15 +13,47 @@ def test_resume_truncates_records_after_the_checkpoint(tmp_path):
     cfg = LoggingConfig(tensorboard=True, progress="none")
     first = MetricsLogger(tmp_path, cfg, total_steps=6)
     for step in range(6):  # the run got to step 5, its last checkpoint was step 3
-        first.log(step, {"loss": 10.0 - step, "nan": float("nan")})
+        first.log(step, {"train/loss": 10.0 - step, "train/nan": float("nan")})
     first.close()
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
 
     resumed = MetricsLogger(tmp_path, cfg, total_steps=6, start_step=3)
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
-    resumed.log(4, {"loss": 0.5})
+    resumed.log(4, {"train/loss": 0.5})
     resumed.close()
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-    assert rows[-1]["loss"] == 0.5 and rows[0]["nan"] is None  # non-finite values are written as null
+    assert rows[-1]["train/loss"] == 0.5 and rows[0]["train/nan"] is None  # non-finite values are written as null
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_every_metric_is_section_slash_name_with_a_timestamp(tmp_path, capsys):
+    logger = MetricsLogger(tmp_path, LoggingConfig(tensorboard=False, progress="plain", every=10), total_steps=20)
+    before = round(time.time() - 0.001, 3)
+    logger.log(5, {"train/loss": 1.5, "reward/mean": 0.25})
+    logger.log(10, {"train/loss": 1.0, "eval/loss": 0.75, "eval/exact_match": 0.5})
+    with pytest.raises(ValueError, match=r"metrics \['loss'\] are not named section/name"):
+        logger.log(11, {"loss": 1.0})
+    logger.close()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [set(r) for r in rows] == [{"step", "timestamp", "train/loss", "reward/mean"},
+                                      {"step", "timestamp", "train/loss", "eval/loss", "eval/exact_match"}]
+    assert before <= rows[0]["timestamp"] <= rows[1]["timestamp"] <= time.time() + 0.001
+    err = capsys.readouterr().err.splitlines()
+    # step 5 is not a logging step (logging.every 10); step 10 is, and shows its held-out metrics
+    assert len(err) == 2 and err[0].startswith("step 10/20 loss=1 eta=")
+    assert err[1] == "step 10/20 held out: eval/loss=0.75 eval/exact_match=0.5"
+
+
+def test_every_logged_metric_of_both_stages_is_in_the_scheme():
+    """The metrics the drivers build (sft/run.py _step_metrics, grpo/run.py _step_metrics) are named
+    section/name; the logger refuses anything else, so an e2e run checks the rest."""
+    from rlkit.grpo.run import _step_metrics as grpo_metrics
+    from rlkit.sft.run import _step_metrics as sft_metrics
+
+    result = type("R", (), {"sums": {"tokens": 4, "nll": 2.0}, "lr": 1e-3, "grad_norm": 0.5})()
+    sft = sft_metrics([result], [{"input_ids": [1, 2, 3]}], 2.0, {"explain": 1.0})
+    assert sft["train/loss"] == 0.5 and sft["time/step"] == 2.0 and sft["mix/explain"] == 1.0
+    fit = type("F", (), {"steps": [], "logprob_seconds": 0.1})()
+    grpo = grpo_metrics([fit], 8, {"bytes": 2**20}, 0.0, 0.5, 1.0)
+    assert all("/" in k for k in [*sft, *grpo]) and grpo["sync/mib"] == 1.0 and "train/samples_per_s" in grpo

@@ -73,12 +73,13 @@ def test_failing_call_exits_1_with_the_sample(work, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["my_rewards:exact", "--data", "missing.jsonl"], "--data: cannot read missing.jsonl"),
+    (["my_rewards:exact", "--data", "missing.jsonl"], "missing.jsonl: file not found"),
     (["my_rewards:exactt", "--data", "samples.jsonl"], "has no function 'exactt' (did you mean 'exact'?)"),
-    (["my_rewards:exact", "--data", "bad.jsonl"], "bad.jsonl:2: not valid JSON"),
+    (["my_rewards:exact", "--data", "bad.jsonl"], "bad.jsonl: line 2: invalid JSON"),
     (["my_rewards:exact", "--data", "samples.jsonl", "--arg", "noequals"], "--arg 'noequals': expected key=value"),
     (["--data", "samples.jsonl"], "name a reward (module:function) or pass --recipe"),
-    (["my_rewards:exact", "--data", "nocompl.jsonl"], "nocompl.jsonl:1: no `completion`"),
+    (["my_rewards:exact", "--data", "nocompl.jsonl"], "nocompl.jsonl: row 1: no `completion` (add it, or pass --model"),
+    (["my_rewards:exact"], "--data: name the rows to score (or a --recipe whose data.train has them)"),
 ])
 def test_bad_input_exits_2_with_one_line(work, capsys, argv, message):
     (work / "bad.jsonl").write_text('{"prompt": "a", "completion": "b"}\n{oops\n')
@@ -122,3 +123,26 @@ def test_new_rewards_on_chat_rows_with_probes(work, capsys, monkeypatch):
     cells = [c.strip() for c in probe.split("│")]
     i = cells.index("answer only in unfinished <think>")
     assert cells[i + 2] == "1.000" and cells[i + 3] == "0.000", probe   # accuracy, after_think
+
+
+def test_data_in_every_training_format(work, capsys):
+    """--data reads what training reads: a .json list of alpaca rows, chat rows, a dataset_info.json
+    entry, the recipe's own data.train; rows without a completion are scored on their response."""
+    alpaca = [{"instruction": "计算", "input": "12+7", "output": "19"},
+              {"instruction": "计算", "input": "3+4", "output": "7"}]
+    (work / "alpaca.json").write_text(json.dumps(alpaca, ensure_ascii=False))
+    chat = [{"messages": [{"role": "user", "content": "首都？"}, {"role": "assistant", "content": "北京"}]}]
+    (work / "chat.json").write_text(json.dumps(chat, ensure_ascii=False))
+    (work / "dataset_info.json").write_text(json.dumps({"mine": {"file_name": "alpaca.json"}}))
+    (work / "recipe.yaml").write_text("model: x\ndata: {train: alpaca.json}\nrewards:\n"
+                                      "  - {fn: 'rewards.exact:exact_match'}\n")
+    for argv, rows in ((["rewards.exact:exact_match", "--data", "alpaca.json"], 2),
+                       (["rewards.exact:exact_match", "--data", "chat.json"], 1),
+                       (["rewards.exact:exact_match", "--data", "dataset_info.json", "--dataset", "mine"], 2),
+                       (["--recipe", "recipe.yaml"], 2)):
+        assert cli(*argv) == 0, argv
+        captured = capsys.readouterr()
+        assert f"rewards over {rows} rows" in captured.out, argv
+        table = next(line for line in captured.out.splitlines() if line.strip("│ ").startswith("exact_match"))
+        assert "1.000" in table, argv  # each row's own response matches its gold
+        assert "no `completion` column: scoring each row's own response" in captured.err

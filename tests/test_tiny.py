@@ -66,10 +66,15 @@ def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog
     """A recipe key whose name says so builds them, with a line saying what and where; without
     it a missing model path is a one-line error (no untrained model passes for the user's)."""
     import logging
+    from types import SimpleNamespace
 
+    from rlkit.accel import detect
     from rlkit.config import DataConfig, ModelConfig
-    from rlkit.driver import prepare_inputs
+    from rlkit.driver import prepare_inputs as prepare
     from rlkit.errors import UserError
+
+    def prepare_inputs(model: ModelConfig, data: DataConfig) -> None:
+        prepare(SimpleNamespace(model=model, data=data, qlora=None), detect("cpu"))
 
     with pytest.raises(UserError, match=r"model.path: .*nope is not a model directory \(no config.json\)"):
         prepare_inputs(ModelConfig(path=str(tmp_path / "nope")), DataConfig(train=str(tmp_path / "t.jsonl")))

@@ -196,6 +196,16 @@ class GRPOConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
+    # keys by their TRL / verl / OpenRLHF names, for the unknown-key hint
+    PEER_NAMES: ClassVar[dict[str, str]] = {
+        "learning_rate": "optim.lr", "lr_scheduler_type": "optim.scheduler", "model_name_or_path": "model.path",
+        "lora_rank": "lora.r", "lora_alpha": "lora.alpha", "lora_target": "lora.target_modules",
+        "deepspeed_stage": "deepspeed.zero_stage",
+        "max_steps": "grpo.steps", "num_generations": "grpo.group_size", "n_samples_per_prompt": "grpo.group_size",
+        "max_completion_length": "rollout.max_tokens", "generate_max_len": "rollout.max_tokens",
+        "per_device_train_batch_size": "grpo.micro_batch_size", "num_iterations": "grpo.epochs",
+        "init_kl_coef": "grpo.beta", "vllm_num_engines": "rollout.num_engines",
+        "vllm_tensor_parallel_size": "rollout.tensor_parallel_size", "finetuning_type": "finetuning"}
     # what a resumed run may not change from its checkpoint's config (checkpoint.force_resume)
     RESUME_FIXED: ClassVar[tuple[str, ...]] = (
         "stage", "model", "finetuning", "lora", "qlora", "data.train", "data.format", "data.dataset",

@@ -4,6 +4,7 @@ and the held-out evaluation. Generation runs on the rollout engines (`engine/eng
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,18 @@ class Experience:
     weights: list[float] = field(default_factory=list)  # [K]
     metrics: dict[str, float] = field(default_factory=dict)
     groups: list[tuple[int, list[float]]] = field(default_factory=list)  # (row index, G rewards): every group scored
+    texts: list[tuple[str, str]] = field(default_factory=list)  # (rendered prompt, completion) per rollout
+
+    def examples(self, advantages: torch.Tensor, names: list[str], group_size: int, n: int) -> list[dict[str, Any]]:
+        """`n` completions for rollouts.jsonl (one from each group in turn): prompt, completion,
+        total reward, each function's reward (None where it gave none), advantage, length, whether
+        it was cut at max_tokens."""
+        groups = max(1, len(self.rollouts) // group_size)
+        picks = [(i % groups) * group_size + i // groups for i in range(min(n, len(self.rollouts)))]
+        return [{"prompt": self.texts[i][0], "completion": self.texts[i][1], "reward": self.rewards[i],
+                 "rewards": {name: (None if math.isnan(v) else v) for name, v in zip(names, self.per_fn[i])},
+                 "advantage": float(advantages[i]), "tokens": len(self.rollouts[i].completion_ids),
+                 "truncated": self.rollouts[i].truncated} for i in picks]
 
 
 def start_generation(indices: list[int], task: Task, engines: Any, sampling: Sampling, group_size: int, seed: int,
@@ -115,8 +128,8 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
     gap (they carry zero advantage). Metrics describe the first generation; with `algo_step` (the
     policy version that trains on them) also the staleness of the rollouts kept."""
     G, want = algo.group_size, algo.prompts_per_step
-    kept: list[tuple[list[Rollout], torch.Tensor, torch.Tensor]] = []
-    spare: list[tuple[list[Rollout], torch.Tensor, torch.Tensor]] = []
+    kept: list[tuple[list[Rollout], torch.Tensor, torch.Tensor, list[tuple[str, str]]]] = []
+    spare: list[tuple[list[Rollout], torch.Tensor, torch.Tensor, list[tuple[str, str]]]] = []
     weights: list[float] = []
     scored: list[tuple[int, list[float]]] = []
     t_gen = t_rew = 0.0
@@ -130,26 +143,28 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
         rewards, per_fn, weights, metrics = score_samples(generation, samples, scorer, algo, max_tokens)
         t_gen, t_rew = t_gen + t1 - generation.started, t_rew + time.perf_counter() - t1
         if attempt == 0:
-            first = {**metrics, **_completion_metrics(samples), "frac_zero_std": frac_zero_std(rewards, G)}
+            first = {**metrics, **_completion_metrics(samples), "reward/frac_zero_std": frac_zero_std(rewards, G)}
         zero = zero_std_mask(rewards, G)
         scored += [(i, rewards[g * G:(g + 1) * G].tolist()) for g, i in enumerate(generation.indices)]
         for g in range(len(generation.rows)):
             group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs,
                              generation.version) for s in samples[g * G:(g + 1) * G]]
+            texts = [(generation.prompts[g], s.text) for s in samples[g * G:(g + 1) * G]]
             (spare if algo.dynamic_sampling and bool(zero[g]) else kept).append(
-                (group, rewards[g * G:(g + 1) * G], per_fn[g * G:(g + 1) * G]))
+                (group, rewards[g * G:(g + 1) * G], per_fn[g * G:(g + 1) * G], texts))
         if len(kept) >= want:
             break
     exp = Experience(weights=weights, groups=scored)
-    for group, r, per in (kept + spare)[:want]:
+    for group, r, per, texts in (kept + spare)[:want]:
         exp.rollouts.extend(group)
+        exp.texts.extend(texts)
         exp.rewards.extend(r.tolist())
         exp.per_fn.extend(per.tolist())
     n_tokens = first.pop("completion/tokens")
     lags = [algo_step - r.policy_version for r in exp.rollouts] if algo_step is not None else [0]
     exp.metrics = {**first, "staleness/lag_mean": sum(lags) / max(len(lags), 1), "staleness/lag_max": float(max(lags)),
                    "time/generate": t_gen, "time/reward": t_rew,
-                   "generate_tokens_per_s": n_tokens / max(t_gen, 1e-9),
+                   "rollout/tokens_per_s": n_tokens / max(t_gen, 1e-9),
                    "dynamic_sampling/kept_groups": float(min(len(kept), want))}
     return exp
 
@@ -176,11 +191,11 @@ def advantages(exp: Experience, algo: GRPOAlgoConfig) -> tuple[torch.Tensor, dic
 
 
 def evaluate(task: Task, engines: Any, sampling: Sampling, samples_per_prompt: int, seed: int) -> dict[str, float]:
-    """Held-out prompts, `samples_per_prompt` seeded samples each: `eval_reward` (mean total reward)
+    """Held-out prompts, `samples_per_prompt` seeded samples each: `eval/reward` (mean total reward)
     and `eval/<fn>` (mean of each reward function, e.g. exact-answer accuracy)."""
     prompts = [task.render(r) for r in task.eval_rows]
     samples = engines.generate(prompts, samples_per_prompt, sampling, seed)
     result = score_rows(task.scorer, task.eval_rows, prompts, samples, samples_per_prompt)
     engines.idle()
     means = result.metrics("eval")  # means over non-None values, NaN where a function gave none
-    return {"eval_reward": means["eval/mean"], **{f"eval/{name}": means[f"eval/{name}/mean"] for name in result.per_fn}}
+    return {"eval/reward": means["eval/mean"], **{f"eval/{name}": means[f"eval/{name}/mean"] for name in result.per_fn}}

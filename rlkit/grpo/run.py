@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.checkpoint import dir_bytes
-from rlkit.driver import RunDir, curriculum_sampler, learner_group, learner_spec, prepare_inputs
+from rlkit.driver import RunDir, curriculum_sampler, devices_line, learner_group, learner_spec, prepare_inputs
 from rlkit.engine.objective import mean_metrics
 from rlkit.grpo.batch import GRPOBatch, plan_micro_batches
 from rlkit.grpo.config import GRPOConfig
@@ -48,13 +48,14 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     g = cfg.grpo
     device = detect(cfg.device)
     sync_strategy(cfg.rollout, device)
-    prepare_inputs(cfg.model, cfg.data)
+    prepare_inputs(cfg, device)
     task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed)
     with closing(task.scorer):
         online = cfg.online_difficulty and OnlineDifficulty(len(task.rows), **dataclasses.asdict(cfg.online_difficulty))
         sampler = curriculum_sampler(cfg.curriculum, task.difficulties, g.steps, g.prompts_per_step, cfg.seed,
                                      cfg.data.train, row_filter=online)
         run = RunDir(cfg, "grpo")
+        run.announce(_plan(cfg, task, device))
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0)
         with run.session(), learner_group(cfg, spec, g.num_learners, device) as learners:
@@ -70,6 +71,17 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                 return run.save_final(learners, cfg.model.tokenizer or cfg.model.path, dir_bytes(cfg.model.path))
             finally:
                 engines.shutdown()
+
+
+def _plan(cfg: GRPOConfig, task: Task, device: Any) -> str:
+    """The run's numbers in one line, before it starts (as the HF Trainer's banner)."""
+    g, r = cfg.grpo, cfg.rollout
+    updates, passes = g.mini_batches * g.epochs, g.steps * g.prompts_per_step / max(1, len(task.rows))
+    held_out = f", {len(task.eval_rows)} held out" if task.eval_rows else ""
+    return (f"rlkit grpo: {len(task.rows)} prompts{held_out}; {g.prompts_per_step} prompts x group_size "
+            f"{g.group_size} = {g.prompts_per_step * g.group_size} completions per step, {updates} optimizer step"
+            f"{'s' * (updates > 1)} on them; {g.steps} steps ({passes:.2f} passes over the prompts); "
+            f"{devices_line(device, g.num_learners, r.num_engines, r.tensor_parallel_size, r.colocate)}")
 
 
 def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any, engines: Any, logger: Any,
@@ -110,12 +122,13 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         t2 = time.perf_counter()
         sync = engines.sync_from(learners)                                        # learner -> vLLM, no restart
         step, version = step + 1, version + 1
-        metrics = {**exp.metrics, "reward": exp.metrics["reward/mean"], **adv_metrics, **seen,
+        metrics = {**exp.metrics, **adv_metrics, **seen,
                    **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2), **engines.recovery(),
                    **_sync_check(cfg, task, engines, learners, step)}                # parity probe, when due
         if task.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
             metrics.update(held_out())
         logger.log(step, metrics)
+        _log_examples(cfg, task, logger, step, exp, adv)                          # rollouts.jsonl
         if run.checkpoint_due(step, cfg.checkpoint.every):                       # + the generations in flight
             run.checkpoint(step, learners, sampler.state_dict(), payload={"generations": ahead.state()})
         run.stop_if_signalled(step)                                               # SIGTERM: stop here
@@ -148,6 +161,14 @@ class GenerationQueue:
     def state(self) -> list[dict]:
         """The generations in flight, waited for (their samples go into the checkpoint)."""
         return [gen.state_dict() for gen in self.queue]
+
+
+def _log_examples(cfg: GRPOConfig, task: Task, logger: Any, step: int, exp: Experience, adv: Any) -> None:
+    """At each logging step, `logging.completions` of the step's completions to rollouts.jsonl."""
+    n, g = cfg.logging.completions, cfg.grpo
+    if n and step % cfg.logging.every == 0:
+        names = task.scorer.names + (["overlong_penalty"] if g.overlong_buffer else [])
+        logger.log_samples(step, exp.examples(adv, names, g.group_size, n))
 
 
 def _observe(online: OnlineDifficulty | None, exp: Experience) -> dict[str, float]:
@@ -186,7 +207,7 @@ def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: flo
     train = mean_metrics([s for fit in fits for s in fit.steps])
     ref = max(fit.logprob_seconds for fit in fits)
     gib = sync["bytes"] / 2**30
-    return {**{(k if k in ("lr", "grad_norm") else f"train/{k}"): v for k, v in train.items()},
+    return {**{f"train/{k}": v for k, v in train.items()},
             "time/ref": ref, "time/train": t2 - t1 - ref, "time/sync": t3 - t2, "time/step": t3 - t0,
-            "time/sync_share": (t3 - t2) / (t3 - t0), "samples_per_s": samples / (t3 - t0),
-            "sync_mib": sync["bytes"] / 2**20, "sync/s_per_gib": (t3 - t2) / gib if gib else 0.0}
+            "time/sync_share": (t3 - t2) / (t3 - t0), "train/samples_per_s": samples / (t3 - t0),
+            "sync/mib": sync["bytes"] / 2**20, "sync/s_per_gib": (t3 - t2) / gib if gib else 0.0}

@@ -212,3 +212,19 @@ def _check_signature(target: Callable[..., Any], attr: str, fn_args: dict[str, A
 
 def _fmt_args(args: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in args.items())
+
+
+def describe_rewards(specs: tuple[RewardSpec, ...] | list[RewardSpec], base_dir: str | None) -> list[str]:
+    """One line per reward, each resolved as a run resolves it: its metric name, the file and
+    line it comes from, its weight and the keyword arguments it takes (`--print-config`)."""
+    lines = []
+    for i, spec in enumerate(specs):
+        r = resolve(spec, base_dir, key=f"rewards[{i}]")
+        target = type(r.fn) if r.is_instance else inspect.unwrap(r.fn)
+        try:
+            where = f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
+        except (TypeError, OSError):
+            where = getattr(target, "__module__", "?")
+        takes = ", ".join(sorted(r.accepts)) + (", **kwargs" if r.var_kw else "")
+        lines.append(f"rewards[{i}] {r.name}: {spec.fn} -> {where} (weight {spec.weight:g}; takes {takes})")
+    return lines

@@ -83,6 +83,14 @@ class SFTConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
+    # keys by their TRL / LLaMA-Factory / HF Trainer names, for the unknown-key hint
+    PEER_NAMES: ClassVar[dict[str, str]] = {
+        "learning_rate": "optim.lr", "lr_scheduler_type": "optim.scheduler", "model_name_or_path": "model.path",
+        "lora_rank": "lora.r", "lora_alpha": "lora.alpha", "lora_target": "lora.target_modules",
+        "deepspeed_stage": "deepspeed.zero_stage",
+        "num_train_epochs": "train.epochs", "per_device_train_batch_size": "train.micro_batch_size",
+        "gradient_accumulation_steps": "train.grad_accum", "max_length": "data.cutoff_len",
+        "max_seq_length": "data.cutoff_len", "finetuning_type": "finetuning"}
     # what a resumed run may not change from its checkpoint's config (checkpoint.force_resume)
     RESUME_FIXED: ClassVar[tuple[str, ...]] = (
         "stage", "model", "finetuning", "lora", "qlora", "data.train", "data.format", "data.dataset",

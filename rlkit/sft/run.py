@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.checkpoint import dir_bytes
-from rlkit.driver import RunDir, curriculum_sampler, learner_group, learner_spec, prepare_inputs
+from rlkit.driver import RunDir, curriculum_sampler, devices_line, learner_group, learner_spec, prepare_inputs
 from rlkit.sft.config import SFTConfig, SFTDataConfig, SFTEvalConfig
 from rlkit.sft.objective import NLLObjective
 
@@ -124,7 +124,7 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     from rlkit.models import load_tokenizer
 
     device = detect(cfg.device)
-    prepare_inputs(cfg.model, cfg.data)
+    prepare_inputs(cfg, device)
     tokenizer = load_tokenizer(cfg.model)
     data = load_sft_data(cfg.data, tokenizer, cfg.seed)
     t = cfg.train
@@ -132,6 +132,7 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     total = t.max_steps or max(1, math.ceil(t.epochs * len(data.train) / global_batch))
     sampler = curriculum_sampler(cfg.curriculum, data.difficulties, total, global_batch, cfg.seed, cfg.data.train)
     run = RunDir(cfg, "sft")
+    run.announce(_plan(cfg, data, total, device))
     spec = learner_spec(cfg, t.micro_batch_size, t.grad_accum, total)
     with run.session(), learner_group(cfg, spec, t.num_learners, device) as learners:
         step, saved = run.resume(learners, sampler)
@@ -148,13 +149,25 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
         return run.save_final(learners, cfg.model.tokenizer or cfg.model.path, dir_bytes(cfg.model.path))
 
 
+def _plan(cfg: SFTConfig, data: SFTData, total: int, device: Any) -> str:
+    """The run's numbers in one line, before it starts (as the HF Trainer's banner)."""
+    t = cfg.train
+    batch = t.micro_batch_size * t.grad_accum * t.num_learners
+    per_epoch = max(1, math.ceil(len(data.train) / batch))
+    held_out = f", {len(data.eval)} held out" if data.eval else ""
+    return (f"rlkit sft: {len(data.train)} training rows{held_out}; {batch} rows per step (micro_batch_size "
+            f"{t.micro_batch_size} x grad_accum {t.grad_accum} x {t.num_learners} learner"
+            f"{'s' * (t.num_learners > 1)}); {per_epoch} steps per epoch; {total} steps "
+            f"({total / per_epoch:.2f} epochs); {devices_line(device, t.num_learners)}")
+
+
 def _train(cfg: SFTConfig, run: RunDir, learners: Any, sampler: Any, data: SFTData, stopping: EarlyStopping,
            logger: Any, step: int, total: int) -> int:
     """The steps from `step` to `total` (or to early stopping); returns the last step."""
     t, objective = cfg.train, NLLObjective()
     evaluate = lambda: eval_loss(learners, data.eval, t.micro_batch_size, data.pad_id, cfg.eval.max_batches)  # noqa: E731
     if step == 0 and data.eval:
-        logger.log(0, {"eval_loss": evaluate()})
+        logger.log(0, {"eval/loss": evaluate()})
     while step < total:
         t0 = time.time()
         batch = [data.train[i] for i in sampler.next_batch()]
@@ -165,9 +178,9 @@ def _train(cfg: SFTConfig, run: RunDir, learners: Any, sampler: Any, data: SFTDa
         metrics = _step_metrics(results, batch, time.time() - t0, sampler.phase_mix(step - 1))
         stop = False
         if data.eval and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
-            metrics["eval_loss"] = evaluate()
-            metrics["eval_ppl"] = math.exp(min(metrics["eval_loss"], 50.0))
-            stop = stopping.update(metrics["eval_loss"], step, cfg.eval)
+            metrics["eval/loss"] = evaluate()
+            metrics["eval/ppl"] = math.exp(min(metrics["eval/loss"], 50.0))
+            stop = stopping.update(metrics["eval/loss"], step, cfg.eval)
         logger.log(step, metrics)
         if run.checkpoint_due(step, cfg.checkpoint.every, also=stop):
             protect = {stopping.best_step} if stopping.best_step is not None else set()
@@ -183,6 +196,7 @@ def _train(cfg: SFTConfig, run: RunDir, learners: Any, sampler: Any, data: SFTDa
 def _step_metrics(results: list[Any], batch: list[dict], seconds: float, mix: dict[str, float]) -> dict[str, float]:
     tokens = sum(r.sums["tokens"] for r in results)  # loss (response) tokens
     inputs = sum(len(s["input_ids"]) for s in batch)  # prompt + response, no padding
-    return {"loss": sum(r.sums["nll"] for r in results) / max(tokens, 1), "lr": results[0].lr,
-            "grad_norm": results[0].grad_norm, "tokens_per_s": tokens / seconds, "input_tokens": inputs,
-            "input_tokens_per_s": inputs / seconds, "step_time_s": seconds, **{f"mix/{k}": v for k, v in mix.items()}}
+    return {"train/loss": sum(r.sums["nll"] for r in results) / max(tokens, 1), "train/lr": results[0].lr,
+            "train/grad_norm": results[0].grad_norm, "train/tokens_per_s": tokens / seconds,
+            "train/input_tokens": inputs, "train/input_tokens_per_s": inputs / seconds, "time/step": seconds,
+            **{f"mix/{k}": v for k, v in mix.items()}}

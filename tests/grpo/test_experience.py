@@ -46,7 +46,7 @@ def test_dynamic_sampling_refills_until_enough_groups_vary(scorer):
     assert exp.groups == [(10, [1.0, 1.0]), (20, [1.0, 0.0]), (30, [0.0, 0.0]), (40, [1.0, 0.0])]
     assert exp.rewards == [1.0, 0.0, 1.0, 0.0]  # group "2" then group "4", in the order found
     assert [len(r.completion_ids) for r in exp.rollouts] == [1, 1, 1, 1]
-    assert exp.metrics["frac_zero_std"] == 0.5 and exp.metrics["dynamic_sampling/kept_groups"] == 2.0
+    assert exp.metrics["reward/frac_zero_std"] == 0.5 and exp.metrics["dynamic_sampling/kept_groups"] == 2.0
     assert exp.metrics["reward/mean"] == 0.75  # metrics describe the first generation
     adv, _ = advantages(exp, algo)
     assert (adv != 0).all()

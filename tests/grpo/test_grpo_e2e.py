@@ -26,7 +26,7 @@ def _metrics(run):
 
 def _steps(run):
     """The training-step records (eval.every 0 still evaluates before the first step)."""
-    return [r for r in _metrics(run) if "reward" in r]
+    return [r for r in _metrics(run) if "reward/mean" in r]
 
 
 def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
@@ -41,16 +41,25 @@ def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
     # The parity probe ran at the start and after every 8th sync; engine and learner agree to fp32 noise.
     checks = {r["step"]: r["sync/check_abs_diff_max"] for r in rows if "sync/check_abs_diff_max" in r}
     assert sorted(checks) == [0, 8, 16, 24] and max(checks.values()) < 1e-4, checks
-    evals = [r["eval_reward"] for r in rows if r.get("eval_reward") is not None]
-    train = [r["reward"] for r in rows if r.get("reward") is not None]
+    evals = [r["eval/reward"] for r in rows if r.get("eval/reward") is not None]
+    train = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     assert len(evals) == 3 and len(train) == 24
     assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
     assert sum(train[-8:]) / 8 > sum(train[:4]) / 4, f"train reward did not rise: {train}"
-    assert all(0 < r["time/sync_share"] < 1 and r["sync/s_per_gib"] > 0 for r in rows if "reward" in r)
-    for key in ("time/generate", "time/reward", "time/train", "time/sync", "frac_zero_std", "train/clip_frac",
+    assert all(0 < r["time/sync_share"] < 1 and r["sync/s_per_gib"] > 0 for r in rows if "reward/mean" in r)
+    for key in ("time/generate", "time/reward", "time/train", "time/sync", "reward/frac_zero_std", "train/clip_frac",
                 "train/entropy", "completion/len_mean", "completion/truncated_frac", "reward/exact_match/mean",
-                "advantage/std", "lr", "generate_tokens_per_s"):
+                "advantage/std", "train/lr", "rollout/tokens_per_s", "timestamp"):
         assert key in rows[1], key
+    assert all("/" in k for r in rows for k in r if k not in ("step", "timestamp"))  # one naming scheme
+    # rollouts.jsonl: logging.completions (4) completions per logging step, with their rewards
+    samples = [json.loads(x) for x in (out / "rollouts.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [s["step"] for s in samples] == [s for s in range(1, 25) for _ in range(4)]
+    first = samples[0]
+    assert first["prompt"].startswith("### 指令:") and isinstance(first["completion"], str)
+    assert set(first["rewards"]) == {"exact_match", "number_match"} and isinstance(first["advantage"], float)
+    assert first["reward"] == pytest.approx(sum(v * w for v, w in zip(first["rewards"].values(), (1.0, 0.0))
+                                                if v is not None))
     # The final policy loads in transformers and in vLLM.
     from transformers import AutoModelForCausalLM
 
@@ -136,8 +145,8 @@ def test_grpo_stopped_then_resumed_matches_uninterrupted(sft_model, task_data, t
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
     # One seeded engine: the resumed rollouts, rewards and weights equal the uninterrupted run's.
-    ra = {r["step"]: r["reward"] for r in _steps(clean)}
-    rb = {r["step"]: r["reward"] for r in _steps(broken)}
+    ra = {r["step"]: r["reward/mean"] for r in _steps(clean)}
+    rb = {r["step"]: r["reward/mean"] for r in _steps(broken)}
     assert sorted(rb) == list(range(1, 13)) and all(ra[s] == pytest.approx(rb[s], abs=1e-6) for s in ra)
     a, b = load_file(clean / "final" / "model.safetensors"), load_file(broken / "final" / "model.safetensors")
     assert all((a[k] - b[k]).abs().max() <= 1e-5 for k in a)
@@ -320,14 +329,14 @@ def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
                                                           "curriculum.enabled=false", *variant))
     run_grpo(cfg, GRPO_RECIPE)
     rows = _metrics(out)
-    evals = [r["eval_reward"] for r in rows if r.get("eval_reward") is not None]
+    evals = [r["eval/reward"] for r in rows if r.get("eval/reward") is not None]
     assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
     if any("online_difficulty" in v for v in variant):
-        assert sum(r["online_difficulty/skipped"] for r in rows if "reward" in r) > 0
+        assert sum(r["online_difficulty/skipped"] for r in rows if "reward/mean" in r) > 0
     if "rollout.lora_sync=adapter" in variant:  # each sync moved the adapter only, and it arrived
         checks = {r["step"]: r["sync/check_abs_diff_max"] for r in rows if "sync/check_abs_diff_max" in r}
         assert sorted(checks) == [0, 8, 16, 24] and max(checks.values()) < 1e-4, checks
-        assert all(r["sync_mib"] < 1 for r in rows if "reward" in r)  # r=16 on the tiny model: 0.26 MiB
+        assert all(r["sync/mib"] < 1 for r in rows if "reward/mean" in r)  # r=16 on the tiny model: 0.26 MiB
 
 
 def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path):
@@ -344,7 +353,7 @@ def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path)
     rows = _metrics(out)
     checks = {r["step"]: r["sync/check_abs_diff_max"] for r in rows if "sync/check_abs_diff_max" in r}
     assert sorted(checks) == [0, 16] and max(checks.values()) < 1e-4, checks  # both ranks' engines
-    train = [r["reward"] for r in rows if r.get("reward") is not None]
-    assert len(train) == 16 and all(r["sync_mib"] > 0 for r in rows if "reward" in r)
+    train = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
+    assert len(train) == 16 and all(r["sync/mib"] > 0 for r in rows if "reward/mean" in r)
     assert sum(train[-6:]) / 6 > sum(train[:4]) / 4, f"train reward did not rise: {train}"
-    assert "eval/exact_match" in rows[0] and "eval_reward" in rows[-1]
+    assert "eval/exact_match" in rows[0] and "eval/reward" in rows[-1]

@@ -19,4 +19,4 @@ def read_metrics(run_dir) -> list[dict]:
 
 
 def eval_losses(run_dir) -> list[float]:
-    return [r["eval_loss"] for r in read_metrics(run_dir) if r.get("eval_loss") is not None]
+    return [r["eval/loss"] for r in read_metrics(run_dir) if r.get("eval/loss") is not None]

@@ -51,12 +51,13 @@ def test_kill9_then_resume_matches_uninterrupted(tiny_model, task_data, tmp_path
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
+    assert "steps per epoch; 24 steps (" in resumed.stderr  # the run's plan, before it starts
 
     a, b = load_file(clean / "final" / "model.safetensors"), load_file(broken / "final" / "model.safetensors")
     assert a.keys() == b.keys()
     for name in a:
         assert (a[name] - b[name]).abs().max() <= 1e-6, name
-    curve = lambda run: [(r["step"], r.get("loss"), r.get("eval_loss")) for r in read_metrics(run)]  # noqa: E731
+    curve = lambda run: [(r["step"], r.get("train/loss"), r.get("eval/loss")) for r in read_metrics(run)]  # noqa: E731
     ca, cb = curve(clean), curve(broken)
     assert [s for s, *_ in cb] == list(range(0, 25)), "resumed log must have each step once"
     for (sa, la, ea), (sb, lb, eb) in zip(ca, cb):
