@@ -21,7 +21,7 @@ from rlkit.tiny import SIZES
 # The accepted values come from the code that reads them (the loader, the templates, tiny models).
 Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 DataFormat = Literal[ROW_FORMATS]
-Template = Literal[TEMPLATES]
+Template = Literal[("auto", *TEMPLATES)]
 TinyName = Literal[tuple(SIZES)]
 Device = Literal["auto", "cuda", "rocm", "npu", "cpu"]
 Finetuning = Literal["full", "lora", "qlora"]
@@ -32,9 +32,9 @@ class ModelConfig:
     path: str  # local HF model directory (or hub id where a hub is reachable)
     tokenizer: str | None = None  # defaults to `path`
     dtype: Dtype = "auto"  # auto: bf16 where the device supports it, else fp32
-    trust_remote_code: bool = False
-    attn_implementation: str | None = None
-    gradient_checkpointing: bool = False
+    trust_remote_code: bool = False  # run the model repo's own code (HF trust_remote_code)
+    attn_implementation: str | None = None  # e.g. sdpa, flash_attention_2 (None: transformers' default)
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     # build an untrained tiny model offline at `path` when nothing is there (the demo's recipes)
     build_tiny_if_missing: TinyName | None = None
 
@@ -43,10 +43,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LoraConfig:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    r: int = 16  # LoRA rank
+    alpha: int = 32  # LoRA scaling numerator (scale = alpha / r)
+    dropout: float = 0.05  # dropout on the LoRA input
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")  # module names that get adapters
 
     def __post_init__(self):
         check(self.r > 0, "r", f"LoRA rank must be > 0, got {self.r}")
@@ -58,9 +58,9 @@ class LoraConfig:
 class QuantConfig:
     """QLoRA 4-bit base weights (bitsandbytes)."""
 
-    quant_type: Literal["nf4", "fp4"] = "nf4"
-    double_quant: bool = True
-    compute_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    quant_type: Literal["nf4", "fp4"] = "nf4"  # 4-bit type of the frozen base weights
+    double_quant: bool = True  # quantise the quantisation constants too
+    compute_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"  # dtype the 4-bit layers compute in
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,14 @@ class DataConfig:
     """Data both stages read. SFT rows or GRPO prompts; the source kind (JSON, JSONL,
     dataset_info.json, a save_to_disk folder) comes from the path, `format` is the row schema."""
 
-    train: str
-    eval: str | None = None
-    format: DataFormat = "auto"
+    train: str  # training rows: JSON / JSONL / parquet / CSV file, dataset_info.json, save_to_disk folder
+    eval: str | None = None  # held-out rows, same kinds (needed by eval.every)
+    format: DataFormat = "auto"  # row schema; auto: from the first row
     dataset: str | None = None  # entry name in a dataset_info.json
-    template: Template = "alpaca"
-    skip_bad_rows: bool = False
+    # auto: the tokenizer's chat template for chat rows (messages), the seeds' alpaca template for
+    # alpaca and plain-text rows; final/'s tokenizer gets the template trained (see templates.py)
+    template: Template = "auto"
+    skip_bad_rows: bool = False  # drop invalid rows with a count instead of stopping at the first
     # write the offline arithmetic task (with this seed) next to `train` when `train` is missing
     build_synthetic_if_missing: int | None = None
 
@@ -96,7 +98,7 @@ class CurriculumConfig:
     # off unless a recipe asks (the seed recipes do); when on and no row has a `difficulty`, it
     # turns itself off with one warning; when off, a `difficulty` column is not read
     enabled: bool = False
-    levels: tuple[str, ...] = DEFAULT_LEVELS
+    levels: tuple[str, ...] = DEFAULT_LEVELS  # difficulty levels in order (numeric difficulties are bucketed into them)
     phases: tuple[PhaseConfig, ...] = tuple(PhaseConfig(until, mix) for until, mix in DEFAULT_PHASES)
 
     def __post_init__(self):
@@ -110,14 +112,14 @@ class CurriculumConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 2e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    scheduler: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    min_lr_ratio: float = 0.0
+    lr: float = 2e-5  # peak learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    eps: float = 1e-8  # AdamW eps
+    scheduler: Literal["cosine", "linear", "constant"] = "cosine"  # decay after warmup
+    warmup_steps: int = 0  # linear warmup steps
+    warmup_ratio: float = 0.0  # warmup as a share of the steps (instead of warmup_steps)
+    min_lr_ratio: float = 0.0  # floor of the decay, as a share of lr
     max_grad_norm: float = 1.0  # 0 turns clipping off
 
     def __post_init__(self):
@@ -129,9 +131,9 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class DeepSpeedConfig:
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    offload_optimizer: bool = False
-    offload_param: bool = False
+    zero_stage: Literal[0, 1, 2, 3] = 0  # DeepSpeed ZeRO: 0 off, 1 optimizer, 2 + gradients, 3 + parameters sharded
+    offload_optimizer: bool = False  # optimizer states in CPU memory (ZeRO >= 1)
+    offload_param: bool = False  # parameters in CPU memory (ZeRO-3)
     torch_adam: bool = True  # torch AdamW instead of DeepSpeed's JIT-compiled fused/CPU Adam
     dist_timeout_s: int = 600  # init_distributed timeout: a hang fails instead of waiting forever
     extra: dict[str, Any] = field(default_factory=dict)  # merged into the generated DeepSpeed config
@@ -149,7 +151,7 @@ class EvalConfig:
     """Held-out evaluation (needs `data.eval`): before the first step, every `every` steps and
     after the last step; `every: 0` = only before the first and after the last, in both stages."""
 
-    every: int = 0
+    every: int = 0  # held-out evaluation every N steps (0: before the first and after the last only)
 
     def __post_init__(self):
         check(self.every >= 0, "every", f"must be >= 0, got {self.every}")
@@ -157,8 +159,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = 0  # steps between checkpoints; 0 = only the final one
-    keep_last: int = 2
+    every: int = 0  # steps between checkpoints; 0 = none (only final/)
+    keep_last: int = 2  # checkpoints kept (plus SFT's best one)
     resume: str = "auto"  # auto | never | a checkpoint directory
     # resume even though the model, data or batch shape differ from the checkpoint's config.yaml
     force_resume: bool = False
@@ -169,10 +171,11 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    every: int = 1
-    tensorboard: bool = True
-    wandb: bool = False
-    wandb_project: str = "rlkit"
+    every: int = 1  # metrics to the console every N steps (metrics.jsonl gets every step)
+    tensorboard: bool = True  # TensorBoard events in output_dir/tensorboard
+    wandb: bool = False  # log to Weights & Biases (needs wandb installed and logged in)
+    wandb_project: str = "rlkit"  # wandb project; the run is named after output_dir
+    # console progress: auto = bar on a terminal, plain lines otherwise
     progress: Literal["auto", "bar", "plain", "none"] = "auto"
     # GRPO: completions written to rollouts.jsonl at each logging step (prompt, completion, rewards
     # per function, advantage; one from each prompt group in turn), as TRL's log_completions; 0 = off
@@ -187,7 +190,7 @@ class LoggingConfig:
 class RayConfig:
     address: str | None = None  # "auto" or ray://... to join a cluster; None starts a local one
     num_cpus: int | None = None  # for the local instance
-    cpus_per_actor: float = 1.0
+    cpus_per_actor: float = 1.0  # Ray CPUs reserved per learner / engine actor
 
 
 def check_finetuning(cfg: Any) -> None:
@@ -206,14 +209,14 @@ def check_finetuning(cfg: Any) -> None:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    num_engines: int = 1
-    tensor_parallel_size: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 64
-    stop: tuple[str, ...] = ()
-    max_model_len: int = 1024
-    gpu_memory_utilization: float = 0.5
+    num_engines: int = 1  # vLLM engines (each tensor_parallel_size devices)
+    tensor_parallel_size: int = 1  # devices per engine
+    temperature: float = 1.0  # sampling temperature of the rollouts
+    top_p: float = 1.0  # nucleus sampling
+    max_tokens: int = 64  # completion length limit (tokens); longer ones are cut (truncated)
+    stop: tuple[str, ...] = ()  # stop strings
+    max_model_len: int = 1024  # prompt + completion tokens an engine accepts
+    gpu_memory_utilization: float = 0.5  # share of device memory a vLLM engine may take
     kv_cache_gib: float = 1.0  # CPU engines: KV cache cap in GiB (vLLM takes 16 GiB otherwise)
     sync_bucket_mib: int = 256  # weight sync through the Ray object store, one bucket (MiB) at a time
     # Placement: False = engines in their own actors and devices; True = one engine inside each
@@ -240,7 +243,7 @@ class RolloutConfig:
     # sync/check_abs_diff_max, and above sync_check_tol (nats; default 1e-3 for fp32 models, 0.5
     # otherwise, 2.0 for QLoRA with lora_sync: adapter) the run stops naming the engine. 0 = off.
     sync_check_every: int = 0
-    sync_check_tol: float | None = None
+    sync_check_tol: float | None = None  # see sync_check_every
 
     def __post_init__(self):
         check(self.sync != "in_process" or self.colocate, "sync",

@@ -78,6 +78,23 @@ def devices_line(device: Any, learners: int, engines: int = 0, tp: int = 1, colo
             f"x tensor_parallel_size {tp})")
 
 
+def ship_template(model_dir: Path, template: str) -> None:
+    """Write the prompt template a model was trained with into its tokenizer (chat_template), so
+    that serving it with a chat API renders the prompts it learned (the alpaca template; a chat
+    template is the tokenizer's own already)."""
+    from transformers import AutoTokenizer
+
+    from rlkit.data.templates import chat_template_for
+
+    if not (Path(model_dir) / "tokenizer_config.json").exists():
+        return  # no tokenizer was saved with this model
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    jinja = chat_template_for(template, tokenizer)
+    if jinja is not None:
+        tokenizer.chat_template = jinja
+        tokenizer.save_pretrained(model_dir)
+
+
 def curriculum_sampler(curriculum: CurriculumConfig, difficulties: list[str | None], total_steps: int,
                        batch_size: int, seed: int, source: str, row_filter: Any = None) -> CurriculumSampler:
     """The recipe's difficulty schedule over rows with these `difficulty` values (None: no field);
@@ -89,8 +106,9 @@ def curriculum_sampler(curriculum: CurriculumConfig, difficulties: list[str | No
 class RunDir:
     """`output_dir` of one run: the resolved recipe (config.yaml), checkpoints, metrics, final/."""
 
-    def __init__(self, cfg: Any, stage: str):
+    def __init__(self, cfg: Any, stage: str, template: str = "alpaca"):
         self.path = Path(cfg.output_dir)
+        self.template = template  # the prompt template trained (data.template resolved): final/ ships it
         self.stage, self.config = stage, to_dict(cfg)
         self.config_text = yaml.safe_dump({"stage": stage, **self.config}, sort_keys=False, allow_unicode=True)
         try:
@@ -161,8 +179,8 @@ class RunDir:
 
                 torch.save(payload, staging / PAYLOAD_FILE)
             (staging / reruns.CONFIG_FILE).write_text(self.config_text, encoding="utf-8")
-            self.ckpts.commit(staging, step, {"sampler": sampler_state, **({"driver": driver} if driver else {})},
-                              protect)
+            self.ckpts.commit(staging, step, {"sampler": sampler_state, "template": self.template,
+                                              **({"driver": driver} if driver else {})}, protect)
 
     def save_final(self, learners: Any, tokenizer_dir: str, needed: int | None = None) -> Path:
         """The final model, written beside `final/` and renamed into place, so a failed save
@@ -171,6 +189,7 @@ class RunDir:
         shutil.rmtree(staging, ignore_errors=True)
         with self._writing(staging, "the final save", needed):
             learners.save_model(staging, tokenizer_dir)
+            ship_template(staging, self.template)
             shutil.rmtree(self.final, ignore_errors=True)
             os.replace(staging, self.final)
         return self.final

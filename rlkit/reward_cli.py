@@ -44,6 +44,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--arg", action="append", default=[], metavar="K=V",
                    help="argument for the function (value parsed as YAML), repeatable")
     t.add_argument("--max-new-tokens", type=int, default=64, help="with --model (default 64)")
+    t.add_argument("--template", default=None, choices=["auto", "alpaca", "chat"],
+                   help="with --model: the prompt template, as data.template (default: the recipe's, else auto)")
     t.set_defaults(func=run)
     return p
 
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         columns = sorted({k for r in rows for k in r} - {"prompt", "completion", "completion_ids"})
         prompts = [r["prompt"] for r in rows]
         if args.model:
-            completions, ids = _generate(args.model, prompts, args.max_new_tokens)
+            completions, ids = _generate(args.model, rows, args.template or data.get("template") or "auto",
+                                         args.max_new_tokens)
         else:
             # chat prompts get chat completions, as in a GRPO run (TRL's shape)
             completions = [[{"role": "assistant", "content": r["completion"]}]
@@ -150,8 +153,9 @@ def _rows(args: argparse.Namespace, data: dict[str, Any], need_completion: bool)
     return rows
 
 
-def _generate(model_dir: str, prompts: list, max_new_tokens: int) -> tuple[list, list]:
-    """Greedy completions from a local HF causal LM (chat template for message prompts)."""
+def _generate(model_dir: str, rows: list[dict], template: str, max_new_tokens: int) -> tuple[list, list]:
+    """Greedy completions from a local HF causal LM, each prompt rendered as training renders it
+    (`template`, as data.template: `auto` is the chat template for chat rows, else alpaca)."""
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -161,12 +165,13 @@ def _generate(model_dir: str, prompts: list, max_new_tokens: int) -> tuple[list,
         raise UserError(f"--model: cannot load {model_dir}: {preview(str(e), 200)}") from None
     import torch
 
+    from rlkit.data.templates import render_prompt, resolve_template
+
+    template = resolve_template(template, rows[0], tok, "--data")
     completions, ids = [], []
-    for p in prompts:
-        if isinstance(p, list):
-            enc = tok.apply_chat_template(p, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-        else:
-            enc = tok(p, return_tensors="pt")
+    for row in rows:
+        p = row["prompt"]
+        enc = tok(render_prompt(row, template, tok), return_tensors="pt", add_special_tokens=template == "alpaca")
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)

@@ -18,7 +18,7 @@ def _rlkit(*args, timeout=120):
 def test_help_lists_the_working_commands():
     out = _rlkit("--help")
     assert out.returncode == 0
-    for cmd in ("sft", "grpo", "tiny-model", "demo", "merge", "reward"):
+    for cmd in ("sft", "grpo", "tiny-model", "demo", "export", "merge", "reward"):
         assert f"    {cmd}" in out.stdout, cmd
 
 
@@ -153,15 +153,16 @@ def test_the_run_plan_line_gives_the_derived_numbers():
     data = SFTData(train=[{}] * 100, difficulties=[None] * 100, eval=[{}] * 7, pad_id=0)
     assert sft_plan(cfg, data, 20, cpu) == (
         "rlkit sft: 100 training rows, 7 held out; 32 rows per step (micro_batch_size 8 x grad_accum 2 x 2 learners);"
-        " 4 steps per epoch; 20 steps (5.00 epochs); 2 CPU processes (2 learners)")
+        " 4 steps per epoch; 20 steps (5.00 epochs); alpaca template; 2 CPU processes (2 learners)")
     cfg = stages.load("grpo", ROOT / "recipes" / "tiny-grpo.yaml", ["rollout.num_engines=2",
                                                                      "rollout.tensor_parallel_size=2"])
     g = cfg.grpo
-    task = SimpleNamespace(rows=[{}] * 400, eval_rows=[])
+    task = SimpleNamespace(rows=[{}] * 400, eval_rows=[], template="chat")
     assert grpo_plan(cfg, task, cpu) == (
         f"rlkit grpo: 400 prompts; {g.prompts_per_step} prompts x group_size {g.group_size} = "
         f"{g.prompts_per_step * g.group_size} completions per step, 1 optimizer step on them; {g.steps} steps "
-        f"({g.steps * g.prompts_per_step / 400:.2f} passes over the prompts); {g.num_learners + 4} CPU processes "
+        f"({g.steps * g.prompts_per_step / 400:.2f} passes over the prompts); chat template; {g.num_learners + 4} "
+        f"CPU processes "
         f"({g.num_learners} learner{'s' * (g.num_learners > 1)} + 2 engines x tensor_parallel_size 2)")
 
 

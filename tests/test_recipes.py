@@ -5,6 +5,7 @@ code and recipe keys (format, dataset, template, curriculum) the stage uses befo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,80 @@ def test_every_recipe_loads_its_data(path, tmp_path, tiny_model, task_data):
     assert len(sampler.next_batch()) == 4
     if recipe.get("curriculum", {}).get("enabled") and any(difficulties):
         assert sampler.curriculum, "the seed's difficulty levels must drive the curriculum"
+
+
+README = ROOT / "README.md"
+
+
+def _readme_block(lang: str, first_line: str) -> str:
+    """The README's fenced `lang` block whose first line is `first_line`."""
+    blocks = README.read_text(encoding="utf-8").split(f"```{lang}\n")[1:]
+    return next(b.split("```")[0] for b in blocks if b.startswith(first_line + "\n"))
+
+
+def test_readme_key_reference_is_generated_from_the_code():
+    from rlkit.keys import BEGIN, END, reference
+
+    text = README.read_text(encoding="utf-8")
+    table = text.split(BEGIN + "\n", 1)[1].split(END, 1)[0]
+    assert table == reference(stages.STAGES), "README's key table is stale: python scripts/key_reference.py --write"
+    for cls in stages.STAGES.values():  # every key says what it does
+        from rlkit.keys import keys
+
+        assert all(meaning for _, _, meaning in keys(cls).values())
+
+
+GUIDE_RECIPES = [p for p in RECIPES if not p.name.startswith("tiny-")]
+
+
+@pytest.mark.parametrize("path", GUIDE_RECIPES, ids=[p.name for p in GUIDE_RECIPES])
+def test_guide_recipes_say_what_they_are_and_comment_every_key(path):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = [line for line in lines[:12] if line.startswith("#")]
+    assert header and ("Seed 00" in header[0] or "Not from a seed guide" in " ".join(header)), header[:1]
+    assert any("rlkit " in line for line in header), "the header shows the command line"
+    bare = [line for line in lines if not line.startswith("#") and not line.rstrip().endswith(":")
+            and "#" not in line and line.strip()]
+    assert not bare, f"keys without a comment: {bare}"
+
+
+def test_readme_reward_example_runs_on_chat_and_text_rows(tmp_path, monkeypatch, capsys):
+    """The README's reward (my_rewards.py) on chat rows (TRL's message shapes) and on text rows."""
+    import argparse
+
+    from rlkit import reward_cli
+
+    (tmp_path / "my_rewards.py").write_text(_readme_block("python", "# my_rewards.py"), encoding="utf-8")
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # other tests have their own my_rewards:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the folder rlkit adds to find this one goes again
+    chat = [{"prompt": [{"role": "user", "content": "首都？"}], "completion": "北京", "answer": "北京"},
+            {"prompt": [{"role": "user", "content": "1+1?"}], "completion": " 2 ", "answer": "2"}]
+    text = [{"prompt": "1+1?", "completion": "2", "answer": "2"}, {"prompt": "2+2?", "completion": "5", "answer": "4"}]
+    _write(tmp_path / "chat.jsonl", chat)
+    _write(tmp_path / "text.jsonl", text)
+    monkeypatch.chdir(tmp_path)
+    for name, mean in (("chat.jsonl", "1.000"), ("text.jsonl", "0.500")):
+        parser = argparse.ArgumentParser()
+        reward_cli.add_parser(parser.add_subparsers())
+        args = parser.parse_args(["reward", "test", "my_rewards:exact", "--data", name])
+        assert args.func(args) == 0, capsys.readouterr().err
+        row = next(line for line in capsys.readouterr().out.splitlines() if line.strip("│ ").startswith("exact"))
+        assert mean in row, (name, row)
+    sys.modules.pop("my_rewards", None)
+
+
+@pytest.mark.slow
+def test_readme_minimal_recipe_runs_on_the_tiny_model(tmp_path, tiny_model, task_data):
+    recipe = tmp_path / "my-sft.yaml"
+    recipe.write_text(_readme_block("yaml", "# my-sft.yaml"), encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "rlkit.cli", "sft", str(recipe), f"model.path={tiny_model}",
+                          f"data.train={task_data['sft_train']}", "train.max_steps=3", "logging.progress=none",
+                          f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rlkit sft: 2000 training rows; 16 rows per step (micro_batch_size 4 x grad_accum 4 x 1 learner)" \
+        in out.stderr
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter" / "adapter_config.json").exists() and (final / "model.safetensors").exists()
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [1, 2, 3]

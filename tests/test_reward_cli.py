@@ -146,3 +146,22 @@ def test_data_in_every_training_format(work, capsys):
         table = next(line for line in captured.out.splitlines() if line.strip("│ ").startswith("exact_match"))
         assert "1.000" in table, argv  # each row's own response matches its gold
         assert "no `completion` column: scoring each row's own response" in captured.err
+
+
+def test_generate_renders_prompts_with_the_training_template(work, capsys, tiny_model, monkeypatch):
+    """--model renders each prompt as a run renders it: data.template (auto: the chat template for
+    chat rows; --template or the recipe's key names one)."""
+    from rlkit.data import templates
+
+    seen = []
+    real = templates.render_prompt
+    monkeypatch.setattr(templates, "render_prompt", lambda row, t, tok=None: seen.append(t) or real(row, t, tok))
+    (work / "chat.jsonl").write_text('{"prompt": [{"role": "user", "content": "1 + 1 ="}], "answer": "2"}\n')
+    (work / "recipe.yaml").write_text("model: x\ndata: {train: chat.jsonl, template: alpaca}\nrewards:\n"
+                                      "  - {fn: 'rewards.exact:exact_match'}\n")
+    for argv, want in ((["rewards.exact:exact_match", "--data", "chat.jsonl"], "chat"),
+                       (["rewards.exact:exact_match", "--data", "chat.jsonl", "--template", "alpaca"], "alpaca"),
+                       (["--recipe", "recipe.yaml"], "alpaca")):
+        seen.clear()
+        assert cli(*argv, "--model", str(tiny_model), "--max-new-tokens", "2") == 0, capsys.readouterr().err
+        assert seen == [want], argv

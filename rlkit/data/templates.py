@@ -24,7 +24,57 @@ from typing import Any
 
 from rlkit.errors import DataError
 
-TEMPLATES = ("alpaca", "chat")
+TEMPLATES = ("alpaca", "chat")  # what rows are rendered with; data.template also takes "auto"
+
+# The alpaca format as a Jinja chat template, written into final/'s tokenizer so that
+# `apply_chat_template(messages, add_generation_prompt=True)` (vLLM's and HF's chat APIs) gives
+# the prompt the model was trained on. An alpaca row with an input is the user message
+# {"role": "user", "content": instruction, "input": input} (`served_messages`); a plain user
+# message renders as an instruction without input. The last assistant turn ends with eos, as trained.
+ALPACA_CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] + '\\n\\n' }}"
+    "{% elif m['role'] == 'user' %}{{ '### 指令:\\n' + m['content'] + '\\n\\n' }}"
+    "{% if m.get('input') %}{{ '### 输入:\\n' + m['input'] + '\\n\\n' }}{% endif %}{{ '### 回答:\\n' }}"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}{% if loop.last %}{{ eos_token }}"
+    "{% else %}{{ '\\n\\n' }}{% endif %}"
+    "{% endif %}{% endfor %}")
+
+
+def resolve_template(template: str, row: dict[str, Any], tokenizer: Any, source: str) -> str:
+    """The template rows are rendered with: `auto` is the tokenizer's chat template for chat rows
+    (messages, or a prompt given as messages), as TRL does, and the seeds' alpaca template for
+    alpaca and plain-text rows; a named template is used as named."""
+    if template != "auto":
+        return template
+    chat = "messages" in row or isinstance(row.get("prompt"), list)
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{source}: data.template: auto renders chat rows with the tokenizer's chat template, and "
+                        "this tokenizer has none: set data.template: alpaca, or use a chat model's tokenizer")
+    return "chat" if chat else "alpaca"
+
+
+def chat_template_for(template: str, tokenizer: Any) -> str | None:
+    """The chat template a model trained with `template` must ship (None: the tokenizer's own,
+    which is what it was trained with)."""
+    if template != "alpaca":
+        return None
+    ids = tokenizer("a")["input_ids"]
+    adds_bos = tokenizer.bos_token_id is not None and bool(ids) and ids[0] == tokenizer.bos_token_id
+    return ("{{ bos_token }}" if adds_bos else "") + ALPACA_CHAT_TEMPLATE  # as encode_sft tokenises it
+
+
+def served_messages(row: dict[str, Any]) -> list[dict[str, str]]:
+    """The prompt of a row as chat messages for a model trained by rlkit: with the template
+    `chat_template_for` wrote, `apply_chat_template(..., add_generation_prompt=True)` on them is
+    the training prompt (an alpaca input goes in the user message's `input` field)."""
+    if "instruction" not in row:
+        return _prompt_messages(row)
+    msgs = [{"role": "system", "content": row["system"]}] if row.get("system") else []
+    for q, a in row.get("history") or []:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    user = {"role": "user", "content": row["instruction"]}
+    return msgs + [{**user, "input": row["input"]} if row.get("input") else user]
 
 
 def render_alpaca(instruction: str, input: str = "", system: str = "",  # noqa: A002

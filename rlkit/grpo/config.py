@@ -37,7 +37,7 @@ class GRPOEvalConfig(EvalConfig):
     """Held-out prompts are generated and scored by the reward functions."""
 
     temperature: float | None = None  # None = rollout.temperature; 0 = greedy
-    samples_per_prompt: int = 1
+    samples_per_prompt: int = 1  # completions per held-out prompt
 
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {
         "max_batches": "SFT only: GRPO evaluates every held-out prompt",
@@ -54,9 +54,9 @@ class OnlineDifficultyConfig:
     """Prompts whose last group was all solved (every reward >= solved_at) or all failed (every
     reward <= failed_at) are kept by the sampler with probability `keep` (grpo/difficulty.py)."""
 
-    keep: float = 0.25
-    solved_at: float = 1.0
-    failed_at: float = 0.0
+    keep: float = 0.25  # chance a prompt the group all solved / all failed is drawn again
+    solved_at: float = 1.0  # a group whose rewards are all >= this is solved
+    failed_at: float = 0.0  # a group whose rewards are all <= this failed
 
     def __post_init__(self):
         check(0 < self.keep <= 1, "keep", f"must be in (0, 1] (1 = off), got {self.keep}")
@@ -71,33 +71,33 @@ _ADVANTAGE_HINTS = {"batch": "did you mean 'batch_std'?", "reinforce++": "did yo
 
 @dataclass(frozen=True)
 class GRPOAlgoConfig:
-    steps: int = 100
-    prompts_per_step: int = 8
+    steps: int = 100  # training steps (one rollout batch each)
+    prompts_per_step: int = 8  # prompts sampled per step (each gets group_size completions)
     group_size: int = 8  # G completions per prompt
     epochs: int = 1  # mu: optimisation passes over each rollout batch
     mini_batches: int = 1  # optimiser steps per pass
     micro_batch_size: int = 8  # completions per forward/backward on one learner
-    num_learners: int = 1
-    epsilon_low: float = 0.2
+    num_learners: int = 1  # data-parallel DeepSpeed learners (one device each)
+    epsilon_low: float = 0.2  # PPO clip below: ratio >= 1 - epsilon_low
     epsilon_high: float = 0.2  # clip-higher (DAPO: 0.28)
     beta: float = 0.0  # KL coefficient; 0 skips the reference model
-    kl: KLKind = "k3"
+    kl: KLKind = "k3"  # KL estimator (k1, k2, k3) when beta > 0
     # The per-token loss and how it is averaged (grpo/loss.py): grpo, bnpo, dr_grpo (Dr. GRPO's
     # constant normaliser), dapo, cispo (epsilon_high is then the weight cap, e.g. 5), sapo, luspo, vespo.
     loss_type: LossType = "dapo"
     importance_sampling_level: ISLevel = "token"  # sequence = GSPO's length-normalised sequence ratio
     # The soft losses' parameters, named and defaulted as `loss.SoftGates` (TRL 1.16's).
     sapo_temperature_pos: float = SoftGates.sapo_temperature_pos
-    sapo_temperature_neg: float = SoftGates.sapo_temperature_neg
-    vespo_k_pos: float = SoftGates.vespo_k_pos
-    vespo_lambda_pos: float = SoftGates.vespo_lambda_pos
-    vespo_k_neg: float = SoftGates.vespo_k_neg
-    vespo_lambda_neg: float = SoftGates.vespo_lambda_neg
+    sapo_temperature_neg: float = SoftGates.sapo_temperature_neg  # SAPO gate temperature, negative advantages
+    vespo_k_pos: float = SoftGates.vespo_k_pos  # VESPO gate, positive advantages
+    vespo_lambda_pos: float = SoftGates.vespo_lambda_pos  # VESPO gate, positive advantages
+    vespo_k_neg: float = SoftGates.vespo_k_neg  # VESPO gate, negative advantages
+    vespo_lambda_neg: float = SoftGates.vespo_lambda_neg  # VESPO gate, negative advantages
     # A registered estimator (grpo/advantages.py): grpo = (r - mean) / (std + eps) per group,
     # no_std or dr_grpo = r - mean, batch_std = (r - group mean) / (batch std + eps), rloo = leave-one-out
     # baseline, reinforce_pp = batch-whitened reward, reinforce_pp_baseline = group-centred then whitened.
     advantage: str = "grpo"
-    advantage_eps: float = 1e-4
+    advantage_eps: float = 1e-4  # added to the std in the advantage's denominator
     # Several reward functions: sum_then_normalize = the weighted sum goes to `advantage`;
     # normalize_then_sum = GDPO (each normalised per group, summed, whitened over the batch).
     multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
@@ -108,14 +108,14 @@ class GRPOAlgoConfig:
     # Importance weights pi_learner / pi_engine on the policy loss (grpo/correction.py): the
     # engine/learner numeric gap and staleness. Default token_truncate at 2 (TIS): see the README.
     rollout_correction: CorrectionMode = "token_truncate"
-    correction_clip_min: float | None = None
-    correction_clip_max: float | None = 2.0
+    correction_clip_min: float | None = None  # lower bound of the importance weight (None: none)
+    correction_clip_max: float | None = 2.0  # upper bound of the importance weight (None: none)
     off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2 sequence masking (e.g. 0.5); None = off
     dynamic_sampling: bool = False  # DAPO: drop all-equal groups and refill
-    max_refill_rounds: int = 3
-    mask_truncated: bool = False
+    max_refill_rounds: int = 3  # dynamic sampling: generation rounds to replace all-equal groups
+    mask_truncated: bool = False  # no loss on completions cut at max_tokens (DAPO)
     overlong_buffer: int = 0  # DAPO soft overlong punishment buffer (tokens); 0 = off
-    overlong_penalty: float = 1.0
+    overlong_penalty: float = 1.0  # largest penalty of the overlong buffer
 
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {
         "async_generation": "replaced by max_staleness: 1 generates step k+1 while step k trains"}
@@ -177,12 +177,13 @@ class GRPOAlgoConfig:
 class GRPOConfig:
     model: ModelConfig
     data: DataConfig
+    # run folder: config.yaml, rlkit.log, metrics, rollouts, checkpoints, final/ (relative to the working directory)
     output_dir: str
     rewards: tuple[RewardSpec, ...]
     overwrite: bool = False  # a fresh run may replace another run's outputs in output_dir
-    seed: int = 42
-    device: Device = "auto"
-    finetuning: Finetuning = "full"
+    seed: int = 42  # seeds sampling, generation, initialisation
+    device: Device = "auto"  # auto: the accelerator this host has (CUDA, ROCm, NPU), else CPU
+    finetuning: Finetuning = "full"  # full, lora (needs a lora section) or qlora (4-bit base + LoRA)
     lora: LoraConfig | None = None
     qlora: QuantConfig | None = None
     grpo: GRPOAlgoConfig = field(default_factory=GRPOAlgoConfig)

@@ -54,7 +54,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         online = cfg.online_difficulty and OnlineDifficulty(len(task.rows), **dataclasses.asdict(cfg.online_difficulty))
         sampler = curriculum_sampler(cfg.curriculum, task.difficulties, g.steps, g.prompts_per_step, cfg.seed,
                                      cfg.data.train, row_filter=online)
-        run = RunDir(cfg, "grpo")
+        run = RunDir(cfg, "grpo", template=task.template)
         run.announce(_plan(cfg, task, device))
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0)
@@ -81,6 +81,7 @@ def _plan(cfg: GRPOConfig, task: Task, device: Any) -> str:
     return (f"rlkit grpo: {len(task.rows)} prompts{held_out}; {g.prompts_per_step} prompts x group_size "
             f"{g.group_size} = {g.prompts_per_step * g.group_size} completions per step, {updates} optimizer step"
             f"{'s' * (updates > 1)} on them; {g.steps} steps ({passes:.2f} passes over the prompts); "
+            f"{task.template} template; "
             f"{devices_line(device, g.num_learners, r.num_engines, r.tensor_parallel_size, r.colocate)}")
 
 

@@ -41,13 +41,15 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     """Load the prompts, the tokenizer and the rewards (resolved against the prompts' columns;
     `file.py:function` paths are relative to `recipe_dir`; `seed` draws `num_samples` rows)."""
     from rlkit.data.formats import load_prompts
+    from rlkit.data.templates import resolve_template
     from rlkit.models import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     rows = load_prompts(data.train, data.format, data.dataset, data.skip_bad_rows, seed=seed).rows
     eval_rows = load_prompts(data.eval, data.format, data.dataset, seed=seed).rows if data.eval else []
     scorer = RewardScorer(list(rewards), recipe_dir, columns=set(rows[0]) if rows else None, default=reward_default)
-    task = Task(rows, eval_rows, data.template, tokenizer, scorer)
+    template = resolve_template(data.template, rows[0], tokenizer, data.train) if rows else data.template
+    task = Task(rows, eval_rows, template, tokenizer, scorer)
     task.render(rows[0])  # a template that cannot render these rows fails here, before launch
     return task
 

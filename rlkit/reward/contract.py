@@ -52,11 +52,13 @@ class RewardSpec:
     in metrics) instead of stopping the run.
     """
 
-    fn: str
-    weight: float = 1.0
+    fn: str  # package.module:function, path/to/file.py:function (beside the recipe) or module.function
+    weight: float = 1.0  # multiplier in the weighted sum (0: logged only)
+    # extra keyword arguments of every call (a class: of its constructor)
     args: dict[str, Any] = field(default_factory=dict)
-    name: str | None = None
-    timeout_s: float | None = 30.0
+    name: str | None = None  # metric name (default: the function or class name)
+    timeout_s: float | None = 30.0  # limit of one call on a batch (None: none)
+    # {default: x}: x for samples whose call raised or timed out, instead of stopping
     on_error: dict[str, float] | None = None
 
     def __post_init__(self) -> None:

@@ -27,8 +27,8 @@ from rlkit.recipe import check
 
 @dataclass(frozen=True)
 class SFTDataConfig(DataConfig):
-    cutoff_len: int = 1024
-    packing: bool = False
+    cutoff_len: int = 1024  # tokens per row (prompt + response); longer rows are cut, with a count before training
+    packing: bool = False  # pack several rows into one sequence (attention stays per row)
     mask_history: bool = False  # multi-turn rows: train the last assistant turn only (default: every turn)
 
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {}
@@ -39,9 +39,9 @@ class SFTDataConfig(DataConfig):
 
 @dataclass(frozen=True)
 class SFTEvalConfig(EvalConfig):
-    max_batches: int | None = None
+    max_batches: int | None = None  # evaluate on this many micro-batches only (None: all held-out rows)
     patience: int | None = None  # early stopping after this many evals without improvement
-    min_delta: float = 0.0
+    min_delta: float = 0.0  # an eval loss must improve by more than this to count (patience)
 
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {
         "temperature": "GRPO only: SFT evaluates the loss, it does not generate",
@@ -50,11 +50,11 @@ class SFTEvalConfig(EvalConfig):
 
 @dataclass(frozen=True)
 class SFTTrainConfig:
-    num_learners: int = 1
-    micro_batch_size: int = 4
-    grad_accum: int = 1
+    num_learners: int = 1  # data-parallel DeepSpeed learners (one device each)
+    micro_batch_size: int = 4  # rows per forward/backward on one learner
+    grad_accum: int = 1  # micro-batches per optimizer step
     max_steps: int | None = None  # default: epochs over the training rows
-    epochs: float = 1.0
+    epochs: float = 1.0  # passes over the training rows when max_steps is not set
 
     def __post_init__(self):
         check(self.num_learners >= 1, "num_learners", f"must be >= 1, got {self.num_learners}")
@@ -67,11 +67,12 @@ class SFTTrainConfig:
 class SFTConfig:
     model: ModelConfig
     data: SFTDataConfig
+    # run folder: config.yaml, rlkit.log, metrics, checkpoints, final/ (relative to the working directory)
     output_dir: str
     overwrite: bool = False  # a fresh run may replace another run's outputs in output_dir
-    seed: int = 42
-    device: Device = "auto"
-    finetuning: Finetuning = "full"
+    seed: int = 42  # seeds sampling, shuffling, initialisation
+    device: Device = "auto"  # auto: the accelerator this host has (CUDA, ROCm, NPU), else CPU
+    finetuning: Finetuning = "full"  # full, lora (needs a lora section) or qlora (4-bit base + LoRA)
     lora: LoraConfig | None = None
     qlora: QuantConfig | None = None
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,15 @@ log = logging.getLogger("rlkit")
 
 @dataclass
 class SFTData:
-    """Tokenised rows: train samples with their difficulty, held-out samples, the pad id."""
+    """Tokenised rows: train samples with their difficulty, held-out samples, the pad id, the
+    template they were rendered with (`data.template`, `auto` resolved)."""
 
     train: list[dict]
     difficulties: list[str | None]
     eval: list[dict]
     pad_id: int
+    template: str = "alpaca"
+    notes: list[str] = field(default_factory=list)  # lines for the console before training
 
 
 def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0) -> SFTData:
@@ -36,34 +39,44 @@ def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0) -> SFTData
     `seed` draws a dataset_info entry's `num_samples` rows."""
     from rlkit.data.collate import encode_sft
     from rlkit.data.formats import load_rows
+    from rlkit.data.templates import resolve_template
+
+    template, notes = data.template, []
 
     def encode(path: str, skip_bad_rows: bool) -> tuple[list[dict], list[str | None]]:
+        nonlocal template
         loaded = load_rows(path, data.format, data.dataset, skip_bad_rows, seed=seed)
+        if loaded.rows and template == "auto":
+            template = resolve_template(template, loaded.rows[0], tokenizer, loaded.source)
         lengths: list[int] = []
-        encoded = [encode_sft(r, tokenizer, data.template, data.cutoff_len, data.mask_history, lengths)
+        encoded = [encode_sft(r, tokenizer, template, data.cutoff_len, data.mask_history, lengths)
                    for r in loaded.rows]
-        report_truncation(loaded.source, lengths, data.cutoff_len)
+        note = report_truncation(loaded.source, lengths, data.cutoff_len)
+        notes.extend([note] if note else [])
         return encoded, [r.get("difficulty") for r in loaded.rows]
 
     train, difficulties = encode(data.train, data.skip_bad_rows)
     held_out = encode(data.eval, False)[0] if data.eval else []
-    return SFTData(train, difficulties, held_out, tokenizer.pad_token_id)
+    return SFTData(train, difficulties, held_out, tokenizer.pad_token_id, template, notes)
 
 
 TRUNCATION_WARN_SHARE = 0.1
 
 
-def report_truncation(source: str, lengths: list[int], cutoff_len: int) -> None:
-    """One line, before training, when rows are longer than cutoff_len (they are cut: a cut
-    response loses its eos); a warning when more than TRUNCATION_WARN_SHARE of them are."""
+def report_truncation(source: str, lengths: list[int], cutoff_len: int) -> str | None:
+    """When rows are longer than cutoff_len (they are cut: a cut response loses its eos), the
+    line that says how many: a warning now when more than TRUNCATION_WARN_SHARE of them are,
+    else returned, for the console before training."""
     cut = sum(n > cutoff_len for n in lengths)
     if not cut:
-        return
+        return None
     share = cut / len(lengths)
-    (log.warning if share > TRUNCATION_WARN_SHARE else log.info)(
-        "%s: %d of %d rows (%.0f%%) are longer than data.cutoff_len %d tokens and are cut (longest %d)%s",
-        source, cut, len(lengths), 100 * share, cutoff_len, max(lengths),
-        "; raise cutoff_len if the responses matter to the end" if share > TRUNCATION_WARN_SHARE else "")
+    line = (f"{source}: {cut} of {len(lengths)} rows ({100 * share:.0f}%) are longer than data.cutoff_len "
+            f"{cutoff_len} tokens and are cut (longest {max(lengths)})")
+    if share <= TRUNCATION_WARN_SHARE:
+        return line
+    log.warning("%s; raise cutoff_len if the responses matter to the end", line)
+    return None
 
 
 def micro_batches(samples: list[dict], per_micro: int, packing: bool, max_len: int, pad_id: int) -> list[dict]:
@@ -131,8 +144,9 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     global_batch = t.micro_batch_size * t.grad_accum * t.num_learners
     total = t.max_steps or max(1, math.ceil(t.epochs * len(data.train) / global_batch))
     sampler = curriculum_sampler(cfg.curriculum, data.difficulties, total, global_batch, cfg.seed, cfg.data.train)
-    run = RunDir(cfg, "sft")
-    run.announce(_plan(cfg, data, total, device))
+    run = RunDir(cfg, "sft", template=data.template)
+    for line in [_plan(cfg, data, total, device), *data.notes]:
+        run.announce(line)
     spec = learner_spec(cfg, t.micro_batch_size, t.grad_accum, total)
     with run.session(), learner_group(cfg, spec, t.num_learners, device) as learners:
         step, saved = run.resume(learners, sampler)
@@ -158,7 +172,7 @@ def _plan(cfg: SFTConfig, data: SFTData, total: int, device: Any) -> str:
     return (f"rlkit sft: {len(data.train)} training rows{held_out}; {batch} rows per step (micro_batch_size "
             f"{t.micro_batch_size} x grad_accum {t.grad_accum} x {t.num_learners} learner"
             f"{'s' * (t.num_learners > 1)}); {per_epoch} steps per epoch; {total} steps "
-            f"({total / per_epoch:.2f} epochs); {devices_line(device, t.num_learners)}")
+            f"({total / per_epoch:.2f} epochs); {data.template} template; {devices_line(device, t.num_learners)}")
 
 
 def _train(cfg: SFTConfig, run: RunDir, learners: Any, sampler: Any, data: SFTData, stopping: EarlyStopping,

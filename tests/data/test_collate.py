@@ -137,5 +137,9 @@ def test_truncated_rows_are_counted_before_training(tmp_path, tokenizer, caplog)
     assert line in caplog.text and caplog.records[-1].levelno == logging.WARNING
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="rlkit"):
-        load_sft_data(SFTDataConfig(train=str(path), cutoff_len=4096), tokenizer)
+        assert load_sft_data(SFTDataConfig(train=str(path), cutoff_len=4096), tokenizer).notes == []
     assert "longer than data.cutoff_len" not in caplog.text
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows[:8] * 2 + rows[8:9]))  # 1 of 17
+    data = load_sft_data(SFTDataConfig(train=str(path), cutoff_len=32), tokenizer)
+    assert data.notes == [f"{path}: 1 of 17 rows (6%) are longer than data.cutoff_len 32 tokens and are cut "
+                          f"(longest {len(full['input_ids'])})"]  # under 10%: a line on the console, no warning

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from rlkit.data.templates import render_alpaca, render_prompt, render_sft
@@ -74,3 +76,73 @@ def test_template_errors(tokenizer):
                         {"role": "assistant", "content": "c"}]}
     with pytest.raises(DataError, match="alternating user/assistant"):
         render_sft(bad, "alpaca")
+
+
+ALPACA_ROWS = [
+    {"instruction": "计算", "input": "12+7", "system": "你是数学助手", "history": [["1+1", "2"], ["2+2", "4"]],
+     "output": "19"},
+    {"instruction": "解释深度学习", "input": "", "system": "", "history": [], "output": "神经网络"},
+]
+
+
+def test_auto_template_follows_the_rows(tokenizer):
+    from rlkit.data.templates import resolve_template
+
+    chat = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    assert resolve_template("auto", chat, tokenizer, "d.json") == "chat"
+    assert resolve_template("auto", {"prompt": [{"role": "user", "content": "a"}]}, tokenizer, "d.json") == "chat"
+    assert resolve_template("auto", ALPACA_ROWS[0], tokenizer, "d.json") == "alpaca"
+    assert resolve_template("auto", {"prompt": "1+1?"}, tokenizer, "d.json") == "alpaca"
+    assert resolve_template("alpaca", chat, tokenizer, "d.json") == "alpaca"  # a named template is kept
+    bare = copy.deepcopy(tokenizer)  # a tokenizer without a chat template
+    bare.chat_template = None
+    with pytest.raises(DataError, match=r"^d.json: data.template: auto renders chat rows with the tokenizer's chat "
+                                        r"template, and this tokenizer has none: set data.template: alpaca"):
+        resolve_template("auto", chat, bare, "d.json")
+
+
+def _with_bos(tokenizer):
+    """The fixture tokenizer, adding <|im_start|> as a BOS token (as Llama's adds <s>)."""
+    from tokenizers import processors
+
+    tok = copy.deepcopy(tokenizer)
+    tok.bos_token = "<|im_start|>"
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", tok.bos_token_id)])
+    return tok
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_the_shipped_alpaca_chat_template_gives_the_training_prompt(tokenizer, bos):
+    """What a chat API renders with final/'s tokenizer is what the model was trained on: the same
+    text, the same token ids (BOS included where the tokenizer adds one), the answer ending in eos."""
+    from rlkit.data.collate import encode_sft
+    from rlkit.data.templates import chat_template_for, served_messages
+
+    tok = _with_bos(tokenizer) if bos else tokenizer
+    served = copy.deepcopy(tok)
+    served.chat_template = chat_template_for("alpaca", tok)
+    assert chat_template_for("chat", tok) is None  # a chat-template model ships its own
+    for row in ALPACA_ROWS:
+        messages = served_messages(row)
+        text = served.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert text == (tok.bos_token if bos else "") + render_prompt(row, "alpaca")
+        ids = served.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+        trained = encode_sft(row, tok, "alpaca", 512, mask_history=True)
+        n_prompt = trained["labels"].index(next(x for x in trained["labels"] if x != -100))
+        assert list(ids) == trained["input_ids"][:n_prompt]
+        full = served.apply_chat_template(messages + [{"role": "assistant", "content": row["output"]}],
+                                          tokenize=False)
+        assert full == text + row["output"] + tok.eos_token
+
+
+def test_ship_template_writes_the_alpaca_one_and_keeps_a_chat_one(tokenizer, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlkit.data.templates import ALPACA_CHAT_TEMPLATE
+    from rlkit.driver import ship_template
+
+    for template, want in (("alpaca", ALPACA_CHAT_TEMPLATE), ("chat", tokenizer.chat_template)):
+        tokenizer.save_pretrained(tmp_path / template)
+        ship_template(tmp_path / template, template)
+        assert AutoTokenizer.from_pretrained(tmp_path / template).chat_template == want

@@ -35,13 +35,31 @@ def test_full_sft_learns_and_output_loads(ray_local, tiny_model, task_data, tmp_
     assert losses[-1] < 0.5 * losses[0], f"eval loss did not fall enough: {losses}"
     assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
     assert isinstance(_generate(final), str)
+    _exports_match_final(out, final, tmp_path / "exports")
+    # final/ ships the template trained: a chat API on it renders the training prompt, token for token
+    import json
+
+    from transformers import AutoTokenizer
+
+    from rlkit.data.collate import encode_sft
+    from rlkit.data.templates import render_prompt, served_messages
+
+    served = AutoTokenizer.from_pretrained(final)
+    row = {"system": "", "history": [], **json.loads(task_data["sft_eval"].read_text().splitlines()[0])}
+    messages = served_messages(row)
+    assert served.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
+        render_prompt(row, "alpaca")
+    trained = encode_sft(row, AutoTokenizer.from_pretrained(tiny_model), "alpaca", 512)
+    ids = served.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    first_target = next(i for i, label in enumerate(trained["labels"]) if label != -100)
+    assert list(ids) == trained["input_ids"][:first_target]
 
 
 @pytest.mark.parametrize("mode", ["lora", "qlora"])
 def test_adapter_sft_learns_and_merges(ray_local, tiny_model, task_data, tmp_path, mode):
     extra = [f"finetuning={mode}", "lora.r=16", "lora.alpha=32", "lora.dropout=0.0",
              "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
-             "train.max_steps=40", "eval.every=20", "optim.lr=1e-2"]
+             "train.max_steps=40", "eval.every=20", "optim.lr=1e-2", "checkpoint.every=40"]
     if mode == "qlora":
         extra += ["qlora.compute_dtype=fp32", "eval.every=10"]  # evals between steps: the bnb CPU trap
     final, out = _run(tiny_model, task_data, tmp_path / mode, *extra)
@@ -53,6 +71,29 @@ def test_adapter_sft_learns_and_merges(ray_local, tiny_model, task_data, tmp_pat
         assert bool((err <= bound).all()), f"{name}: merged weight off by {float(err.max()):.3g} (> fp32 rounding)"
     adapted, merged = _logits_float64(tiny_model, final)
     assert torch.allclose(adapted, merged, atol=1e-4), float((adapted - merged).abs().max())
+    _exports_match_final(out, final, tmp_path / "exports")
+
+
+def _exports_match_final(run_dir, final, work):
+    """`rlkit export` of every checkpoint of the run: the one the final model was saved from gives
+    the same weights (and adapter), bit for bit; another one does not."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from rlkit.export import export_checkpoint
+
+    def weights(model_dir):
+        files = ["model.safetensors"] + (["adapter/adapter_model.safetensors"] if (final / "adapter").exists() else [])
+        return [load_file(model_dir / f) for f in files]
+
+    want, same = weights(final), []
+    for ckpt in sorted((run_dir / "checkpoints").glob("step-*")):
+        got = weights(export_checkpoint(ckpt, work / ckpt.name))
+        assert [set(g) for g in got] == [set(w) for w in want]
+        assert AutoTokenizer.from_pretrained(work / ckpt.name).chat_template == \
+            AutoTokenizer.from_pretrained(final).chat_template  # the template trained, as in final/
+        same.append(all(torch.equal(g[k], w[k]) for g, w in zip(got, want) for k in w))
+    assert same and sum(same) == 1, same
 
 
 def _logits_float64(base_dir, final, ids=((5, 6, 7, 8, 9),)):
@@ -110,7 +151,8 @@ def test_two_learners_zero(ray_local, tiny_model, task_data, tmp_path, stage):
         (tmp_path / "ds_config.json").write_text(json.dumps(SEED_002))
         zero = [f"deepspeed.config={tmp_path / 'ds_config.json'}", "deepspeed.zero_stage=null"]
     final, out = _run(tiny_model, task_data, tmp_path / f"z{stage}", "train.num_learners=2", *zero,
-                      "train.micro_batch_size=8", "train.max_steps=40", "eval.every=20")
+                      "train.micro_batch_size=8", "train.max_steps=40", "eval.every=20", "checkpoint.every=40")
     losses = eval_losses(out)
     assert losses[-1] < 0.6 * losses[0], f"zero{stage}: {losses}"
     assert isinstance(_generate(final), str)
+    _exports_match_final(out, final, tmp_path / "exports")  # ZeRO shards of two ranks, gathered
