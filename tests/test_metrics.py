@@ -57,3 +57,23 @@ def test_every_logged_metric_of_both_stages_is_in_the_scheme():
     fit = type("F", (), {"steps": [], "logprob_seconds": 0.1})()
     grpo = grpo_metrics([fit], 8, {"bytes": 2**20}, 0.0, 0.5, 1.0)
     assert all("/" in k for k in [*sft, *grpo]) and grpo["sync/mib"] == 1.0 and "train/samples_per_s" in grpo
+
+
+def test_the_wandb_run_is_named_after_the_output_dir(tmp_path, monkeypatch):
+    """wandb is not installed here (and has no server): a stand-in module records what rlkit asks of it."""
+    import sys
+    import types
+
+    calls = {}
+    run = types.SimpleNamespace(log=lambda values, step: calls.setdefault("logged", []).append((step, values)),
+                                finish=lambda: calls.setdefault("finished", True))
+    fake = types.SimpleNamespace(init=lambda **kw: calls.update(init=kw) or run)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    out = tmp_path / "qwen-lora-run3"
+    logger = MetricsLogger(out, LoggingConfig(tensorboard=False, wandb=True, progress="none"), total_steps=2,
+                           config={"seed": 1}, name="grpo")
+    logger.log(1, {"reward/mean": 0.5})
+    logger.close()
+    assert calls["init"]["name"] == "qwen-lora-run3" and calls["init"]["job_type"] == "grpo"
+    assert calls["init"]["project"] == "rlkit" and calls["init"]["config"] == {"seed": 1}
+    assert calls["logged"] == [(1, {"reward/mean": 0.5})] and calls["finished"]
