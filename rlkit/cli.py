@@ -134,11 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", nargs="*", default=None, choices=list(STAGE_HELP), help="subset of the demo's stages")
     p.set_defaults(handler=_run_demo)
 
-    from rlkit import doctor, export, merge, reward_cli
+    from rlkit import doctor, export, merge, plot, reward_cli
 
     doctor.add_parser(sub)
     export.add_parser(sub)
     merge.add_parser(sub)
+    plot.add_parser(sub)
     reward_cli.add_parser(sub)  # `rlkit reward test ...`
     return parser
 

@@ -38,6 +38,12 @@ def run_demo(out_dir: str | Path = "runs/demo", stages: list[str] | None = None)
             f"data.eval={data_dir / 'grpo_eval.jsonl'}", f"output_dir={out / 'grpo'}", *AGAIN])
         final = run_grpo(cfg, recipe_path=RECIPES / "tiny-grpo.yaml")
         yield f"grpo: final policy in {final}; {_accuracy_line(out / 'grpo' / 'metrics.jsonl')}"
+    ran = [out / stage for stage in ("sft", "grpo") if stage in wanted]
+    if ran:
+        from rlkit.plot import plot_runs
+
+        curves = [p for p in plot_runs(ran, out / "plots") if p.name == "curves.png"]
+        yield f"plots: {', '.join(str(p) for p in curves)} (and one PNG per panel beside each)"
 
 
 def _accuracy_line(metrics: Path) -> str:

@@ -18,7 +18,7 @@ def _rlkit(*args, timeout=120):
 def test_help_lists_the_working_commands():
     out = _rlkit("--help")
     assert out.returncode == 0
-    for cmd in ("sft", "grpo", "tiny-model", "demo", "export", "merge", "reward"):
+    for cmd in ("sft", "grpo", "tiny-model", "demo", "export", "merge", "reward", "plot", "doctor"):
         assert f"    {cmd}" in out.stdout, cmd
 
 
