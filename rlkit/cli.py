@@ -8,12 +8,15 @@ traceback for them. A run stopped by SIGTERM / SIGINT exits 3 once its checkpoin
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from rlkit.errors import Stopped, UserError
 
 EXIT_USER_ERROR = 2
+VERBOSE_HELP = ("show the libraries' output (Ray, DeepSpeed, vLLM, actors) live on the console instead of writing "
+                "it to RUN_DIR/logs/")
 STAGE_HELP = {"sft": "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
           "grpo": "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe"}
 
@@ -25,7 +28,8 @@ def _add_recipe_stage(sub, name: str, help_text: str) -> None:
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override recipe keys (optional)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--address", default=None, help="join a running Ray cluster (e.g. auto)")
-    p.set_defaults(handler=_run_stage, stage=name)
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    p.set_defaults(handler=_run_stage, stage=name, quiet=True)
 
 
 def _run_stage(args: argparse.Namespace) -> int:
@@ -132,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the embedded default end to end on the tiny model")
     p.add_argument("--out-dir", default="runs/demo")
     p.add_argument("--stages", nargs="*", default=None, choices=list(STAGE_HELP), help="subset of the demo's stages")
-    p.set_defaults(handler=_run_demo)
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    p.set_defaults(handler=_run_demo, quiet=True)
 
     from rlkit import doctor, export, merge, plot, reward_cli
 
@@ -156,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return EXIT_USER_ERROR
+    if getattr(args, "quiet", False) and not getattr(args, "print_config", False):
+        from rlkit import console
+
+        if args.verbose:
+            os.environ[console.VERBOSE_ENV] = "1"
+        console.quiet_driver()  # before Ray, DeepSpeed, vLLM are imported: their output goes to RUN_DIR/logs/
     try:
         return int(handler(args) or 0)
     except Stopped as e:
@@ -173,7 +184,7 @@ def _dashed_key(argv: list[str]) -> str | None:
     """`rlkit sft R.yaml --max_steps 20`: recipe keys are key=value; say so, with the full key."""
     if not argv or argv[0] not in STAGE_HELP:
         return None
-    options = {"--print-config", "--address", "--help", "-h"}
+    options = {"--print-config", "--address", "--verbose", "--help", "-h"}
     for i, arg in enumerate(argv[1:], 1):
         name, eq, value = arg.partition("=")
         if not arg.startswith("--") or name in options or argv[i - 1] == "--address":

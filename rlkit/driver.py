@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from rlkit import faults, reruns
+from rlkit import console, faults, reruns
 from rlkit.checkpoint import CheckpointManager, dir_bytes, resolve_resume
 from rlkit.config import CheckpointConfig, CurriculumConfig
 from rlkit.data.curriculum import CurriculumSampler
@@ -133,6 +133,7 @@ class RunDir:
             else:
                 reruns.check_fresh_start(self.path, current, cfg.overwrite)
         (self.path / reruns.CONFIG_FILE).write_text(self.config_text, encoding="utf-8")
+        console.driver_log(self.path)
 
     def announce(self, line: str) -> None:
         """A line the console shows before training (the run's plan), also in rlkit.log."""
@@ -255,6 +256,8 @@ class RunDir:
                 yield
             except FaultError as e:
                 log.info("the fault in detail:", exc_info=e)
+                if (self.path / "logs").is_dir():
+                    log.info("each actor's own output (and the libraries' driver-side log): %s", self.path / "logs")
                 latest = self.ckpts.latest()
                 then = (f"the newest checkpoint, {latest.name}, is intact: rerun the same command to resume from it"
                         if latest else "no checkpoint was written yet, so a rerun starts over")
@@ -270,6 +273,8 @@ class RunDir:
         if not log.handlers and not logging.getLogger().handlers:
             handlers.append(logging.StreamHandler())
             handlers[1].setLevel(logging.WARNING)
+            if console.quiet():
+                handlers[1].setFormatter(logging.Formatter(console.PREFIX + "%(message)s"))
         level = log.level
         log.setLevel(min(level or logging.WARNING, logging.INFO))
         for h in handlers:
@@ -327,7 +332,7 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any) -> Iterator[Any]:
     from rlkit.engine.group import LearnerGroup
     from rlkit.engine.placement import start_ray
 
-    started_ray = start_ray(cfg.ray, device)
+    started_ray = start_ray(cfg.ray, device, Path(cfg.output_dir) / "logs")
     group = None
     try:
         group = LearnerGroup(spec, num, device, cfg.ray)

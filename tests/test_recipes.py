@@ -184,11 +184,13 @@ def test_readme_minimal_recipe_runs_on_the_tiny_model(tmp_path, tiny_model, task
     recipe.write_text(_readme_block("yaml", "# my-sft.yaml"), encoding="utf-8")
     out = subprocess.run([sys.executable, "-m", "rlkit.cli", "sft", str(recipe), f"model.path={tiny_model}",
                           f"data.train={task_data['sft_train']}", "train.max_steps=3", "logging.progress=none",
-                          f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=600,
+                          f"output_dir={tmp_path / 'run'}", "--verbose"], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rlkit sft: 2000 training rows; 16 rows per step (micro_batch_size 4 x grad_accum 4 x 1 learner)" \
         in out.stderr
+    # --verbose: the actors' output live on the console, as Ray streams it, instead of in logs/
+    assert "(Learner pid=" in out.stdout + out.stderr and not (tmp_path / "run" / "logs" / "learner-0.log").exists()
     final = tmp_path / "run" / "final"
     assert (final / "adapter" / "adapter_config.json").exists() and (final / "model.safetensors").exists()
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

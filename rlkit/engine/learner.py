@@ -46,7 +46,9 @@ class Learner:
 
     def __init__(self, spec: LearnerSpec, rank: int, world_size: int):
         from rlkit.accel import apply_env, configure_cpu_threads, detect
+        from rlkit.console import name_worker_log
 
+        name_worker_log(f"learner-{rank}")
         self.spec, self.rank, self.world_size = spec, rank, world_size
         self.device_info = detect(spec.device)
         apply_env(self.device_info)

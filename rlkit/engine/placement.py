@@ -6,6 +6,7 @@ Learners (`group.py`) and rollout engines (`engines.py`) are placed through thes
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from rlkit.accel import DeviceInfo
@@ -25,20 +26,28 @@ def worker_env(device: DeviceInfo, extra: dict[str, str] | None = None) -> dict[
     return env
 
 
-def start_ray(cfg: RayConfig, device: DeviceInfo) -> bool:
-    """Attach to `cfg.address` or start a local instance. Returns True if rlkit started it."""
+def start_ray(cfg: RayConfig, device: DeviceInfo, log_dir: Path | None = None) -> bool:
+    """Attach to `cfg.address` or start a local instance. Returns True if rlkit started it.
+    With a quiet console (the CLI, see `rlkit.console`) the actors' output goes to `log_dir`."""
     import ray
+
+    from rlkit import console
 
     if ray.is_initialized():
         return False
-    env = {"env_vars": worker_env(device)}
+    quiet = console.quiet() and log_dir is not None
+    if quiet:
+        console.quiet_driver()  # the console handler `import ray` added
+    logs = console.worker_runtime_env(log_dir) if quiet else {}
+    env = {**logs, "env_vars": {**worker_env(device), **logs.get("env_vars", {})}}
+    common = dict(runtime_env=env, log_to_driver=not quiet, configure_logging=not quiet, logging_level="WARNING")
     if cfg.address:
-        ray.init(address=cfg.address, runtime_env=env, log_to_driver=True)
-        return False
-    num_cpus = cfg.num_cpus or max(os.cpu_count() or 1, 4)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=True,
-             configure_logging=True, logging_level="WARNING")
-    return True
+        ray.init(address=cfg.address, **common)
+    else:
+        ray.init(num_cpus=cfg.num_cpus or max(os.cpu_count() or 1, 4), include_dashboard=False, **common)
+    if quiet:
+        console.quiet_driver()  # what Ray's start added
+    return not cfg.address
 
 
 def actor_resources(device: DeviceInfo, cpus: float, devices: int = 1) -> dict[str, Any]:

@@ -103,6 +103,9 @@ class RolloutWorker:
                  sleep_mode: bool = False, llm_kwargs: dict[str, Any] | None = None, index: int = 0,
                  lora_rank: int | None = None, max_loras: int = 1):
         start = time.perf_counter()
+        from rlkit.console import name_worker_log
+
+        name_worker_log(f"engine-{index}")
         self.index, self.adapters, self.max_loras = index, [], max_loras  # adapters: LoRARequests, newest last
         from vllm import LLM
         from vllm.platforms import current_platform

@@ -135,9 +135,9 @@ def test_grpo_stopped_then_resumed_matches_uninterrupted(sft_model, task_data, t
         assert last == (f"rlkit: stopped by SIGTERM after step {at}; checkpoint step-{at} is written: rerun the "
                         "same command to resume") and at % 4 and (broken / "checkpoints" / f"step-{at}").is_dir()
         assert not left_running(tmp_path.name)
-        restart = re.search(r"^engine 0 died during the (generation|weight sync) \(pid \d+, node [\d.]+; its process "
-                            r"exited unexpectedly: .*\); (restarted and re-synced in [\d.]+ s|restarted in [\d.]+ s; "
-                            r"the weight sync starts over) \(restart 1 of rollout.max_restarts 3\)$",
+        restart = re.search(r"^rlkit: engine 0 died during the (generation|weight sync) \(pid \d+, node [\d.]+; its "
+                            r"process exited unexpectedly: .*\); (restarted and re-synced in [\d.]+ s|restarted in "
+                            r"[\d.]+ s; the weight sync starts over) \(restart 1 of rollout.max_restarts 3\)$",
                             (tmp_path / "stderr.txt").read_text(), re.M)
         assert restart, (tmp_path / "stderr.txt").read_text()[-3000:]
         assert [r["rollout/restarts"] for r in _steps(broken)][:5] == [0, 0, 1, 1, 1]
@@ -192,7 +192,7 @@ def test_faults_stop_the_run_with_one_line(sft_model, task_data, tmp_path, fault
     assert [r["step"] for r in _steps(out)] == list(range(1, steps + 1))
     assert (out / "checkpoints" / f"step-{steps}").is_dir()
     if fault.startswith("hang"):  # the first hang was survived
-        assert re.search(r"^engine 1 did not finish the generation within 6 s .*; restarted and re-synced in "
+        assert re.search(r"^rlkit: engine 1 did not finish the generation within 6 s .*; restarted and re-synced in "
                          r"[\d.]+ s \(restart 1 of rollout.max_restarts 1\)$", res.stderr, re.M), res.stderr[-3000:]
         assert _steps(out)[-1]["rollout/restarts"] == 1
     assert "the fault in detail" in (out / "rlkit.log").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,16 +19,26 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
+RLKIT_LINE = re.compile(r"^(rlkit[ :]|step \d+/\d+ )")  # rlkit's own lines: its messages and the progress
+
+
 def test_tiny_recipes_raise_held_out_exact_accuracy(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     seconds = {}
     for stage in ("sft", "grpo"):
         start = time.perf_counter()
         res = subprocess.run([sys.executable, "-m", "rlkit.cli", stage, str(ROOT / "recipes" / f"tiny-{stage}.yaml"),
-                              "logging.progress=none"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              "logging.progress=plain"], cwd=tmp_path, env=env, capture_output=True, text=True,
                              timeout=1200)
         assert res.returncode == 0, res.stderr[-3000:]
         seconds[stage] = time.perf_counter() - start
+        # a quiet console: Ray's, DeepSpeed's, vLLM's and the actors' output is in the run's logs/, not here
+        console = (res.stdout + res.stderr).splitlines()
+        assert [line for line in console if not RLKIT_LINE.match(line)] == [], stage
+        logs = tmp_path / "runs" / f"tiny-{stage}" / "logs"
+        actors = {"sft": ["learner-0"], "grpo": ["engine-0", "engine-1", "learner-0", "learner-1"]}[stage]
+        assert sorted(p.stem for p in logs.glob("*.log")) == sorted(["driver", *actors])
+        assert "Setting accelerator to CPU" in (logs / "learner-0.log").read_text()  # DeepSpeed's, kept in full
     rows = [json.loads(x) for x in (tmp_path / "runs" / "tiny-grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["step"], r["eval/exact_match"]) for r in rows if "eval/exact_match" in r]
     assert evals[0][0] == 0 and evals[-1][0] == 40, evals
