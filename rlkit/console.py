@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 VERBOSE_ENV = "RLKIT_VERBOSE"
@@ -169,3 +170,28 @@ def name_worker_log(name: str) -> None:
         target = Path(log_dir) / f"{name}-{os.getpid()}.log"
     with contextlib.suppress(OSError):
         here.rename(target)
+
+
+@contextlib.contextmanager
+def output_to(log: Path) -> Iterator[None]:
+    """This process's stdout and stderr (file descriptors 1 and 2) go to `log` meanwhile (an
+    engine run in the driver, as `rlkit eval` does); a verbose console keeps them."""
+    if verbose():
+        yield
+        return
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)

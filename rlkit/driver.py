@@ -42,8 +42,8 @@ FULL_BELOW = 64 << 20  # free bytes under which a failed write is put down to a 
 
 def prepare_inputs(cfg: Any, device: Any) -> None:
     """Check the precision against the device, build the offline tiny model / synthetic task
-    where the recipe asks for them and they are missing, then check the model (and tokenizer)
-    path. Runs before Ray starts."""
+    where the recipe asks for them and they are missing, check the model (and tokenizer) path
+    and, on an accelerator, the memory estimate against the device. Runs before Ray starts."""
     from rlkit.accel import check_precision
     from rlkit.models import check_model_path, ensure_tiny_model
 
@@ -55,6 +55,13 @@ def prepare_inputs(cfg: Any, device: Any) -> None:
     check_model_path(model.path)
     if model.tokenizer:
         check_model_path(model.tokenizer, "model.tokenizer")
+    from rlkit.estimate import check_before_launch
+
+    too_big = check_before_launch(cfg, "grpo" if hasattr(cfg, "grpo") else "sft", device)
+    if too_big and cfg.memory_check == "error":
+        raise UserError(f"{too_big}; memory_check: warn launches it anyway")
+    if too_big:
+        log.warning("%s", too_big)
     if data.build_synthetic_if_missing is not None and not Path(data.train).exists():
         from rlkit.tiny import write_task_data
 

@@ -181,6 +181,9 @@ class GRPOConfig:
     output_dir: str
     rewards: tuple[RewardSpec, ...]
     overwrite: bool = False  # a fresh run may replace another run's outputs in output_dir
+    # on an accelerator, a plan whose memory estimate exceeds a device: warn (one line), error (stop before
+    # launch) or off; `rlkit estimate` shows the parts
+    memory_check: Literal["warn", "error", "off"] = "warn"
     seed: int = 42  # seeds sampling, generation, initialisation
     device: Device = "auto"  # auto: the accelerator this host has (CUDA, ROCm, NPU), else CPU
     finetuning: Finetuning = "full"  # full, lora (needs a lora section) or qlora (4-bit base + LoRA)

@@ -190,12 +190,45 @@ def advantages(exp: Experience, algo: GRPOAlgoConfig) -> tuple[torch.Tensor, dic
                  "advantage/abs_mean": float(adv.abs().mean())}
 
 
-def evaluate(task: Task, engines: Any, sampling: Sampling, samples_per_prompt: int, seed: int) -> dict[str, float]:
-    """Held-out prompts, `samples_per_prompt` seeded samples each: `eval/reward` (mean total reward)
-    and `eval/<fn>` (mean of each reward function, e.g. exact-answer accuracy)."""
-    prompts = [task.render(r) for r in task.eval_rows]
-    samples = engines.generate(prompts, samples_per_prompt, sampling, seed)
-    result = score_rows(task.scorer, task.eval_rows, prompts, samples, samples_per_prompt)
+@dataclass
+class Evaluation:
+    """Completions of held-out rows and their rewards (`evaluate_rows`)."""
+
+    rows: list[dict]
+    prompts: list[str]  # rendered
+    samples: list[Sample]  # prompt-major, `n` per row
+    n: int
+    result: Any  # RewardResult
+
+    def metrics(self) -> dict[str, float]:
+        """`eval/reward` (mean total reward) and `eval/<fn>` (the mean of each reward function, e.g.
+        exact-answer accuracy), over non-None values (NaN where a function gave none)."""
+        means = self.result.metrics("eval")
+        return {"eval/reward": means["eval/mean"],
+                **{f"eval/{name}": means[f"eval/{name}/mean"] for name in self.result.per_fn}}
+
+    def pass_at(self, name: str, k: int, threshold: float = 1.0) -> float:
+        """pass@k of reward function `name`: the chance that at least one of k samples of a row
+        scores >= `threshold`, unbiased from the row's n samples (Chen et al. 2021), averaged over rows."""
+        values = self.result.per_fn[name]
+        total = 0.0
+        for i in range(len(self.rows)):
+            right = sum(v is not None and v >= threshold for v in values[i * self.n:(i + 1) * self.n])
+            total += 1.0 - (math.comb(self.n - right, k) / math.comb(self.n, k) if self.n - right >= k else 0.0)
+        return total / max(1, len(self.rows))
+
+
+def evaluate_rows(task: Task, rows: list[dict], engines: Any, sampling: Sampling, n: int, seed: int) -> Evaluation:
+    """`n` seeded completions of each row from `engines` (anything with `generate(prompts, n,
+    sampling, seed)` and `idle()`), scored by the task's rewards: the GRPO held-out eval and
+    `rlkit eval` alike."""
+    prompts = [task.render(r) for r in rows]
+    samples = engines.generate(prompts, n, sampling, seed)
+    result = score_rows(task.scorer, rows, prompts, samples, n)
     engines.idle()
-    means = result.metrics("eval")  # means over non-None values, NaN where a function gave none
-    return {"eval/reward": means["eval/mean"], **{f"eval/{name}": means[f"eval/{name}/mean"] for name in result.per_fn}}
+    return Evaluation(rows, prompts, samples, n, result)
+
+
+def evaluate(task: Task, engines: Any, sampling: Sampling, samples_per_prompt: int, seed: int) -> dict[str, float]:
+    """The held-out rows' `eval/reward` and `eval/<fn>` (see `Evaluation.metrics`)."""
+    return evaluate_rows(task, task.eval_rows, engines, sampling, samples_per_prompt, seed).metrics()

@@ -85,6 +85,14 @@ def _plan(cfg: GRPOConfig, task: Task, device: Any) -> str:
             f"{devices_line(device, g.num_learners, r.num_engines, r.tensor_parallel_size, r.colocate)}")
 
 
+def eval_sampling(cfg: GRPOConfig) -> Any:
+    """How held-out completions are sampled: the rollout's settings, at eval.temperature when set."""
+    from rlkit.engine.engines import sampling
+
+    sample = sampling(cfg.rollout)
+    return sample if cfg.eval.temperature is None else dataclasses.replace(sample, temperature=cfg.eval.temperature)
+
+
 def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any, engines: Any, logger: Any,
            step: int, saved: list[dict]) -> None:
     """The loop, from `step` to `grpo.steps`; `saved`: the generations a checkpoint held in flight."""
@@ -99,9 +107,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
                                 derive_seed(cfg.seed, "generate", at, attempt), version=version)
 
     def held_out() -> dict[str, float]:
-        eval_sampling = sample if cfg.eval.temperature is None else dataclasses.replace(
-            sample, temperature=cfg.eval.temperature)
-        return evaluate(task, engines, eval_sampling, cfg.eval.samples_per_prompt, derive_seed(cfg.seed, "eval"))
+        return evaluate(task, engines, eval_sampling(cfg), cfg.eval.samples_per_prompt, derive_seed(cfg.seed, "eval"))
 
     start_check = _sync_check(cfg, task, engines, learners, step, due=True)   # the engines hold the policy?
     if step == 0 and (task.eval_rows or start_check):

@@ -4,7 +4,7 @@ evaluation sections."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from rlkit.config import (
     CheckpointConfig,
@@ -70,6 +70,9 @@ class SFTConfig:
     # run folder: config.yaml, rlkit.log, metrics, checkpoints, final/ (relative to the working directory)
     output_dir: str
     overwrite: bool = False  # a fresh run may replace another run's outputs in output_dir
+    # on an accelerator, a plan whose memory estimate exceeds a device: warn (one line), error (stop before
+    # launch) or off; `rlkit estimate` shows the parts
+    memory_check: Literal["warn", "error", "off"] = "warn"
     seed: int = 42  # seeds sampling, shuffling, initialisation
     device: Device = "auto"  # auto: the accelerator this host has (CUDA, ROCm, NPU), else CPU
     finetuning: Finetuning = "full"  # full, lora (needs a lora section) or qlora (4-bit base + LoRA)

@@ -44,4 +44,14 @@ def test_tiny_recipes_raise_held_out_exact_accuracy(tmp_path):
     assert evals[0][0] == 0 and evals[-1][0] == 40, evals
     gain = evals[-1][1] - evals[0][1]
     assert gain >= 0.20, f"held-out exact-answer accuracy {evals} (gain {gain:+.3f}); took {seconds}"
+    # rlkit eval with the recipe runs the held-out eval's code: it gives the run's first and last figures
+    for model, (step, accuracy) in (("tiny-sft", evals[0]), ("tiny-grpo", evals[-1])):
+        res = subprocess.run([sys.executable, "-m", "rlkit.cli", "eval", f"runs/{model}/final", "--recipe",
+                              str(ROOT / "recipes" / "tiny-grpo.yaml"), "--out", f"{model}.json"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        report = json.loads((tmp_path / f"{model}.json").read_text())
+        assert report["prompts"] == 61 and report["sampling"]["temperature"] == 0
+        # greedy on CPU in fp32; one engine here, two in the run (other batches): one flip at most
+        assert abs(report["rewards"]["exact_match"] - accuracy) <= 1 / 61 + 1e-9, (model, step, accuracy, report)
     assert seconds["grpo"] < 15 * 60

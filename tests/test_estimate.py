@@ -1,0 +1,161 @@
+"""`rlkit estimate`: parameter counts against the published sizes and the real tiny models, model
+states against the ZeRO paper and DeepSpeed's own estimators, the verdict and the fixes, and the
+README's figures against the command."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+from rlkit import estimate as est
+from rlkit import stages
+from tests.test_cli import ROOT, _rlkit
+
+# Sizes as their model cards state them (Qwen2.5 / DeepSeek-R1 / Llama 2 / OPT model pages).
+PUBLISHED_SIZES = {"Qwen/Qwen2.5-32B-Instruct": 32.5e9, "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,
+                   "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 1.78e9, "meta-llama/Llama-2-7b-hf": 6.74e9,
+                   "facebook/opt-6.7b": 6.66e9}
+
+
+def _arch(name: str) -> est.Arch:
+    return est.Arch.from_config(*est.model_config(name))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_SIZES))
+def test_parameter_counts_match_the_published_sizes(name):
+    assert _arch(name).params == pytest.approx(PUBLISHED_SIZES[name], rel=0.01)
+
+
+@pytest.mark.parametrize("size", ["tiny", "tiny-untied"])
+def test_the_tiny_models_are_counted_exactly_lora_too(size, tmp_path, tiny_model):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.tiny import build_tiny_model
+
+    folder = tiny_model if size == "tiny" else build_tiny_model(tmp_path / size, size)
+    arch = est.Arch.from_config(json.loads((folder / "config.json").read_text()), str(folder))
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert arch.params == sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())
+    for targets in (("q_proj", "k_proj", "v_proj", "o_proj"), ("all-linear",)):
+        lora = get_peft_model(AutoModelForCausalLM.from_pretrained(folder),
+                              LoraConfig(r=8, target_modules=list(targets) if targets[0] != "all-linear"
+                                         else "all-linear"))
+        assert arch.lora_params(8, targets) == sum(p.numel() for p in lora.parameters() if p.requires_grad)
+
+
+def test_model_states_are_the_zero_papers_figure_1():
+    """Rajbhandari et al. 2020, Figure 1: a 7.5B model on 64 devices, K = 12: 120 GB without ZeRO,
+    31.4 GB with P_os, 16.6 GB with P_os+g, 1.9 GB with P_os+g+p."""
+    psi = 7.5e9
+    for zero, gb in ((0, 120), (1, 31.4), (2, 16.6), (3, 1.9)):
+        device, _ = est.model_states(2 * psi, psi, 2, 64, zero)
+        resident = device["parameters"] + device["gradients"] + device["optimizer state"]
+        assert resident / 1e9 == pytest.approx(gb, abs=0.05), zero
+
+
+@pytest.mark.parametrize("name", ["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "meta-llama/Llama-2-7b-hf"])
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_model_states_at_the_optimizer_step_are_deepspeeds_own_estimates(name, n):
+    """deepspeed.runtime.zero's estimate_zero2/3_model_states_mem_needs (no buffer factor)."""
+    arch = _arch(name)
+    psi = arch.params
+    total = lambda d: sum(d.values())  # noqa: E731
+    _, gpu = estimate_zero2_model_states_mem_needs(psi, n, cpu_offload=False)
+    assert total(est.model_states(2 * psi, psi, 2, n, 2)[0]) == pytest.approx(gpu, rel=1e-6)
+    _, gpu = estimate_zero2_model_states_mem_needs(psi, n, cpu_offload=True)
+    assert total(est.model_states(2 * psi, psi, 2, n, 2, offload_optimizer=True)[0]) == pytest.approx(gpu, rel=1e-6)
+    largest = arch.largest_module_params
+    for offload, offload_param in ((False, False), (True, False), (True, True)):
+        _, gpu, gathered = estimate_zero3_model_states_mem_needs(psi, largest, n, cpu_offload=offload,
+                                                                 cpu_offload_params=offload_param)
+        device, host = est.model_states(2 * psi, psi, 2, n, 3, offload, offload_param)
+        # DeepSpeed's ZeRO-3 estimator leaves out the 16-bit gradient partition its ZeRO-2 one counts
+        half_grads = 0 if offload else 2 * psi / n
+        assert total(device) + gathered == pytest.approx(gpu + half_grads, rel=1e-6), (offload, offload_param)
+        assert total(device) + total(host) == pytest.approx(20 * psi / n, rel=1e-6)  # nothing lost on the way
+
+
+def test_kv_cache_per_token():
+    # 2 (K and V) x layers x kv heads x head dim x 2 bytes
+    assert _arch("Qwen/Qwen2.5-32B-Instruct").kv_bytes_per_token(2) == 2 * 64 * 8 * 128 * 2  # 256 KiB
+    assert _arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B").kv_bytes_per_token(2) == 2 * 28 * 2 * 128 * 2
+
+
+def test_a_plan_that_does_not_fit_gets_the_changes_that_make_it_fit():
+    cfg = stages.load("sft", ROOT / "recipes" / "qwen32b-npu-zero3.yaml",
+                      ["finetuning=full", "lora=null", "deepspeed.offload_optimizer=false",
+                       "deepspeed.offload_param=false", "model.gradient_checkpointing=false"])
+    hardware = est.Hardware.parse("2x8x910B-64G")
+    arch = _arch(cfg.model.path)
+    lines = est.report(cfg, "sft", arch, "test", hardware)
+    assert any(re.fullmatch(r"  learner rank: [\d.]+ GiB of 64 GiB: does NOT fit: [\d.]+ GiB over", x) for x in lines)
+    fixes = {label: fits for label, _, fits in est.fixes(cfg, "sft", arch, hardware)}
+    assert fixes["model.gradient_checkpointing=true"] and fixes["deepspeed.offload_optimizer=true"]
+    assert "deepspeed.zero_stage=3" not in fixes  # it is ZeRO-3 already
+
+
+def test_too_few_devices_is_said_with_a_plan_for_those_there_are():
+    cfg = stages.load("grpo", ROOT / "recipes" / "r1-distill.yaml")
+    lines = est.report(cfg, "grpo", _arch(cfg.model.path), "test", est.Hardware.parse("2xH100"))
+    assert "  the plan takes 8 devices, the hardware has 2" in lines
+    assert any(x.startswith("    grpo.num_learners=1 rollout.num_engines=1: peak ") for x in lines), lines
+
+
+@pytest.mark.parametrize("spec, parsed", [
+    ("8xA100-80G", (1, 8, "A100", 80.0)), ("2x8x910B-64G", (2, 8, "910B", 64.0)), ("1xH100", (1, 1, "H100", 80.0)),
+    ("4xRTX6000-48GB", (1, 4, "RTX6000", 48.0)),
+])
+def test_hardware_specs(spec, parsed):
+    h = est.Hardware.parse(spec)
+    assert (h.nodes, h.per_node, h.name, h.gib) == parsed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["recipes/r1-distill.yaml", "--hardware", "8xFOO"], "--hardware: '8xFOO': expected [NODESx]COUNTxNAME[-MEMG]"),
+    (["recipes/llama7b-zero3-offload.yaml"], "model.path: /path/to/llama-7b has no config.json here and the hub did "
+                                             "not give one"),
+])
+def test_bad_input_is_one_line_exit_2(args, message):
+    out = _rlkit("estimate", *args)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_readme_shows_what_the_command_prints():
+    """The README's two estimates are the command's output (they cannot drift)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```text\n\$ (rlkit estimate [^\n]+)\n(.*?)```", readme, re.S)
+    assert [b[0].split()[2] for b in blocks] == ["recipes/r1-distill.yaml", "recipes/qwen32b-npu-zero3.yaml"]
+    for command, shown in blocks:
+        out = _rlkit(*command.split()[1:])
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == shown, command
+
+
+def test_a_launch_on_an_accelerator_warns_or_stops_when_the_plan_does_not_fit(tmp_path):
+    import dataclasses
+
+    from rlkit.accel import detect
+    from rlkit.driver import prepare_inputs
+    from rlkit.errors import UserError
+
+    cfg = stages.load("grpo", ROOT / "recipes" / "r1-distill.yaml")
+    small = dataclasses.replace(detect("cpu"), kind="cuda", device_count=8, device_name="NVIDIA A10",
+                                total_memory_bytes=24 * 2**30, bf16=True)
+    line = est.check_before_launch(cfg, "grpo", small)
+    assert line.startswith("memory: a learner rank needs about 56.0 GiB, 32.0 GiB more than a 24 GiB device gives "
+                           "it (an estimate: rlkit estimate RECIPE --hardware 8xA10-24G shows"), line
+    big = dataclasses.replace(small, device_name="NVIDIA H200", total_memory_bytes=141 * 2**30)
+    assert est.check_before_launch(cfg, "grpo", big) is None
+    assert est.check_before_launch(cfg, "grpo", detect("cpu")) is None  # no estimate on a CPU
+    assert est.check_before_launch(dataclasses.replace(cfg, memory_check="off"), "grpo", small) is None
+    model = tmp_path / "r1-distill"  # its config.json only: the estimate loads no weights
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(est.PUBLISHED["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"]))
+    strict = dataclasses.replace(cfg, memory_check="error", model=dataclasses.replace(cfg.model, path=str(model)))
+    with pytest.raises(UserError, match=r"^memory: a learner rank needs about .*; memory_check: warn launches it "):
+        prepare_inputs(strict, small)
