@@ -177,3 +177,24 @@ def _host_available_memory() -> int | None:
 
 def _host_total_memory() -> int | None:
     return _meminfo("MemTotal")
+
+
+def memory_now(info: DeviceInfo | None = None) -> dict[str, int]:
+    """This process's memory in bytes: `rss` and its peak `rss_peak` (Linux /proc/self/status),
+    and on an accelerator `device_peak` (torch's max_memory_allocated)."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out["rss" if key == "VmRSS" else "rss_peak"] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    if info is not None and info.is_accelerator:
+        import torch
+
+        module = getattr(torch, info.torch_device, None)
+        if module is not None and hasattr(module, "max_memory_allocated"):
+            out["device_peak"] = int(module.max_memory_allocated())
+    return out

@@ -353,6 +353,21 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any) -> Iterator[Any]:
             ray.shutdown()
 
 
+def memory_metrics(learners: Any, engines: Any = None) -> dict[str, float]:
+    """The processes' memory (GiB): `memory/learner_peak_gib`, the largest rank's peak (device
+    memory allocated on an accelerator, resident memory on a CPU), and `memory/learner_model_gib`,
+    that peak less the process before its model was built (what `rlkit estimate` models); the
+    same for separate rollout engines (`memory/engine_*`)."""
+    out: dict[str, float] = {}
+    for kind, reports in (("learner", learners.memory()), ("engine", engines.memory() if engines else [])):
+        peaks = [(r["now"].get("device_peak", r["now"].get("rss_peak", 0)),
+                  r["base"].get("device_peak", r["base"].get("rss", 0))) for r in reports if r.get("now")]
+        if peaks:
+            out[f"memory/{kind}_peak_gib"] = max(p for p, _ in peaks) / 2**30
+            out[f"memory/{kind}_model_gib"] = max(p - b for p, b in peaks) / 2**30
+    return out
+
+
 def learner_spec(cfg: Any, micro_batch_size: int, grad_accum: int, total_steps: int,
                  reference: bool = False) -> Any:
     """The learners' build spec from a stage recipe's shared sections."""

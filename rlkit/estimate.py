@@ -45,6 +45,8 @@ from rlkit.errors import UserError
 
 GIB = 2**30
 CONTEXT = 1.0 * GIB  # CUDA / CANN context and allocator slack per process on an accelerator
+CPU_RUNTIME = 0.2 * GIB  # a CPU process beyond its model (DeepSpeed's engine, oneDNN, the allocator): measured
+DS_REDUCE_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size default (elements): ZeRO-1/2 allocate it whole
 VLLM_BATCHED_TOKENS = 8192  # vLLM's profile batch (max_num_batched_tokens)
 VLLM_MAX_SEQS = 256  # vLLM's max_num_seqs: the sampler's logits rows
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -275,7 +277,8 @@ def estimate(cfg: Any, stage: str, arch: Arch, hardware: Hardware | None = None)
     g, r = cfg.grpo, cfg.rollout
     seq = r.max_model_len
     learner = _learner(cfg, arch, width, g.num_learners, g.micro_batch_size * seq, ctx,
-                       reference=g.beta > 0 and cfg.finetuning == "full")
+                       reference=g.beta > 0 and cfg.finetuning == "full",
+                       sync_bytes=0.0 if r.colocate else r.sync_bucket_mib * 2**20)
     engines = 1 if r.colocate else r.num_engines
     seqs = math.ceil(g.prompts_per_step * g.group_size / (g.num_learners if r.colocate else engines))
     engine = _engine(arch, width, r, seqs, ctx)
@@ -307,14 +310,16 @@ def model_states(params: float, trainable: float, width: int, n: int, zero: int,
     `trainable` parameters, on the device and in host memory. Mixed precision (width 2): half
     gradients, fp32 master + m + v (ZeRO paper, K = 12), and at the optimizer step an fp32 copy
     of the gradient partition (as DeepSpeed's own estimators count: 2 + 16 bytes); fp32: the
-    gradients, m + v."""
+    gradients, m + v, and under ZeRO the master copy and the step's gradient copy too."""
     device, host = {}, {}
     device["parameters"] = params / (n if zero == 3 else 1)
     if zero == 3 and offload_param:
         host["parameters"], device["parameters"] = device["parameters"], 0.0
     device["gradients"] = trainable * width / (n if zero >= 2 else 1)
-    device["optimizer state"] = trainable * (12 if width == 2 else 8) / (n if zero >= 1 else 1)
-    device["fp32 gradients (optimizer step)"] = trainable * 4 / (n if zero >= 1 else 1) if width == 2 else 0.0
+    # AdamW's m + v, and the fp32 master copy ZeRO keeps (in fp32 too: its optimizer owns a flat copy)
+    master = width == 2 or zero >= 1
+    device["optimizer state"] = trainable * (12 if master else 8) / (n if zero >= 1 else 1)
+    device["fp32 gradients (optimizer step)"] = trainable * 4 / (n if zero >= 1 else 1) if master else 0.0
     if offload_optimizer and zero >= 1:  # DeepSpeed's CPU Adam: the fp32 state and gradients live in host memory
         for part in ("optimizer state", "fp32 gradients (optimizer step)"):
             host[part], device[part] = device[part], 0.0
@@ -323,7 +328,8 @@ def model_states(params: float, trainable: float, width: int, n: int, zero: int,
     return device, host
 
 
-def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, reference: bool) -> Process:
+def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, reference: bool,
+             sync_bytes: float = 0.0) -> Process:
     z, ds = cfg.deepspeed.zero_stage, cfg.deepspeed
     total = arch.params
     if cfg.finetuning == "full":
@@ -351,19 +357,24 @@ def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, 
         parts.update(backward)
     if reference:
         parts["reference copy"] = total * width
-    if ctx:
-        parts["context"] = ctx
+    if z in (1, 2) and not (ds.offload_optimizer and z == 2):  # DeepSpeed's reduce bucket (contiguous gradients)
+        bucket = float((ds.extra.get("zero_optimization") or {}).get("reduce_bucket_size", DS_REDUCE_BUCKET))
+        parts["DeepSpeed reduce bucket"] = (bucket if ctx else min(bucket, trainable)) * (4 if z == 1 else width)
+    if sync_bytes and not ctx:  # object-store sync from the learner's host memory: a copy, and its copy in the store
+        parts["weight sync buffers"] = 2 * min(sync_bytes, total * width)
+    parts["context" if ctx else "runtime (CPU: DeepSpeed, oneDNN)"] = ctx or CPU_RUNTIME
     return Process("learner rank", n, parts, host)
 
 
 def _engine(arch: Arch, width: int, r: Any, seqs: int, ctx: float) -> Process:
     t = r.tensor_parallel_size
     kv = seqs * r.max_model_len * arch.kv_bytes_per_token(width) / t
+    if not ctx:  # a CPU engine allocates rollout.kv_cache_gib (whole GiB, at least 1: VLLM_CPU_KVCACHE_SPACE)
+        kv = max(kv, max(1, round(r.kv_cache_gib)) * GIB)
     runtime = (VLLM_BATCHED_TOKENS * (4 * arch.hidden + 2 * arch.intermediate) * width / t
                + min(seqs, VLLM_MAX_SEQS) * arch.vocab * 4)
-    parts = {"weights": arch.params * width / t, "KV cache for the step": kv, "runtime peak": runtime}
-    if ctx:
-        parts["context"] = ctx
+    parts = {"weights": arch.params * width / t, "KV cache for the step" if ctx else "KV cache (preallocated)": kv,
+             "runtime peak": runtime, "context" if ctx else "runtime (CPU)": ctx or CPU_RUNTIME}
     return Process("rollout engine", r.num_engines, parts, budget=r.gpu_memory_utilization,
                    note=f"{seqs} sequences x max_model_len {r.max_model_len}")
 
@@ -515,8 +526,8 @@ def report(cfg: Any, stage: str, arch: Arch, source: str, hardware: Hardware | N
         lines.append(f"{p.kind} (x{p.count}){': ' + p.note if p.note else ''}")
         for part, size in p.parts.items():
             if size or part not in p.host:
-                lines.append(f"  {part:<32} {_gib(size):>10}")
-        lines.append(f"  {'total':<32} {_gib(p.total):>10}")
+                lines.append(f"  {part:<34} {_gib(size):>10}")
+        lines.append(f"  {'total':<34} {_gib(p.total):>10}")
         if p.host:
             lines.append(f"  offloaded to host memory: {_gib(sum(p.host.values()))} per rank "
                          f"({', '.join(p.host)})")

@@ -74,17 +74,32 @@ def _get(ref: Any, owner: str, phase: str) -> Any:
         return ray.get(ref)
     except ray.exceptions.RayActorError as e:
         raise ActorFault(died(e, owner, phase), [_actor_name(e, owner)], dead=True) from e
+    except ray.exceptions.OutOfMemoryError as e:
+        raise ActorFault(out_of_memory(e, owner, phase), [owner], dead=True) from e
     except ray.exceptions.RayTaskError as e:
         if isinstance(e.cause, UserError):
             raise e.cause from None
         if isinstance(e.cause, ray.exceptions.RayActorError):  # e.g. an engine, from a learner's call
             raise ActorFault(died(e.cause, owner, phase), [_actor_name(e.cause, owner)], dead=True) from e
+        if isinstance(e.cause, ray.exceptions.OutOfMemoryError):  # a worker it called was killed
+            raise ActorFault(out_of_memory(e.cause, owner, phase), [owner], dead=True) from e
         raise
 
 
 def _actor_name(error: Any, owner: str) -> str:
     """The name of the actor a `RayActorError` is about (`name_actor`'s), else `owner`."""
     return _names.get(getattr(error, "actor_id", None) or "", owner)
+
+
+def out_of_memory(error: Any, owner: str, phase: str) -> str:
+    """One line on a call that Ray's memory monitor ended (it kills workers above ~95% of the
+    node's memory): the node's figures from the error, where to look, what to do."""
+    text = str(error)
+    used = re.search(r"was ([\d.]+\s*GB) used / ([\d.]+\s*GB) limit", text)
+    figures = f": the node used {used[1]} of {used[2]}" if used else ""
+    return (f"{owner} failed during {phase}: Ray's memory monitor killed a worker{figures}; see which process grew "
+            "in the run's logs/ (and its metrics' memory/*), then free memory on the node or lower what a step "
+            "takes (rlkit estimate RECIPE shows it by part)")
 
 
 def died(error: Any, owner: str, phase: str) -> str:

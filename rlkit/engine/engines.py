@@ -42,6 +42,7 @@ class RolloutEngines(Protocol):
     def sync_from(self, learners: LearnerGroup) -> dict[str, float]: ...
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]: ...
     def recovery(self) -> dict[str, float]: ...
+    def memory(self) -> list[dict[str, dict[str, int]]]: ...
     def idle(self) -> None: ...
     def shutdown(self) -> None: ...
 
@@ -311,6 +312,12 @@ class SeparateEngines:
         (seconds they took)."""
         return {"rollout/restarts": float(sum(self.restarts)), "time/engine_recovery": self.recovery_s}
 
+    def memory(self) -> list[dict[str, dict[str, int]]]:
+        """Each engine's process memory before its engine was built and now."""
+        import ray
+
+        return ray.get([h.memory.remote() for h in self.handles], timeout=60)
+
     def idle(self) -> None:
         """Nothing to free: separate engines keep their memory."""
 
@@ -354,6 +361,10 @@ class ColocatedEngines:
     def recovery(self) -> dict[str, float]:
         """None: a colocated engine dies with its learner, which ends the run."""
         return {}
+
+    def memory(self) -> list[dict[str, dict[str, int]]]:
+        """Nothing apart: a colocated engine's memory is its learner's process (`LearnerGroup.memory`)."""
+        return []
 
     def idle(self) -> None:
         """Generation is over until the next sync: on accelerators the engines sleep (vLLM sleep

@@ -112,6 +112,10 @@ class LearnerGroup:
 
     # ------------------------------------------------------------------ checkpoints and lifecycle
 
+    def memory(self) -> list[dict[str, dict[str, int]]]:
+        """Each rank's memory before its model was built and now (see `Learner.memory`)."""
+        return self._all("memory")
+
     def save_checkpoint(self, ckpt_dir: str | Path) -> None:
         self._timed("save_checkpoint", "the checkpoint", None, str(ckpt_dir))
 

@@ -87,11 +87,13 @@ class Learner:
         import deepspeed
 
         from rlkit import models
+        from rlkit.accel import memory_now
         from rlkit.engine.ds_config import deepspeed_config, learner_clips, lr_lambda
         from rlkit.engine.logprobs import Reference
         from rlkit.seeding import seed_everything
 
         spec = self.spec
+        self.base_memory = memory_now(self.device_info)  # before the model: what the estimate does not model
         seed_everything(spec.seed)
         dtype = models.resolve_dtype(spec.model.dtype, self.device_info.bf16 and self.device_info.is_accelerator)
         precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
@@ -127,6 +129,12 @@ class Learner:
         trainable, total = models.trainable_summary(model)
         return {"trainable_params": trainable, "total_params": total, "precision": precision,
                 "device": self.device_info.kind, "zero_stage": spec.deepspeed.zero_stage}
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """This rank's memory (bytes) before the model was built and now, peaks included."""
+        from rlkit.accel import memory_now
+
+        return {"base": getattr(self, "base_memory", {}), "now": memory_now(self.device_info)}
 
     # ------------------------------------------------------------------ training
 

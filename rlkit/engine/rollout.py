@@ -110,6 +110,10 @@ class RolloutWorker:
         from vllm import LLM
         from vllm.platforms import current_platform
 
+        from rlkit.accel import memory_now
+
+        self.base_memory = memory_now()  # vLLM imported, no engine yet: what the estimate does not model
+
         self.on_cpu = current_platform.is_cpu()
         if self.on_cpu and kv_cache_gib is None:
             kv_cache_gib = DEFAULT_CPU_KV_CACHE_GIB
@@ -145,6 +149,12 @@ class RolloutWorker:
         self.start_seconds = time.perf_counter() - start
 
     # ------------------------------------------------------------------ generation
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """This engine's process memory (bytes) before the engine was built and now."""
+        from rlkit.accel import memory_now
+
+        return {"base": self.base_memory, "now": memory_now()}
 
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], n: int = 1,
                  temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 256,

@@ -267,8 +267,12 @@ class ObjectStoreSync(_Engines):
         return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.detach().to("cpu", dtype=self.dtype or tensor.dtype)
-        return tensor.contiguous()
+        """A CPU tensor that owns its storage: a view (ZeRO-1/2 keep every parameter as a view of
+        one flat buffer) would put the whole buffer into the object store once per tensor."""
+        tensor = tensor.detach().to("cpu", dtype=self.dtype or tensor.dtype).contiguous()
+        if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
+            tensor = tensor.clone()
+        return tensor
 
 
 class InProcessSync:

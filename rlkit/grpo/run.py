@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.checkpoint import dir_bytes
-from rlkit.driver import RunDir, curriculum_sampler, devices_line, learner_group, learner_spec, prepare_inputs
+from rlkit.driver import (
+    RunDir,
+    curriculum_sampler,
+    devices_line,
+    learner_group,
+    learner_spec,
+    memory_metrics,
+    prepare_inputs,
+)
 from rlkit.engine.objective import mean_metrics
 from rlkit.grpo.batch import GRPOBatch, plan_micro_batches
 from rlkit.grpo.config import GRPOConfig
@@ -134,6 +142,8 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
                    **_sync_check(cfg, task, engines, learners, step)}                # parity probe, when due
         if task.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
             metrics.update(held_out())
+        if step in (1, total):                                                    # peak memory per process
+            metrics.update(memory_metrics(learners, engines))
         logger.log(step, metrics)
         _log_examples(cfg, task, logger, step, exp, adv)                          # rollouts.jsonl
         if run.checkpoint_due(step, cfg.checkpoint.every):                       # + the generations in flight

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.checkpoint import dir_bytes
-from rlkit.driver import RunDir, curriculum_sampler, devices_line, learner_group, learner_spec, prepare_inputs
+from rlkit.driver import (
+    RunDir,
+    curriculum_sampler,
+    devices_line,
+    learner_group,
+    learner_spec,
+    memory_metrics,
+    prepare_inputs,
+)
 from rlkit.sft.config import SFTConfig, SFTDataConfig, SFTEvalConfig
 from rlkit.sft.objective import NLLObjective
 
@@ -195,6 +203,8 @@ def _train(cfg: SFTConfig, run: RunDir, learners: Any, sampler: Any, data: SFTDa
             metrics["eval/loss"] = evaluate()
             metrics["eval/ppl"] = math.exp(min(metrics["eval/loss"], 50.0))
             stop = stopping.update(metrics["eval/loss"], step, cfg.eval)
+        if step in (1, total):  # peak memory per process
+            metrics.update(memory_metrics(learners))
         logger.log(step, metrics)
         if run.checkpoint_due(step, cfg.checkpoint.every, also=stop):
             protect = {stopping.best_step} if stopping.best_step is not None else set()

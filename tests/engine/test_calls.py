@@ -100,3 +100,26 @@ def test_a_dead_actor_is_named_with_its_pid_and_node_also_through_another_actor(
     assert e.value.who == ["engine 2"] and e.value.dead  # whom to restart (an ActorFault)
     assert time.monotonic() - t0 < 30
     ray.kill(learner)
+
+
+def test_a_worker_killed_by_rays_memory_monitor_is_one_line(monkeypatch):
+    """Ray's OutOfMemoryError (a call's worker killed above the node's memory threshold), raised
+    directly or through the call of another actor, is a fault in one line, not Ray's traceback."""
+    import ray
+
+    from rlkit.engine import calls
+
+    text = ("1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 192.0.2.2, "
+            "ID: ee6f) was 22.85GB used / 23.54GB limit (0.970630)\nOOM kill reason: ...\nTop 10 memory users: ...")
+    oom = ray.exceptions.OutOfMemoryError(text)
+    for raised in (oom, ray.exceptions.RayTaskError("push_weights", "traceback", oom)):
+        def get(ref, error=raised):
+            raise error
+        monkeypatch.setattr(ray, "get", get)
+        with pytest.raises(calls.ActorFault) as e:
+            calls._get(object(), "learner 0", "the weight sync")
+        assert str(e.value) == ("learner 0 failed during the weight sync: Ray's memory monitor killed a worker: the "
+                                "node used 22.85GB of 23.54GB; see which process grew in the run's logs/ (and its "
+                                "metrics' memory/*), then free memory on the node or lower what a step takes (rlkit "
+                                "estimate RECIPE shows it by part)")
+        assert "\n" not in str(e.value)

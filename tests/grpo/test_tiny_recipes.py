@@ -42,6 +42,9 @@ def test_tiny_recipes_raise_held_out_exact_accuracy(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "runs" / "tiny-grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["step"], r["eval/exact_match"]) for r in rows if "eval/exact_match" in r]
     assert evals[0][0] == 0 and evals[-1][0] == 40, evals
+    last = rows[-1]  # each process's peak memory, logged at the first and the last step
+    assert last["step"] == 40 and 0 < last["memory/learner_model_gib"] < last["memory/learner_peak_gib"] < 8
+    assert 0 < last["memory/engine_model_gib"] < last["memory/engine_peak_gib"] < 8
     gain = evals[-1][1] - evals[0][1]
     assert gain >= 0.20, f"held-out exact-answer accuracy {evals} (gain {gain:+.3f}); took {seconds}"
     # rlkit eval with the recipe runs the held-out eval's code: it gives the run's first and last figures
