@@ -35,7 +35,8 @@ def verbose() -> bool:
 
 
 class _LibraryLog(logging.Handler):
-    """Library records of the driver: kept until the run folder is known, then written to its logs/driver.log."""
+    """Library records of the driver: kept until the log file is known (a run's logs/driver.log, the
+    engine log of `rlkit eval`), then written there."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -54,11 +55,11 @@ class _LibraryLog(logging.Handler):
             self.file.write(line)
             self.file.flush()
 
-    def open(self, log_dir: Path) -> None:
+    def open(self, path: Path) -> None:
         if self.file is not None:
             self.file.close()
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.file = open(log_dir / "driver.log", "a", encoding="utf-8")  # noqa: SIM115 - open until the next run
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open until the next run
         self.file.writelines(self.pending)
         self.file.flush()
         self.pending = []
@@ -127,9 +128,14 @@ def quiet() -> bool:
 
 def driver_log(run_dir: Path) -> None:
     """The driver's library records go to run_dir/logs/driver.log from now on."""
+    library_log(run_dir / "logs" / "driver.log")
+
+
+def library_log(path: Path) -> None:
+    """The driver's library records go to `path` from now on (on a quiet console)."""
     if quiet():
         quiet_driver()  # libraries imported since (vLLM configures its logger at import)
-        _HANDLER.open(run_dir / "logs")
+        _HANDLER.open(path)
 
 
 def worker_runtime_env(log_dir: Path) -> dict:
@@ -174,11 +180,13 @@ def name_worker_log(name: str) -> None:
 
 @contextlib.contextmanager
 def output_to(log: Path) -> Iterator[None]:
-    """This process's stdout and stderr (file descriptors 1 and 2) go to `log` meanwhile (an
-    engine run in the driver, as `rlkit eval` does); a verbose console keeps them."""
+    """This process's stdout and stderr (file descriptors 1 and 2) go to `log` meanwhile, and its
+    library logging from now on (an engine run in the driver, as `rlkit eval` does); a verbose
+    console keeps them."""
     if verbose():
         yield
         return
+    library_log(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
