@@ -46,6 +46,7 @@ from rlkit.errors import UserError
 GIB = 2**30
 CONTEXT = 1.0 * GIB  # CUDA / CANN context and allocator slack per process on an accelerator
 CPU_RUNTIME = 0.2 * GIB  # a CPU process beyond its model (DeepSpeed's engine, oneDNN, the allocator): measured
+CPU_COLLECTIVES = 0.05 * GIB  # a CPU rank of 2+ (gloo and DeepSpeed's shared-memory allreduce): measured
 DS_REDUCE_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size default (elements): ZeRO-1/2 allocate it whole
 VLLM_BATCHED_TOKENS = 8192  # vLLM's profile batch (max_num_batched_tokens)
 VLLM_MAX_SEQS = 256  # vLLM's max_num_seqs: the sampler's logits rows
@@ -363,6 +364,8 @@ def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, 
     if sync_bytes and not ctx:  # object-store sync from the learner's host memory: a copy, and its copy in the store
         parts["weight sync buffers"] = 2 * min(sync_bytes, total * width)
     parts["context" if ctx else "runtime (CPU: DeepSpeed, oneDNN)"] = ctx or CPU_RUNTIME
+    if n > 1 and not ctx:
+        parts["collectives (CPU, 2+ ranks)"] = CPU_COLLECTIVES
     return Process("learner rank", n, parts, host)
 
 

@@ -54,15 +54,11 @@ def longest_prompt(model: Path, data: Path) -> int:
     return max(len(tok(render_prompt(r, "alpaca", tok)).input_ids) for r in load_prompts(str(data)).rows)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="/tmp/estimate-check")
-    p.add_argument("--sizes", nargs="+", default=["tiny", "25m"])
-    args = p.parse_args()
-    out = Path(args.out)
+def check(out: Path, sizes: list[str]) -> list[tuple[str, str, float, float]]:
+    """(size, process, measured GiB, estimated GiB) for the SFT learner, the GRPO learner and engine."""
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for size in args.sizes:
+    for size in sizes:
         model, data = out / f"model-{size}", out / "data"
         rlkit("tiny-model", str(model), "--size", size, "--data", str(data), cwd=out)
         sft = [f"model.path={model}", f"data.train={data / 'sft_train.jsonl'}", "data.eval=null", "eval.every=0",
@@ -80,6 +76,15 @@ def main() -> None:
         e = estimated("grpo", ROOT / "recipes" / "tiny-grpo.yaml", [*grpo, f"rollout.max_model_len={length}"])
         rows.append((size, "grpo learner", m["memory/learner_model_gib"], e["learner rank"]))
         rows.append((size, "grpo engine", m["memory/engine_model_gib"], e["rollout engine"]))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="/tmp/estimate-check")
+    p.add_argument("--sizes", nargs="+", default=["tiny", "25m"])
+    args = p.parse_args()
+    rows = check(Path(args.out), args.sizes)
     print(f"{'model':<6} {'process':<14} {'measured GiB':>13} {'estimate GiB':>13} {'estimate/measured':>18}")
     for size, kind, got, est in rows:
         print(f"{size:<6} {kind:<14} {got:>13.3f} {est:>13.3f} {est / got:>18.2f}")
