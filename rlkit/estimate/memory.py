@@ -1,0 +1,235 @@
+"""The memory of each process of a plan, by part, and whether it fits a device.
+
+What is modelled, per learner rank (N learners, ZeRO stage s; Rajbhandari et al. 2020, "ZeRO",
+section 3: 2 + 2 + 12 bytes per parameter in mixed precision):
+- parameters: bytes(dtype) per parameter (QLoRA: 4-bit linear weights + their constants), / N under
+  ZeRO-3; ZeRO-3 also gathers layers on the fly (4 bytes x the largest layer, as DeepSpeed's own
+  estimator counts); offload_param keeps them in host memory;
+- gradients of the trainable parameters: bytes(dtype) each, / N from ZeRO-2;
+- optimizer (AdamW): fp32 master + m + v = 12 bytes per trainable parameter in bf16 / fp16
+  (8 in fp32: m + v), / N from ZeRO-1, in host memory with offload_optimizer;
+- activations of one micro-batch (tokens = micro_batch_size x sequence length): per layer and
+  token, the tensors a decoder block keeps for backward (10 h + 2 kv + 4 i elements with a gated
+  MLP; sdpa / flash attention keep no T x T scores); with gradient checkpointing the layer inputs
+  plus one layer's recompute;
+- logits: tokens x vocab x (bytes(dtype) + 12): the model's logits, their fp32 copy, the scaled
+  copy and the fp32 gradient (rlkit's logprob path today);
+- GRPO with beta > 0 and full fine-tuning: a frozen reference copy in the model dtype (not sharded);
+- a fixed 1 GiB for the CUDA / CANN context and the allocator's slack.
+Per rollout engine (tensor parallel t): the weights / t; the KV cache for its share of the step's
+sequences at max_model_len (2 x layers x kv_heads x head_dim x bytes per token, / t); a runtime
+peak (vLLM's profile batch and the sampler's logits); the context. vLLM itself takes
+gpu_memory_utilization of the device and fills it with KV cache: the verdict asks that what the
+step needs fits there. Colocated: the learner's peak while the engine sleeps (rollout.sleep frees
+its weights and KV cache), and while it generates the learner's resident state plus the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rlkit.errors import UserError
+from rlkit.estimate.arch import Arch
+
+GIB = 2**30
+CONTEXT = 1.0 * GIB  # CUDA / CANN context and allocator slack per process on an accelerator
+CPU_RUNTIME = 0.2 * GIB  # a CPU process beyond its model (DeepSpeed's engine, oneDNN, the allocator): measured
+CPU_COLLECTIVES = 0.05 * GIB  # a CPU rank of 2+ (gloo and DeepSpeed's shared-memory allreduce): measured
+DS_REDUCE_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size default (elements): ZeRO-1/2 allocate it whole
+VLLM_BATCHED_TOKENS = 8192  # vLLM's profile batch (max_num_batched_tokens)
+VLLM_MAX_SEQS = 256  # vLLM's max_num_seqs: the sampler's logits rows
+BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+# Devices by name: memory (GiB), bf16, the kind (the Ray resource). A size in the spec wins.
+DEVICES = {"A100": (80, True, "GPU"), "H100": (80, True, "GPU"), "H200": (141, True, "GPU"), "H20": (96, True, "GPU"),
+           "A800": (80, True, "GPU"), "H800": (80, True, "GPU"), "L40S": (48, True, "GPU"), "A10": (24, True, "GPU"),
+           "4090": (24, True, "GPU"), "3090": (24, True, "GPU"), "V100": (32, False, "GPU"), "T4": (16, False, "GPU"),
+           "MI300X": (192, True, "GPU"), "MI250": (64, True, "GPU"), "K100": (64, True, "GPU"),
+           "910B": (64, True, "NPU"), "910C": (64, True, "NPU")}
+
+
+
+@dataclass(frozen=True)
+class Hardware:
+    spec: str
+    nodes: int
+    per_node: int
+    name: str
+    gib: float
+    bf16: bool
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.per_node
+
+    @classmethod
+    def parse(cls, spec: str) -> Hardware:
+        """`8xA100-80G`, `2x8x910B-64G`, `1xH100`, `4xL40S-48G`."""
+        m = re.fullmatch(r"(?:(\d+)x)?(\d+)x([A-Za-z0-9]+?)(?:-(\d+(?:\.\d+)?)G(?:B|iB)?)?", spec.strip())
+        known = m and next((v for k, v in DEVICES.items() if k.lower() == m[3].lower()), None)
+        if not m or (not known and not m[4]):
+            raise UserError(f"--hardware: {spec!r}: expected [NODESx]COUNTxNAME[-MEMG], e.g. 8xA100-80G or "
+                            f"2x8x910B-64G (known names: {', '.join(DEVICES)}; another name needs -MEMG)")
+        size = float(m[4]) if m[4] else known[0]
+        return cls(spec, int(m[1] or 1), int(m[2]), m[3], size, known[1] if known else True)
+
+
+# ------------------------------------------------------------------ the estimate
+
+
+@dataclass
+class Process:
+    """One kind of process: its parts (bytes, on the device), host memory, and how many there are."""
+
+    kind: str
+    count: int
+    parts: dict[str, float]
+    host: dict[str, float] = dataclasses.field(default_factory=dict)
+    budget: float | None = None  # a share of the device it may use (vLLM's gpu_memory_utilization)
+    note: str = ""
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def estimate(cfg: Any, stage: str, arch: Arch, hardware: Hardware | None = None) -> list[Process]:
+    """The processes of the plan, with their memory by part."""
+    width = width_bytes(cfg.model.dtype, hardware)
+    ctx = CONTEXT if hardware is not None else 0.0
+    if stage == "sft":
+        t = cfg.train
+        learner = _learner(cfg, arch, width, t.num_learners, t.micro_batch_size * cfg.data.cutoff_len, ctx,
+                           reference=False)
+        return [learner]
+    g, r = cfg.grpo, cfg.rollout
+    seq = r.max_model_len
+    learner = _learner(cfg, arch, width, g.num_learners, g.micro_batch_size * seq, ctx,
+                       reference=g.beta > 0 and cfg.finetuning == "full",
+                       sync_bytes=0.0 if r.colocate else r.sync_bucket_mib * 2**20)
+    engines = 1 if r.colocate else r.num_engines
+    seqs = math.ceil(g.prompts_per_step * g.group_size / (g.num_learners if r.colocate else engines))
+    engine = _engine(arch, width, r, seqs, ctx)
+    if not r.colocate:
+        return [learner, engine]
+    resident = {k: v for k, v in learner.parts.items() if k in ("parameters", "gradients", "optimizer state",
+                                                                 "reference copy", "context")}
+    training = dict(learner.parts)
+    generating = {**{f"learner {k}": v for k, v in resident.items()},
+                  **{f"engine {k}": v for k, v in engine.parts.items() if k != "context"}}
+    if not r.sleep or hardware is None:  # the engine keeps its memory while the learner trains
+        training.update({f"engine {k}": v for k, v in engine.parts.items() if k != "context"})
+    peak = training if sum(training.values()) >= sum(generating.values()) else generating
+    when = "training" if peak is training else "generating"
+    return [Process("colocated learner + engine", g.num_learners, peak, learner.host,
+                    note=f"peak while {when}; the other phase: "
+                         f"{gib(sum((generating if peak is training else training).values()))}")]
+
+
+def width_bytes(dtype: str, hardware: Hardware | None) -> int:
+    if dtype == "auto":
+        return 2 if hardware is not None and hardware.bf16 else 4
+    return BYTES[dtype]
+
+
+def model_states(params: float, trainable: float, width: int, n: int, zero: int, offload_optimizer: bool = False,
+                 offload_param: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+    """Bytes per rank of the parameters (`params`: their bytes), gradients and AdamW state of
+    `trainable` parameters, on the device and in host memory. Mixed precision (width 2): half
+    gradients, fp32 master + m + v (ZeRO paper, K = 12), and at the optimizer step an fp32 copy
+    of the gradient partition (as DeepSpeed's own estimators count: 2 + 16 bytes); fp32: the
+    gradients, m + v, and under ZeRO the master copy and the step's gradient copy too."""
+    device, host = {}, {}
+    device["parameters"] = params / (n if zero == 3 else 1)
+    if zero == 3 and offload_param:
+        host["parameters"], device["parameters"] = device["parameters"], 0.0
+    device["gradients"] = trainable * width / (n if zero >= 2 else 1)
+    # AdamW's m + v, and the fp32 master copy ZeRO keeps (in fp32 too: its optimizer owns a flat copy)
+    master = width == 2 or zero >= 1
+    device["optimizer state"] = trainable * (12 if master else 8) / (n if zero >= 1 else 1)
+    device["fp32 gradients (optimizer step)"] = trainable * 4 / (n if zero >= 1 else 1) if master else 0.0
+    if offload_optimizer and zero >= 1:  # DeepSpeed's CPU Adam: the fp32 state and gradients live in host memory
+        for part in ("optimizer state", "fp32 gradients (optimizer step)"):
+            host[part], device[part] = device[part], 0.0
+        if zero >= 2:
+            host["gradients"], device["gradients"] = device["gradients"], 0.0
+    return device, host
+
+
+def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, reference: bool,
+             sync_bytes: float = 0.0) -> Process:
+    z, ds = cfg.deepspeed.zero_stage, cfg.deepspeed
+    total = arch.params
+    if cfg.finetuning == "full":
+        trainable, params = total, total * width
+    else:
+        trainable = arch.lora_params(cfg.lora.r, tuple(cfg.lora.target_modules))
+        linear = arch.layers * sum(i * o for i, o in arch.linears().values())
+        if cfg.finetuning == "qlora":  # 4-bit weights, an fp32 absmax per 64 (double quant: 8-bit, fp32 per 256)
+            per = 0.5 + (1 / 64 + 4 / (64 * 256) if cfg.qlora.double_quant else 4 / 64)
+            params = linear * per + (total - linear) * width + trainable * width
+        else:
+            params = (total + trainable) * width
+    device, host = model_states(params, trainable, width, n, z, ds.offload_optimizer, ds.offload_param)
+    step = device.pop("fp32 gradients (optimizer step)")
+    parts = dict(device)
+    if z == 3:
+        parts["ZeRO-3 gathered module"] = 4 * arch.largest_module_params
+    act_width = BYTES[cfg.qlora.compute_dtype] if cfg.finetuning == "qlora" else width
+    layers = arch.layers * arch.hidden + arch.activation_elements() if cfg.model.gradient_checkpointing else \
+        arch.layers * arch.activation_elements()
+    backward = {"activations": tokens * act_width * layers, "logits": tokens * arch.vocab * (act_width + 12)}
+    if step > sum(backward.values()):  # the peak is the optimizer step, not the backward pass
+        parts["fp32 gradients (optimizer step)"] = step
+    else:
+        parts.update(backward)
+    if reference:
+        parts["reference copy"] = total * width
+    if z in (1, 2) and not (ds.offload_optimizer and z == 2):  # DeepSpeed's reduce bucket (contiguous gradients)
+        bucket = float((ds.extra.get("zero_optimization") or {}).get("reduce_bucket_size", DS_REDUCE_BUCKET))
+        parts["DeepSpeed reduce bucket"] = (bucket if ctx else min(bucket, trainable)) * (4 if z == 1 else width)
+    if sync_bytes and not ctx:  # object-store sync from the learner's host memory: a copy, and its copy in the store
+        parts["weight sync buffers"] = 2 * min(sync_bytes, total * width)
+    parts["context" if ctx else "runtime (CPU: DeepSpeed, oneDNN)"] = ctx or CPU_RUNTIME
+    if n > 1 and not ctx:
+        parts["collectives (CPU, 2+ ranks)"] = CPU_COLLECTIVES
+    return Process("learner rank", n, parts, host)
+
+
+def _engine(arch: Arch, width: int, r: Any, seqs: int, ctx: float) -> Process:
+    t = r.tensor_parallel_size
+    kv = seqs * r.max_model_len * arch.kv_bytes_per_token(width) / t
+    if not ctx:  # a CPU engine allocates rollout.kv_cache_gib (whole GiB, at least 1: VLLM_CPU_KVCACHE_SPACE)
+        kv = max(kv, max(1, round(r.kv_cache_gib)) * GIB)
+    runtime = (VLLM_BATCHED_TOKENS * (4 * arch.hidden + 2 * arch.intermediate) * width / t
+               + min(seqs, VLLM_MAX_SEQS) * arch.vocab * 4)
+    parts = {"weights": arch.params * width / t, "KV cache for the step" if ctx else "KV cache (preallocated)": kv,
+             "runtime peak": runtime, "context" if ctx else "runtime (CPU)": ctx or CPU_RUNTIME}
+    return Process("rollout engine", r.num_engines, parts, budget=r.gpu_memory_utilization,
+                   note=f"{seqs} sequences x max_model_len {r.max_model_len}")
+
+
+def devices_needed(cfg: Any, stage: str) -> int:
+    if stage == "sft":
+        return cfg.train.num_learners
+    r = cfg.rollout
+    return cfg.grpo.num_learners + (0 if r.colocate else r.num_engines * r.tensor_parallel_size)
+
+
+def verdicts(processes: list[Process], hardware: Hardware) -> list[tuple[Process, bool, float]]:
+    """(process, fits, headroom in bytes) against one device of `hardware`."""
+    device = hardware.gib * GIB
+    out = []
+    for p in processes:
+        limit = device * p.budget if p.budget else device
+        out.append((p, p.total <= limit, limit - p.total))
+    return out
+
+
+def gib(n: float) -> str:
+    """Bytes as the report shows them: GiB, MiB under a tenth of one."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 or n == 0 else f"{n / 2**20:.1f} MiB"
