@@ -151,7 +151,7 @@ def encode(rows: list[dict], model_dir: Path, cutoff: int) -> list[dict[str, lis
 
 
 def label_tokens(sample: dict[str, list[int]]) -> int:
-    """Tokens rlkit's `token_nll` counts for one sample: shifted labels != -100."""
+    """Tokens rlkit's `NLLObjective` scores for one sample: shifted labels != -100."""
     return sum(1 for x in sample["labels"][1:] if x != -100)
 
 

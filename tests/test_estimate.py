@@ -147,8 +147,8 @@ def test_a_launch_on_an_accelerator_warns_or_stops_when_the_plan_does_not_fit(tm
     small = dataclasses.replace(detect("cpu"), kind="cuda", device_count=8, device_name="NVIDIA A10",
                                 total_memory_bytes=24 * 2**30, bf16=True)
     line = est.check_before_launch(cfg, "grpo", small)
-    assert line.startswith("memory: a learner rank needs about 56.0 GiB, 32.0 GiB more than a 24 GiB device gives "
-                           "it (an estimate: rlkit estimate RECIPE --hardware 8xA10-24G shows"), line
+    assert line.startswith("memory: a rollout engine needs about 22.2 GiB, 5.4 GiB more than a 24 GiB device gives "
+                           "it (an estimate: rlkit estimate RECIPE --hardware 8xA10-24G shows"), line  # 0.7 x 24
     big = dataclasses.replace(small, device_name="NVIDIA H200", total_memory_bytes=141 * 2**30)
     assert est.check_before_launch(cfg, "grpo", big) is None
     assert est.check_before_launch(cfg, "grpo", detect("cpu")) is None  # no estimate on a CPU
@@ -157,7 +157,7 @@ def test_a_launch_on_an_accelerator_warns_or_stops_when_the_plan_does_not_fit(tm
     model.mkdir()
     (model / "config.json").write_text(json.dumps(est.PUBLISHED["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"]))
     strict = dataclasses.replace(cfg, memory_check="error", model=dataclasses.replace(cfg.model, path=str(model)))
-    with pytest.raises(UserError, match=r"^memory: a learner rank needs about .*; memory_check: warn launches it "):
+    with pytest.raises(UserError, match=r"^memory: a rollout engine needs about .*; memory_check: warn launches it "):
         prepare_inputs(strict, small)
 
 
@@ -177,3 +177,10 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peaks(tmp_path):
     off = [(size, kind, round(got, 3), round(est / got, 2)) for size, kind, got, est in rows
            if not 0.75 <= est / got <= 1.25]
     assert not off, f"estimate/measured outside 0.75-1.25: {off}"
+
+
+def test_the_logits_chunk_is_the_learners():
+    from rlkit.engine.logprobs import CHUNK_ELEMENTS
+    from rlkit.estimate.memory import LOGITS_CHUNK
+
+    assert LOGITS_CHUNK == CHUNK_ELEMENTS

@@ -12,6 +12,7 @@ import datetime
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,7 @@ class Learner:
         t0 = time.perf_counter()
         micro = [mb for step in steps for mb in step]
         for key in objective.needs:
-            scored = self.logprobs(micro, objective.temperature, LOGPROB_SOURCES[key])
+            scored = self.logprobs(micro, objective.temperature, LOGPROB_SOURCES[key], objective.positions)
             for mb, logp in zip(micro, scored):
                 mb[key] = logp
         seconds = time.perf_counter() - t0
@@ -186,10 +187,10 @@ class Learner:
         return sums
 
     @torch.no_grad()
-    def logprobs(self, micro_batches: list[MicroBatch], temperature: float = 1.0,
-                 model: str = "policy") -> list[torch.Tensor]:
+    def logprobs(self, micro_batches: list[MicroBatch], temperature: float = 1.0, model: str = "policy",
+                 positions: Callable[[MicroBatch], torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Token logprobs [B, L-1] (CPU) per micro-batch under the current policy or the frozen
-        `"reference"` (see `engine/logprobs.py`)."""
+        `"reference"` (see `engine/logprobs.py`), at `positions(micro_batch)` (default: all)."""
         from rlkit.engine.logprobs import token_logprobs
 
         if model == "reference" and self.reference is None:
@@ -198,8 +199,9 @@ class Learner:
         out = []
         for mb in micro_batches:
             mb = self._to_device(mb)
-            logp = (self.reference.logprobs(mb, temperature) if model == "reference"
-                    else token_logprobs(self.engine, mb, temperature)[0])
+            where = positions(mb) if positions is not None else None
+            logp = (self.reference.logprobs(mb, temperature, where) if model == "reference"
+                    else token_logprobs(self.engine, mb, temperature, positions=where)[0])
             out.append(logp.cpu())
         return out
 

@@ -1,31 +1,132 @@
 """Token log-probabilities of a causal LM, and the frozen reference policy (torch only).
 
-A batch is a dict of tensors: `input_ids` [B, L] (right-padded), `attention_mask` [B, L].
-Logprobs are in shifted space: position t scores token t+1 from the logits at t, so they are
-[B, L-1]; a stage picks its positions with its own mask (GRPO: `completion_mask[:, 1:]`).
-With `temperature` the logits are divided by it first: the same numbers vLLM reports with
-`processed_logprobs` and top_p 1.
+A batch is a dict of tensors: `input_ids` [B, L] (right-padded, or packed rows with
+`position_ids`), `attention_mask` [B, L] (or a 4D additive mask for packed rows). Logprobs are in
+shifted space: position t scores token t+1 from the logits at t, so they are [B, L-1]; a stage
+picks its positions with its own mask (GRPO: `completion_mask[:, 1:]`) and may pass them as
+`positions`, so that only those are scored. With `temperature` the logits are divided by it
+first: the same numbers vLLM reports with `processed_logprobs` and top_p 1.
+
+The [B, L, vocab] logits are never formed: the model runs to its last hidden state (the
+lm_head on one position only), then the lm_head, the log-softmax and the entropy run over the
+wanted positions in chunks of `chunk_elements // vocab` tokens, each chunk recomputed in the
+backward pass (activation checkpointing) rather than kept. With a 152k vocabulary the fp32
+logits of one 8k-token sequence are ~5 GB; a chunk is 256 MiB. A model that changes its logits
+after the lm_head (Gemma 2's soft-capping, Cohere's scale) is detected on its first call and
+takes the full-logits path.
 """
 
 from __future__ import annotations
 
+import logging
+import weakref
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+log = logging.getLogger(__name__)
+
+CHUNK_ELEMENTS = 2**26  # logits elements per chunk (fp32: 256 MiB)
+_HEAD_ONLY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model -> its logits are lm_head(h)
 
 
-def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.0,
-                   with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.0, with_entropy: bool = False,
+                   positions: Tensor | None = None,
+                   chunk_elements: int = CHUNK_ELEMENTS) -> tuple[Tensor, Tensor | None]:
     """logp [B, L-1] of each next token under `logits / temperature`, and the per-token entropy
-    [B, L-1] (nats, no grad) when asked."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-    logits = logits[:, :-1].float() / temperature
-    logp = selective_log_softmax(logits, batch["input_ids"][:, 1:])
-    entropy = entropy_from_logits(logits.detach()) if with_entropy else None
+    [B, L-1] (nats, no grad) when asked; fp32 (fp64 for an fp64 model). Only `positions` (bool
+    [B, L-1]; default: every position whose next token is not padding) are scored, the rest are 0."""
+    ids = batch["input_ids"]
+    if positions is None:
+        mask = batch["attention_mask"]
+        positions = (mask[:, 1:] != 0) if mask.dim() == 2 else torch.ones_like(ids[:, 1:], dtype=torch.bool)
+    hf = _hf_model(model)
+    head = hf.get_output_embeddings()
+    if _HEAD_ONLY.get(hf) is False:
+        return _full_logits_path(model, batch, temperature, with_entropy, positions)
+    hidden, last_logits = _last_hidden(model, hf, batch)
+    if _HEAD_ONLY.get(hf) is None:  # the first call: are the model's logits its lm_head's output?
+        _HEAD_ONLY[hf] = _same_logits(head(hidden[:, -1:]), last_logits)
+        if not _HEAD_ONLY[hf]:
+            log.warning("%s changes its logits after the lm_head: token logprobs take the full-logits path",
+                        type(hf).__name__)
+            return _full_logits_path(model, batch, temperature, with_entropy, positions)
+    rows = positions.nonzero(as_tuple=True)
+    states, targets = hidden[:, :-1][rows], ids[:, 1:][rows]  # [N, H], [N]
+    step = max(1, chunk_elements // head.out_features)
+
+    def score(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+        logits = _upcast(head(h)) / temperature
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - lse
+        with torch.no_grad():
+            entropy = lse - (logits.softmax(-1) * logits).sum(-1) if with_entropy else lse.new_zeros(())
+        return logp, entropy
+
+    grad = torch.is_grad_enabled() and states.requires_grad
+    parts = [checkpoint(score, h, t, use_reentrant=False) if grad else score(h, t)
+             for h, t in zip(states.split(step), targets.split(step))]
+    logp = ids.new_zeros(positions.shape, dtype=_upcast(hidden[:, :0]).dtype)
+    logp = logp.index_put(rows, torch.cat([p[0] for p in parts]) if parts else logp.new_zeros(0))
+    entropy = None
+    if with_entropy:
+        entropy = torch.zeros_like(logp, requires_grad=False)
+        if parts:
+            entropy[rows] = torch.cat([p[1] for p in parts]).detach()
     return logp, entropy
+
+
+def _upcast(x: Tensor) -> Tensor:
+    """Half precision to fp32 (the log-softmax needs it); fp32 and fp64 stay."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def _hf_model(model: Any) -> Any:
+    """The transformers model inside a DeepSpeed engine and / or a peft wrapper."""
+    inner = model.module if hasattr(model, "module") else model
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+
+
+def _model_inputs(batch: dict[str, Tensor]) -> dict[str, Any]:
+    kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask"), "use_cache": False}
+    if "position_ids" in batch:  # packed rows: positions restart per sequence
+        kwargs["position_ids"] = batch["position_ids"]
+    return kwargs
+
+
+def _last_hidden(model: Any, hf: Any, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """The final hidden states [B, L, H] (after the last norm, what the lm_head reads) and the
+    logits of the last position [B, 1, V], from one forward through `model` (a DeepSpeed engine's
+    forward: its backward hooks see the hidden states). Without gradients a hook on the decoder
+    takes its output, so the layers' outputs are not all kept."""
+    if torch.is_grad_enabled():
+        out = model(**_model_inputs(batch), output_hidden_states=True, logits_to_keep=1)
+        return out.hidden_states[-1], out.logits
+    taken: list[Tensor] = []
+    hook = hf.get_decoder().register_forward_hook(
+        lambda _m, _i, o: taken.append(o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+    try:
+        out = model(**_model_inputs(batch), logits_to_keep=1)
+    finally:
+        hook.remove()
+    return taken[-1], out.logits
+
+
+def _same_logits(head_logits: Tensor, model_logits: Tensor) -> bool:
+    return bool(torch.allclose(head_logits.float(), model_logits.float(), rtol=1e-3, atol=1e-3))
+
+
+def _full_logits_path(model: Any, batch: dict[str, Tensor], temperature: float, with_entropy: bool,
+                      positions: Tensor) -> tuple[Tensor, Tensor | None]:
+    """The model's own [B, L, V] logits (for models whose logits are not their lm_head's output)."""
+    logits = _upcast(model(**_model_inputs(batch)).logits[:, :-1]) / temperature
+    keep = positions.float()
+    logp = selective_log_softmax(logits, batch["input_ids"][:, 1:]) * keep
+    return logp, entropy_from_logits(logits.detach()) * keep if with_entropy else None
 
 
 class Reference:
@@ -43,15 +144,14 @@ class Reference:
             self.copy.requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, batch: dict[str, Tensor], temperature: float = 1.0) -> Tensor:
+    def logprobs(self, batch: dict[str, Tensor], temperature: float = 1.0, positions: Tensor | None = None) -> Tensor:
         """`token_logprobs` under the reference policy."""
         if self.copy is not None:
-            return token_logprobs(self.copy, batch, temperature)[0]
+            return token_logprobs(self.copy, batch, temperature, positions=positions)[0]
         inner = self.policy.module if hasattr(self.policy, "module") else self.policy
         ctx = inner.disable_adapter() if hasattr(inner, "disable_adapter") else nullcontext()
         with ctx:
-            return token_logprobs(self.policy, batch, temperature)[0]
-
+            return token_logprobs(self.policy, batch, temperature, positions=positions)[0]
 
 
 def selective_log_softmax(logits: Tensor, ids: Tensor) -> Tensor:

@@ -30,12 +30,16 @@ class Objective(Protocol):
     `__call__(model, batch) -> (loss, metrics)`: the loss to backpropagate for one micro-batch and
     metrics as 0-dim tensors or floats; the learner sums metrics over micro-batches, except names
     ending in `_max` / `_min`, which it reduces with max / min (see `accumulate`).
+    `positions(batch)`: bool [B, L-1], the (shifted) positions whose logprobs the objective reads;
+    the logprobs of `needs` are computed there only.
     """
 
     temperature: float
     needs: tuple[str, ...]
 
     def __call__(self, model: Any, batch: MicroBatch) -> tuple[Tensor, dict[str, Any]]: ...
+
+    def positions(self, batch: MicroBatch) -> Tensor: ...
 
 
 def reduction(key: str) -> str:

@@ -12,8 +12,9 @@ section 3: 2 + 2 + 12 bytes per parameter in mixed precision):
   token, the tensors a decoder block keeps for backward (10 h + 2 kv + 4 i elements with a gated
   MLP; sdpa / flash attention keep no T x T scores); with gradient checkpointing the layer inputs
   plus one layer's recompute;
-- logits: tokens x vocab x (bytes(dtype) + 12): the model's logits, their fp32 copy, the scaled
-  copy and the fp32 gradient (rlkit's logprob path today);
+- logits: one chunk of the scored tokens x vocab (rlkit never forms the [B, T, vocab] logits:
+  `engine/logprobs.py` scores 2**26 logits elements at a time), x (bytes(dtype) + 12): the chunk's
+  logits, their fp32 copy, the scaled copy and the fp32 gradient;
 - GRPO with beta > 0 and full fine-tuning: a frozen reference copy in the model dtype (not sharded);
 - a fixed 1 GiB for the CUDA / CANN context and the allocator's slack.
 Per rollout engine (tensor parallel t): the weights / t; the KV cache for its share of the step's
@@ -42,6 +43,7 @@ CPU_COLLECTIVES = 0.05 * GIB  # a CPU rank of 2+ (gloo and DeepSpeed's shared-me
 DS_REDUCE_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size default (elements): ZeRO-1/2 allocate it whole
 VLLM_BATCHED_TOKENS = 8192  # vLLM's profile batch (max_num_batched_tokens)
 VLLM_MAX_SEQS = 256  # vLLM's max_num_seqs: the sampler's logits rows
+LOGITS_CHUNK = 2**26  # logits elements the learner forms at once (rlkit.engine.logprobs.CHUNK_ELEMENTS)
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # Devices by name: memory (GiB), bf16, the kind (the Ray resource). A size in the spec wins.
@@ -182,7 +184,8 @@ def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, 
     act_width = BYTES[cfg.qlora.compute_dtype] if cfg.finetuning == "qlora" else width
     layers = arch.layers * arch.hidden + arch.activation_elements() if cfg.model.gradient_checkpointing else \
         arch.layers * arch.activation_elements()
-    backward = {"activations": tokens * act_width * layers, "logits": tokens * arch.vocab * (act_width + 12)}
+    backward = {"activations": tokens * act_width * layers,
+                "logits": min(tokens * arch.vocab, LOGITS_CHUNK) * (act_width + 12)}
     if step > sum(backward.values()):  # the peak is the optimizer step, not the backward pass
         parts["fp32 gradients (optimizer step)"] = step
     else:

@@ -54,8 +54,13 @@ class GRPOObjective:
                    algo.importance_sampling_level, rollout.max_tokens, algo.rollout_correction,
                    algo.correction_clip_min, algo.correction_clip_max, algo.off_policy_mask_threshold, gates, needs)
 
+    def positions(self, batch: dict[str, Tensor]) -> Tensor:
+        """The completion tokens (shifted space): the only logprobs the loss reads."""
+        return batch["completion_mask"][:, 1:].bool()
+
     def __call__(self, model: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        logp, entropy = token_logprobs(model, batch, self.temperature, with_entropy=True)
+        logp, entropy = token_logprobs(model, batch, self.temperature, with_entropy=True,
+                                       positions=self.positions(batch))
         mask = batch["completion_mask"][:, 1:].float()
         old, engine = batch.get("old_logp"), batch.get("engine_logp")
         weights = keep = None

@@ -5,32 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
-
-def token_nll(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    """Summed next-token NLL (nats) over labels != -100, and that token count.
-    logits [B, T, V], labels [B, T]."""
-    shift_logits = logits[:, :-1].float()
-    shift_labels = labels[:, 1:]
-    n = (shift_labels != -100).sum()
-    loss = torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1), ignore_index=-100, reduction="sum")
-    return loss, n
+from rlkit.engine.logprobs import token_logprobs
 
 
 @dataclass(frozen=True)
 class NLLObjective:
     """Token-mean NLL of each micro-batch. Metrics: `nll` (summed nats) and `tokens` (loss tokens),
-    so the mean over any set of micro-batches is sum(nll) / sum(tokens)."""
+    so the mean over any set of micro-batches is sum(nll) / sum(tokens). Only the labelled
+    positions are scored (`token_logprobs`: no [B, T, vocab] logits); a label is its input token
+    (`encode_sft`), so the next input token is the target."""
 
     temperature: float = 1.0
     needs: tuple[str, ...] = ()
 
+    def positions(self, batch: dict[str, Tensor]) -> Tensor:
+        """The labelled tokens (shifted space)."""
+        return batch["labels"][:, 1:] != -100
+
     def __call__(self, model: Any, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
-        if "position_ids" in batch:  # packed rows: positions restart per sample
-            kwargs["position_ids"] = batch["position_ids"]
-        nll, n = token_nll(model(**kwargs, use_cache=False).logits, batch["labels"])
+        positions = self.positions(batch)
+        logp, _ = token_logprobs(model, batch, positions=positions)
+        nll, n = -logp.sum(), positions.sum()
         return nll / n.clamp(min=1), {"nll": nll.detach(), "tokens": n}
