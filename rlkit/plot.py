@@ -54,6 +54,8 @@ PANELS = (
           smooth=True),
     Panel("time", "time per step", "seconds", lambda keys: [k for k in STACKED if k in keys] or
           _named("time/step")(keys), smooth=True),
+    Panel("utilisation", "engine busy fraction and sync share of the step", "fraction",
+          _named("rollout/busy_fraction", "rollout/busy_fraction_min", "time/sync_share"), smooth=True),
     Panel("lr", "learning rate", "lr", _named("train/lr")),
     Panel("mix", "curriculum mix (share of the step's rows)", "share", _prefixed("mix/")),
 )

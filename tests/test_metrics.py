@@ -55,8 +55,13 @@ def test_every_logged_metric_of_both_stages_is_in_the_scheme():
     sft = sft_metrics([result], [{"input_ids": [1, 2, 3]}], 2.0, {"explain": 1.0})
     assert sft["train/loss"] == 0.5 and sft["time/step"] == 2.0 and sft["mix/explain"] == 1.0
     fit = type("F", (), {"steps": [], "logprob_seconds": 0.1})()
-    grpo = grpo_metrics([fit], 8, {"bytes": 2**20}, 0.0, 0.5, 1.0)
+    import time
+
+    t0 = time.perf_counter() - 10.0  # a 10 s step; engines 0 and 1 generated 1 s and 3 s of it, engine 2 nothing
+    grpo = grpo_metrics([fit], 8, {"bytes": 2**20}, t0, t0 + 5, t0 + 9, {0: 1.0, 1: 3.0}, 3)
     assert all("/" in k for k in [*sft, *grpo]) and grpo["sync/mib"] == 1.0 and "train/samples_per_s" in grpo
+    assert grpo["rollout/busy_fraction"] == pytest.approx(4 / 30, abs=1e-3) and grpo["rollout/busy_fraction_min"] == 0
+    assert "rollout/busy_fraction" not in grpo_metrics([fit], 8, {"bytes": 1}, t0, t0, t0, {}, 3)  # restored samples
 
 
 def test_the_wandb_run_is_named_after_the_output_dir(tmp_path, monkeypatch):

@@ -29,7 +29,8 @@ def _grpo_run(folder, steps=12, gain=1.0):
         log.log(s, {"reward/mean": (r + 1.0) / 2, "reward/exact_match/mean": r, "reward/exact_match/std": 0.1,
                     "reward/format/mean": 1.0, "train/loss": 0.1 / s, "train/kl_mean": 0.01 * s, "train/lr": 1e-5,
                     "train/clip_frac": 0.0, "completion/len_mean": 4.0, "completion/len_max": 6.0,
-                    "time/generate": 0.1, "time/train": 0.2, "time/sync": 0.05, "time/step": 0.35})
+                    "time/generate": 0.1, "time/train": 0.2, "time/sync": 0.05, "time/step": 0.35,
+                    "rollout/busy_fraction": 0.6, "rollout/busy_fraction_min": 0.5, "time/sync_share": 0.14})
         if s % 4 == 0:
             log.log(s, {"eval/reward": r, "eval/exact_match": r})
     log.close()
@@ -70,15 +71,15 @@ def test_one_grpo_run_gives_one_png_per_panel_and_a_grid(tmp_path):
     run = _grpo_run(tmp_path / "grpo")
     written = plot.plot_runs([run], tmp_path / "plots")
     names = [p.stem for p in written]
-    assert names == ["reward", "held_out", "loss", "kl", "clip", "length", "time", "lr", "curves"]
+    assert names == ["reward", "held_out", "loss", "kl", "clip", "length", "time", "utilisation", "lr", "curves"]
     for path in written[:-1]:
         with Image.open(path) as im:
             assert im.format == "PNG" and im.size == (W, H), path
             assert _panels_in(im, 1) == 1, path
             assert _has(im, BLUE), f"{path} has no curve"
     with Image.open(written[-1]) as grid:
-        assert grid.size == (3 * W, 3 * H)  # 8 panels in rows of 3
-        assert _panels_in(grid, 3) == 8
+        assert grid.size == (3 * W, 3 * H)  # 9 panels in rows of 3
+        assert _panels_in(grid, 3) == 9
         assert grid.text["Description"] == "panels: " + " ".join(names[:-1])
 
 
@@ -105,7 +106,7 @@ def test_several_runs_are_overlaid_and_a_folder_of_runs_is_split_by_stage(tmp_pa
     assert (demo / "plots" / "sft" / "curves.png").is_file() and (demo / "plots" / "grpo" / "curves.png").is_file()
     assert out.stdout.splitlines() == [
         f"rlkit plot: {demo / 'plots' / 'grpo'}/curves.png and one PNG per panel (reward, held_out, loss, kl, clip, "
-        "length, time, lr)",
+        "length, time, utilisation, lr)",
         f"rlkit plot: {demo / 'plots' / 'sft'}/curves.png and one PNG per panel (held_out, loss, time, lr, mix)"]
 
 

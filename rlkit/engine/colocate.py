@@ -41,6 +41,11 @@ class ColocatedEngine:
         self._wake()
         return self.worker.generate(*args, **kwargs)
 
+    def generate_timed(self, *args: Any, **kwargs: Any) -> tuple[list[Sample], float]:
+        """`RolloutWorker.generate_timed`, waking the engine first (the wake-up is not busy time)."""
+        self._wake()
+        return self.worker.generate_timed(*args, **kwargs)
+
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """`RolloutWorker.sequence_logprobs` (weight checks)."""
         self._wake()

@@ -135,6 +135,7 @@ class _Call:
     kwargs: dict[str, Any]
     handle: Any = None  # the engine it was last sent to
     ref: Any = None  # its Ray future
+    seconds: float | None = None  # a generation's time in the engine, once gathered
 
     def send(self, handle: Any) -> _Call:
         self.handle, self.ref = handle, getattr(handle, self.method).remote(*self.args, **self.kwargs)
@@ -143,14 +144,16 @@ class _Call:
 
 def _generate_async(handles: list[Any], prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[_Call]:
     """Start `n` samples per prompt on the engines behind `handles` (actor handles with a
-    `generate` method); one call per engine with prompts, in prompt order."""
-    return [_Call(i, "generate", (shard,), dict(n=n, seed=derive_seed(seed, i), **sampling.kwargs())).send(h)
+    `generate_timed` method); one call per engine with prompts, in prompt order."""
+    return [_Call(i, "generate_timed", (shard,), dict(n=n, seed=derive_seed(seed, i), **sampling.kwargs())).send(h)
             for i, (h, shard) in enumerate(zip(handles, _shards(prompts, len(handles)))) if shard]
 
 
-def _gather(calls: list[_Call], names: list[str], timeout_s: float | None) -> list[Sample]:
-    parts = wait_all([c.ref for c in calls], [names[c.index] for c in calls], "the generation", timeout_s)
-    return [s for part in parts for s in part]
+def _samples(calls: list[_Call], parts: list[tuple[list[Sample], float]]) -> list[Sample]:
+    """The samples of gathered generate calls, prompt-major; each call keeps its engine seconds."""
+    for call, (_, seconds) in zip(calls, parts):
+        call.seconds = seconds
+    return [s for samples, _ in parts for s in samples]
 
 
 class SeparateEngines:
@@ -214,7 +217,7 @@ class SeparateEngines:
     def gather(self, futures: list[Any]) -> list[Sample]:
         """The samples of `generate_async`, prompt-major; the calls of an engine that died or hung
         go again to its restarted self."""
-        return [s for part in self._results(futures, "the generation") for s in part]
+        return _samples(futures, self._results(futures, "the generation"))
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         """`n` samples per prompt, prompt-major, reproducible for `seed`."""
@@ -346,7 +349,9 @@ class ColocatedEngines:
         return _generate_async(self.learners.actors, prompts, n, sampling, seed)
 
     def gather(self, futures: list[Any]) -> list[Sample]:
-        return _gather(futures, self.names, self.timeout)
+        parts = wait_all([c.ref for c in futures], [self.names[c.index] for c in futures], "the generation",
+                         self.timeout)
+        return _samples(futures, parts)
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         return self.gather(self.generate_async(prompts, n, sampling, seed))

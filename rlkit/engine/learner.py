@@ -308,6 +308,9 @@ class Learner:
     def generate(self, *args: Any, **kwargs: Any) -> list[Any]:
         return self.colocated.generate(*args, **kwargs)
 
+    def generate_timed(self, *args: Any, **kwargs: Any) -> tuple[list[Any], float]:
+        return self.colocated.generate_timed(*args, **kwargs)
+
     def engine_sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         return self.colocated.sequence_logprobs(sequences)
 

@@ -185,6 +185,12 @@ class RolloutWorker:
                                       str(c.finish_reason)))
         return samples
 
+    def generate_timed(self, *args: Any, **kwargs: Any) -> tuple[list[Sample], float]:
+        """`generate`, and the seconds it took (this engine's busy time: `rollout/busy_fraction`)."""
+        t0 = time.perf_counter()
+        samples = self.generate(*args, **kwargs)
+        return samples, time.perf_counter() - t0
+
     def sequence_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Logprob of each token `t >= 1` of each sequence given its prefix (temperature 1);
         for comparing the engine's weights with the learner's."""

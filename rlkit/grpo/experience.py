@@ -39,6 +39,15 @@ class Generation:
             self.samples = self.engines.gather(self.futures)
         return self.samples
 
+    def engine_seconds(self) -> dict[int, float]:
+        """Seconds each engine (by index) spent generating these samples, once gathered (none for a
+        generation restored from a checkpoint)."""
+        busy: dict[int, float] = {}
+        for call in self.futures:
+            if getattr(call, "seconds", None) is not None:
+                busy[call.index] = busy.get(call.index, 0.0) + call.seconds
+        return busy
+
     def state_dict(self) -> dict[str, Any]:
         """Waits for the samples; everything needed to score and train on them after a restart."""
         return {"rows": self.rows, "prompts": self.prompts, "version": self.version, "indices": self.indices,
@@ -60,6 +69,7 @@ class Experience:
     metrics: dict[str, float] = field(default_factory=dict)
     groups: list[tuple[int, list[float]]] = field(default_factory=list)  # (row index, G rewards): every group scored
     texts: list[tuple[str, str]] = field(default_factory=list)  # (rendered prompt, completion) per rollout
+    engine_seconds: dict[int, float] = field(default_factory=dict)  # engine index -> seconds generating them
 
     def examples(self, advantages: torch.Tensor, names: list[str], group_size: int, n: int) -> list[dict[str, Any]]:
         """`n` completions for rollouts.jsonl (one from each group in turn): prompt, completion,
@@ -134,11 +144,14 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
     scored: list[tuple[int, list[float]]] = []
     t_gen = t_rew = 0.0
     first: dict[str, float] = {}
+    busy: dict[int, float] = {}
     rounds = 1 + (algo.max_refill_rounds if algo.dynamic_sampling else 0)
     for attempt in range(rounds):
         if attempt:
             generation = refill(attempt)
         samples = generation.wait()
+        for engine, seconds in generation.engine_seconds().items():
+            busy[engine] = busy.get(engine, 0.0) + seconds
         t1 = time.perf_counter()
         rewards, per_fn, weights, metrics = score_samples(generation, samples, scorer, algo, max_tokens)
         t_gen, t_rew = t_gen + t1 - generation.started, t_rew + time.perf_counter() - t1
@@ -154,7 +167,7 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
                 (group, rewards[g * G:(g + 1) * G], per_fn[g * G:(g + 1) * G], texts))
         if len(kept) >= want:
             break
-    exp = Experience(weights=weights, groups=scored)
+    exp = Experience(weights=weights, groups=scored, engine_seconds=busy)
     for group, r, per, texts in (kept + spare)[:want]:
         exp.rollouts.extend(group)
         exp.texts.extend(texts)

@@ -138,7 +138,8 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         sync = engines.sync_from(learners)                                        # learner -> vLLM, no restart
         step, version = step + 1, version + 1
         metrics = {**exp.metrics, **adv_metrics, **seen,
-                   **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2), **engines.recovery(),
+                   **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2, exp.engine_seconds, len(engines.names)),
+                   **engines.recovery(),
                    **_sync_check(cfg, task, engines, learners, step)}                # parity probe, when due
         if task.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
             metrics.update(held_out())
@@ -215,16 +216,23 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: Any, learners: Any, step: 
     return {"sync/check_abs_diff_max": diff, "time/sync_check": time.perf_counter() - t0}
 
 
-def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: float, t1: float,
-                  t2: float) -> dict[str, float]:
+def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: float, t1: float, t2: float,
+                  engine_seconds: dict[int, float], engines: int) -> dict[str, float]:
     """Training metrics (means over ranks and optimizer steps) and the step's timings. The sync
     time is the driver's wait: with max_staleness >= 1 it includes the generations queued before
-    the sync on the engines."""
+    the sync on the engines. `rollout/busy_fraction`: the seconds each engine spent generating
+    this step's samples over the step's wall time (at most 1), the mean over engines (`_min`: the
+    least busy one); with max_staleness >= 1 those samples were generated while the previous step
+    trained, and an engine that keeps up with training is near 1."""
     t3 = time.perf_counter()
     train = mean_metrics([s for fit in fits for s in fit.steps])
     ref = max(fit.logprob_seconds for fit in fits)
     gib = sync["bytes"] / 2**30
+    busy = {}
+    if engine_seconds:  # none for samples restored from a checkpoint
+        fractions = [min(1.0, engine_seconds.get(i, 0.0) / (t3 - t0)) for i in range(engines)]
+        busy = {"rollout/busy_fraction": sum(fractions) / len(fractions), "rollout/busy_fraction_min": min(fractions)}
     return {**{f"train/{k}": v for k, v in train.items()},
             "time/ref": ref, "time/train": t2 - t1 - ref, "time/sync": t3 - t2, "time/step": t3 - t0,
             "time/sync_share": (t3 - t2) / (t3 - t0), "train/samples_per_s": samples / (t3 - t0),
-            "sync/mib": sync["bytes"] / 2**20, "sync/s_per_gib": (t3 - t2) / gib if gib else 0.0}
+            "sync/mib": sync["bytes"] / 2**20, "sync/s_per_gib": (t3 - t2) / gib if gib else 0.0, **busy}

@@ -47,6 +47,9 @@ def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
     assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
     assert sum(train[-8:]) / 8 > sum(train[:4]) / 4, f"train reward did not rise: {train}"
     assert all(0 < r["time/sync_share"] < 1 and r["sync/s_per_gib"] > 0 for r in rows if "reward/mean" in r)
+    # each engine's generating time over the step's wall time (synchronous: a share of the step, under 1)
+    busy = [(r["rollout/busy_fraction_min"], r["rollout/busy_fraction"]) for r in rows if "reward/mean" in r]
+    assert all(0 < low <= mean < 1 for low, mean in busy), busy
     for key in ("time/generate", "time/reward", "time/train", "time/sync", "reward/frac_zero_std", "train/clip_frac",
                 "train/entropy", "completion/len_mean", "completion/truncated_frac", "reward/exact_match/mean",
                 "advantage/std", "train/lr", "rollout/tokens_per_s", "timestamp"):
@@ -288,6 +291,7 @@ def test_stale_rollouts_are_tagged_corrected_and_measured(sft_model, task_data, 
     rows = _steps(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert [r["staleness/lag_max"] for r in rows] == [0, 1, 2, 2, 2]
+    assert all(0 < r["rollout/busy_fraction"] <= 1 for r in rows)  # generated during an earlier step
     assert rows[0]["train/mismatch/kl"] < 1e-6 and rows[0]["train/mismatch/logp_abs_diff_max"] < 1e-3
     assert rows[0]["train/is/ratio_max"] == pytest.approx(1.0, abs=1e-3)
     for r in rows[2:]:
