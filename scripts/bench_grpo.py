@@ -1,11 +1,13 @@
 """Throughput of `rlkit grpo` against TRL's `GRPOTrainer`, and rlkit's overhead over its parts.
 
     python scripts/bench_grpo.py                     # 25m model, 4 prompts x 8, 96 tokens, fp32, async
-    python scripts/bench_grpo.py --repeat 3          # each phase three times, medians over all timed steps
+    python scripts/bench_grpo.py --repeat 3          # three rounds of the phases, medians over all timed steps
     python scripts/bench_grpo.py --size tiny --steps 3 --warmup 1 --prompts 2 --group 4 --max-tokens 8
 
-Four phases run one after another, each in a fresh (spawned) process so that no engine, Ray
-instance or thread setting leaks into the next; the script prints a table and exits 0.
+Each round runs the four phases one after another, each in a fresh (spawned) process so that no
+engine, Ray instance or thread setting leaks into the next; rounds alternate the order (rlkit
+first, then TRL first), so that a slow spell of the machine does not fall on one side only. The
+script prints a table and exits 0.
 
 What is compared (same on every side)
   model   `rlkit.tiny.build_tiny_model(size)`, random init, fp32 on CPU, OMP_NUM_THREADS threads
@@ -36,26 +38,28 @@ Phases
           generates and trains on the same number of completions as one rlkit step. A callback
           stamps each step's end; steps after `--warmup` are timed.
 
-Each figure is the median over the timed steps of all `--repeat` runs of a phase (per step for
-rlkit and TRL, per call for the bare parts); rlkit's breakdown is that of its median step, so its
-parts add up to its step time. All per-step times go to `--json`.  samples/s = prompts*group /
-median step time.  overhead = rlkit step / (bare generate + bare train) - 1: what Ray calls,
-DeepSpeed, reward scoring, collation and weight sync add.
+Each figure pools the timed steps of all rounds of a phase (per step for rlkit and TRL, per call
+for the bare parts) and gives their median, minimum and maximum; the headline is the ratio of
+the medians. rlkit's breakdown is that of its median step, so its parts add up to it. All per-step
+times go to `--json`.  samples/s = prompts*group / median step time.  The overlap limit is
+max(bare generate, bare train): what a step costs when generation and training overlap
+perfectly (async) with nothing else; rlkit's step is given as a share of it, and the learner's
+own train time (ref/old logprobs excluded) against the bare train step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from benchlib import SPREAD_HEADER, machine, params, run_spawned, spread, spread_cells
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -76,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--intermediate", type=int, default=None,
                    help="override the MLP width (default: 2304 for 25m, which makes it 26.3M params; "
                         "rlkit.tiny's own 25m is 19.2M)")
-    p.add_argument("--steps", type=int, default=5, help="optimizer steps per run (each side)")
+    p.add_argument("--steps", type=int, default=7, help="optimizer steps per run (each side)")
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing (>= 1)")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
@@ -85,7 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--sync-generation", action="store_true",
                    help="rlkit with grpo.max_staleness 0 (generation and training in sequence)")
-    p.add_argument("--repeat", type=int, default=1, help="runs of each phase (fresh processes); medians pool them")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="rounds of the phases (fresh processes, alternating order); medians pool them")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trl-mode", default="generate", choices=TRL_MODES,
                    help="TRL generation: generate (HF generate), cb (transformers continuous batching), "
@@ -108,10 +113,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if (args.prompts * args.group) % args.micro_batch:
         p.error(f"--micro-batch {args.micro_batch} must divide prompts x group = {args.prompts * args.group}")
     return args
-
-
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 def build_model(out: Path, size: str, intermediate: int | None, seed: int) -> Path:
@@ -143,12 +144,6 @@ def prompt_rows(data: Path, n: int) -> list[dict[str, Any]]:
 
     rows = load_prompts(str(data)).rows
     return [{"prompt": render_prompt(r, "alpaca"), "answer": r["answer"]} for r in rows[:n]]
-
-
-def run_phase(fn: Any, *args: Any) -> Any:
-    """`fn(*args)` in a fresh spawned process (its own Ray / vLLM / threads); returns its result."""
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
 
 
 # ---------------------------------------------------------------- rlkit
@@ -190,14 +185,16 @@ RLKIT_KEYS = ("time/step", "time/generate", "time/reward", "time/ref", "time/tra
 
 
 def summarise_rlkit(runs: list[dict[str, Any]], sync_generation: bool) -> dict[str, Any]:
-    """The median step over all runs' timed steps (the slower middle one for an even count, never
-    flattering rlkit), with its breakdown (its parts add up to it)."""
+    """The spread of the timed steps of all runs, and the median step (the slower middle one for an
+    even count, never flattering rlkit) with its breakdown (its parts add up to it)."""
     timed = sorted((r for run in runs for r in run["timed"]), key=lambda r: r["time/step"])
     median = timed[len(timed) // 2]
     res: dict[str, Any] = {k: median[k] for k in RLKIT_KEYS}
     res["completion/len_mean"] = statistics.fmean(r["completion/len_mean"] for r in timed)
     overlapped = ("time/generate",) if not sync_generation else ()  # async: spans the previous step
     res["time/other"] = median["time/step"] - sum(median[k] for k in RLKIT_KEYS[1:6] if k not in overlapped)
+    res["spread"] = spread([r["time/step"] for r in timed])
+    res["train"] = statistics.median(r["time/train"] for r in timed)  # the learner's own, over all timed steps
     res.update(wall_s=[run["wall_s"] for run in runs], steps=[t for run in runs for t in run["steps"]])
     return res
 
@@ -273,8 +270,8 @@ def summarise_bare(generate: list[dict[str, Any]], train: list[dict[str, Any]]) 
     gen = [t for run in generate for t in run["generate_steps"]]
     steps = [t for run in train for t in run["train_steps"]]
     lengths = [n for run in generate for n in run["lengths"]]
-    return {"time/generate": _median(gen), "time/train": _median(steps),
-            "completion/len_mean": statistics.fmean(lengths), "generate_steps": gen, "train_steps": steps}
+    return {"generate": spread(gen), "train": spread(steps), "completion/len_mean": statistics.fmean(lengths),
+            "generate_steps": gen, "train_steps": steps}
 
 
 # ---------------------------------------------------------------- TRL
@@ -349,7 +346,8 @@ def phase_trl(args: argparse.Namespace, model_dir: str, data: str, out: str) -> 
 
 def summarise_trl(runs: list[dict[str, Any]]) -> dict[str, Any]:
     steps = [t for run in runs for t in run["steps"]]
-    return {"time/step": _median(steps), "time/generate": _median([t for run in runs for t in run["generate_steps"]]),
+    generate = [t for run in runs for t in run["generate_steps"]]
+    return {"spread": spread(steps), "time/generate": statistics.median(generate),
             "completion/len_mean": statistics.fmean([n for run in runs for n in run["lengths"]]),
             "wall_s": [run["wall_s"] for run in runs], "mode": runs[0]["mode"], "steps": steps}
 
@@ -369,16 +367,19 @@ def main(argv: list[str] | None = None) -> int:
                                 args.seed)
         data = write_task_data(work / "data", seed=args.seed)["grpo_train"]
         m, d, samples = str(model_dir), str(data), str(work / "bare-samples.json")
-        runs = range(args.repeat)
-        ours = bare = theirs = None
-        if "rlkit" in args.phases:
-            ours = summarise_rlkit([run_phase(phase_rlkit, args, m, d, str(work / f"rlkit-{i}")) for i in runs],
-                                   args.sync_generation)
-        if "bare" in args.phases:
-            generated = [run_phase(phase_bare_generate, args, m, d, samples) for _ in runs]
-            bare = summarise_bare(generated, [run_phase(phase_bare_train, args, m, samples) for _ in runs])
-        if "trl" in args.phases:
-            theirs = summarise_trl([run_phase(phase_trl, args, m, d, str(work / f"trl-{i}")) for i in runs])
+        runs: dict[str, list[Any]] = {"rlkit": [], "generate": [], "train": [], "trl": []}
+        for i in range(args.repeat):  # rounds in alternating order: a slow spell does not hit one side only
+            for phase in args.phases if i % 2 == 0 else args.phases[::-1]:
+                if phase == "rlkit":
+                    runs["rlkit"].append(run_spawned(phase_rlkit, args, m, d, str(work / f"rlkit-{i}")))
+                elif phase == "bare":
+                    runs["generate"].append(run_spawned(phase_bare_generate, args, m, d, samples))
+                    runs["train"].append(run_spawned(phase_bare_train, args, m, samples))
+                else:
+                    runs["trl"].append(run_spawned(phase_trl, args, m, d, str(work / f"trl-{i}")))
+        ours = summarise_rlkit(runs["rlkit"], args.sync_generation) if runs["rlkit"] else None
+        bare = summarise_bare(runs["generate"], runs["train"]) if runs["generate"] else None
+        theirs = summarise_trl(runs["trl"]) if runs["trl"] else None
         elapsed = time.perf_counter() - started
         results = report(args, model_dir, ours, bare, theirs)
         print(f"total time {elapsed:.0f} s")
@@ -396,51 +397,45 @@ def report(args: argparse.Namespace, model_dir: Path, ours: dict | None, bare: d
     """Print the table; returns the figures."""
     n = args.prompts * args.group
     out: dict[str, Any] = {"rlkit": ours, "bare": bare, "trl": theirs}
-    print(f"model {args.size} ({_params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
+    print(f"model {args.size} ({params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
           f"{args.prompts} prompts x group {args.group} = {n} completions/step, max_tokens {args.max_tokens}, "
-          f"micro batch {args.micro_batch}, steps {args.steps} (first {args.warmup} not timed) x {args.repeat} run(s), "
-          f"lr {args.lr}, avx512_bf16 {'yes' if _has_avx512_bf16() else 'no'}")
-    print("samples/s = completions per step / median timed step (per-step times are in --json)")
-    print(f"{'':<26}{'samples/s':>10}{'step s':>9}{'generate s':>12}{'mean len':>10}")
+          f"micro batch {args.micro_batch}, steps {args.steps} (first {args.warmup} not timed) x {args.repeat} "
+          f"round(s), lr {args.lr}, {machine()}")
+    print("seconds per step (per call for the bare parts) over the timed steps of all rounds; "
+          "samples/s = completions per step / median step")
+    print(f"{'':<28}{SPREAD_HEADER}{'samples/s':>11}{'mean len':>10}")
     rows = [("rlkit grpo", ours), (f"TRL GRPOTrainer ({args.trl_mode})", theirs)]
     for name, r in rows:
         if r is not None:
-            out[f"{name.split()[0].lower()}_samples_per_s"] = n / r["time/step"]
-            print(f"{name:<26}{n / r['time/step']:>10.2f}{r['time/step']:>9.3f}{r['time/generate']:>12.3f}"
+            out[f"{name.split()[0].lower()}_samples_per_s"] = n / r["spread"]["median"]
+            print(f"{name:<28}{spread_cells(r['spread'])}{n / r['spread']['median']:>11.2f}"
                   f"{r['completion/len_mean']:>10.1f}")
+    if bare is not None:
+        print(f"{'bare generate':<28}{spread_cells(bare['generate'])}{'':>11}{bare['completion/len_mean']:>10.1f}")
+        print(f"{'bare train':<28}{spread_cells(bare['train'])}")
     if ours is not None and theirs is not None:
-        out["ratio"] = theirs["time/step"] / ours["time/step"]
-        print(f"ratio rlkit / TRL {out['ratio']:.2f}x")
+        out["ratio"] = theirs["spread"]["median"] / ours["spread"]["median"]
+        print(f"ratio rlkit / TRL {out['ratio']:.2f}x (medians)")
     if ours is not None and not args.sync_generation:
-        print(f"rlkit step {ours['time/step']:.3f} s, async generation (the next step generates while this one "
-              f"trains): train {ours['time/train']:.3f} + sync {ours['time/sync']:.3f} + reward "
+        print(f"rlkit median step {ours['time/step']:.3f} s, async generation (the next step generates while this "
+              f"one trains): train {ours['time/train']:.3f} + sync {ours['time/sync']:.3f} + reward "
               f"{ours['time/reward']:.3f} + waiting for generation / other {ours['time/other']:.3f}")
     elif ours is not None:
-        print(f"rlkit step {ours['time/step']:.3f} s = generate {ours['time/generate']:.3f} + reward "
+        print(f"rlkit median step {ours['time/step']:.3f} s = generate {ours['time/generate']:.3f} + reward "
               f"{ours['time/reward']:.3f} + ref {ours['time/ref']:.3f} + train {ours['time/train']:.3f} + sync "
               f"{ours['time/sync']:.3f} + other {ours['time/other']:.3f}")
-    if bare is not None:
-        total = bare["time/generate"] + bare["time/train"]
-        line = (f"bare generate {bare['time/generate']:.3f} s (mean len {bare['completion/len_mean']:.1f}) + "
-                f"bare train {bare['time/train']:.3f} s = {total:.3f} s")
-        if ours is not None:
-            out["overhead"] = ours["time/step"] / total - 1
-            line += f"; rlkit overhead {100 * out['overhead']:.1f}%"
-        print(line)
+    if bare is not None and ours is not None:
+        gen, train = bare["generate"]["median"], bare["train"]["median"]
+        limit = gen + train if args.sync_generation else max(gen, train)
+        out["limit"], out["of_limit"] = limit, ours["spread"]["median"] / limit
+        out["learner_overhead"] = ours["train"] / train - 1
+        how = "bare generate + bare train (in sequence)" if args.sync_generation else \
+            "max(bare generate, bare train) (overlapped)"
+        print(f"limit {how} = {limit:.3f} s; rlkit step {ours['spread']['median']:.3f} s = "
+              f"{100 * out['of_limit']:.0f}% of it")
+        print(f"learner: rlkit train {ours['train']:.3f} s vs bare train {train:.3f} s = "
+              f"{100 * out['learner_overhead']:+.1f}%")
     return out
-
-
-def _has_avx512_bf16() -> bool:
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
-def _params(model_dir: Path) -> str:
-    from rlkit.tiny import param_count
-
-    return f"{param_count(model_dir) / 1e6:.1f}M params"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Throughput of `rlkit sft` against TRL's `SFTTrainer`: same model, rows, batch, precision.
 
-    python scripts/bench_sft.py                      # 25m model, 30 steps, micro batch 8, fp32
+    python scripts/bench_sft.py                      # 25m model, 30 steps, micro batch 8, fp32, 2 runs a side
     python scripts/bench_sft.py --size tiny --steps 3 --warmup 1 --micro-batch 2 --rows 32
 
 Both trainers run in this process, one after the other, for each mode (no packing, packing);
@@ -28,8 +28,8 @@ What is compared
   optim   AdamW, same lr, weight decay 0, grad clip 1.0, cosine schedule with the same warm-up.
 
 How tokens/s is counted (the same on both sides)
-  tokens  = real (non-pad) input tokens of the samples trained on, prompt and response.
-  time    = wall time of steps warmup+1 .. steps (the first `--warmup` steps are dropped).
+  tokens  = real (non-pad) input tokens of the samples a step trained on, prompt and response.
+  time    = that step's wall time, for steps warmup+1 .. steps (the first `--warmup` are dropped).
   rlkit   The driver logs per step `tokens_per_s` = label tokens / step time, where the step
           time runs from sampling the batch to the learners' reply (collate, Ray call,
           forward, backward, optimizer step).  The bench replays rlkit's sampler (same seed,
@@ -39,9 +39,10 @@ How tokens/s is counted (the same on both sides)
           tokens of each batch it receives (attention-mask sum, or the flattened length when
           padding-free).  Time includes data loading, forward, backward, optimizer, callbacks.
   Startup (Ray, DeepSpeed engine, TRL dataset preparation) is excluded on both sides.
-  With `--repeat R` each side runs R times per mode, in alternating order, and its median run
-  (by tokens/s; the lower middle one for even R) counts; the JSON keeps every run.  The "pad"
-  columns give the share of padding in the tokens each side fed the model.
+  With `--repeat R` (2 by default) each side runs R times per mode, in alternating order; the
+  table gives the median, minimum and maximum of the per-step tokens/s over the timed steps of
+  all runs of a side, and the ratio of the medians; the JSON keeps every step.  The "pad" column
+  gives the share of padding in the tokens each side fed the model.
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchlib import machine, params, spread
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -71,20 +75,18 @@ MODES = {"nopack": False, "pack": True}
 
 @dataclass(frozen=True)
 class Result:
-    """Steady-state throughput of one trainer in one mode."""
+    """The timed steps of one trainer in one mode: per step (real input tokens, tokens fed to the
+    model with padding, seconds)."""
 
-    tokens: int  # real input tokens over the timed steps
-    padded: int  # tokens fed to the model over the timed steps, padding included
-    seconds: float  # wall time of the timed steps
-    steps: int  # timed steps
+    steps: list[tuple[int, int, float]]
 
     @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+    def tokens_per_s(self) -> list[float]:
+        return [tokens / seconds for tokens, _, seconds in self.steps]
 
     @property
     def pad_share(self) -> float:
-        return 1 - self.tokens / self.padded if self.padded else float("nan")
+        return 1 - sum(t for t, _, _ in self.steps) / max(1, sum(p for _, p, _ in self.steps))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,7 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cutoff", type=int, default=256, help="data.cutoff_len / TRL max_length")
     p.add_argument("--rows", type=int, default=512, help="training rows to generate")
     p.add_argument("--modes", default="nopack,pack", help="comma list of: nopack, pack")
-    p.add_argument("--repeat", type=int, default=1, help="runs per side and mode (alternating); the median counts")
+    p.add_argument("--repeat", type=int, default=2,
+                   help="runs per side and mode (alternating order); medians pool their timed steps")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", help="keep model, data and runs here (default: a temp dir)")
@@ -198,15 +201,14 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list
     records = [r for r in read_jsonl(out / "metrics.jsonl") if "train/tokens_per_s" in r]
     if len(records) != args.steps:
         raise RuntimeError(f"{out / 'metrics.jsonl'}: {len(records)} step records, expected {args.steps}")
-    tokens, padded, seconds = 0, 0, 0.0
+    steps = []
     for rec, rows in zip(records, schedule):
         if rec["step"] <= args.warmup:
             continue
         batch = [samples[i] for i in rows]
-        seconds += sum(label_tokens(s) for s in batch) / rec["train/tokens_per_s"]
-        tokens += sum(len(s["input_ids"]) for s in batch)
-        padded += padded_tokens(batch, packing, args.cutoff)
-    return Result(tokens, padded, seconds, args.steps - args.warmup)
+        steps.append((sum(len(s["input_ids"]) for s in batch), padded_tokens(batch, packing, args.cutoff),
+                      sum(label_tokens(s) for s in batch) / rec["train/tokens_per_s"]))
+    return Result(steps)
 
 
 # ---------------------------------------------------------------- TRL
@@ -263,8 +265,8 @@ def bench_trl(model_dir: Path, ordered: list[dict], args: argparse.Namespace, pa
     trainer.train()
     if len(stamps) != args.steps:
         raise RuntimeError(f"TRL ran {len(stamps)} steps, expected {args.steps}")
-    (t0, k0, p0), (t1, k1, p1) = stamps[args.warmup - 1], stamps[-1]
-    return Result(k1 - k0, p1 - p0, t1 - t0, args.steps - args.warmup), batch, max_length
+    timed = zip(stamps[args.warmup - 1:], stamps[args.warmup:])
+    return Result([(k1 - k0, p1 - p0, t1 - t0) for (t0, k0, p0), (t1, k1, p1) in timed]), batch, max_length
 
 
 # ---------------------------------------------------------------- main
@@ -310,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def bench_mode(model_dir: Path, data: Path, samples: list[dict], schedule: list[list[int]], ordered: list[dict],
                args: argparse.Namespace, mode: str, work: Path) -> dict[str, Any]:
-    """Both trainers, `--repeat` times each in alternating order; the median run of each side counts."""
+    """Both trainers, `--repeat` times each in alternating order; per side the spread of the
+    per-step tokens/s over the timed steps of all its runs, and the ratio of the medians."""
     packing = MODES[mode]
     ours, theirs, shape = [], [], (0, 0)
     for r in range(args.repeat):
@@ -320,41 +323,32 @@ def bench_mode(model_dir: Path, data: Path, samples: list[dict], schedule: list[
             else:
                 result, *shape = bench_trl(model_dir, ordered, args, packing, work / f"trl-{mode}-{r}")
                 theirs.append(result)
-    median_ours, median_theirs = _median_run(ours), _median_run(theirs)
-    return {"rlkit_tokens_per_s": median_ours.tokens_per_s, "trl_tokens_per_s": median_theirs.tokens_per_s,
-            "ratio": median_ours.tokens_per_s / median_theirs.tokens_per_s,
-            "rlkit_pad_share": median_ours.pad_share, "trl_pad_share": median_theirs.pad_share,
-            "rlkit_runs": [vars(x) for x in ours], "trl_runs": [vars(x) for x in theirs],
+    a, b = (spread([x for run in runs for x in run.tokens_per_s]) for runs in (ours, theirs))
+    return {"rlkit": a, "trl": b, "ratio": a["median"] / b["median"],
+            "rlkit_pad_share": statistics.fmean(x.pad_share for x in ours),
+            "trl_pad_share": statistics.fmean(x.pad_share for x in theirs),
+            "rlkit_runs": [x.steps for x in ours], "trl_runs": [x.steps for x in theirs],
             "trl_batch": shape[0], "trl_max_length": shape[1]}
-
-
-def _median_run(runs: list[Any]) -> Any:
-    """The run with the median tokens/s (the lower middle one for an even count)."""
-    return sorted(runs, key=lambda x: x.tokens_per_s)[(len(runs) - 1) // 2]
 
 
 def print_table(args: argparse.Namespace, model_dir: Path, samples: list[dict], results: dict[str, dict],
                 elapsed: float) -> None:
     lens = [len(s["input_ids"]) for s in samples]
-    print(f"model {args.size} ({_params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
-          f"micro batch {args.micro_batch}, grad_accum 1, steps {args.steps} (first {args.warmup} not timed), "
-          f"repeat {args.repeat}, cutoff {args.cutoff}, {len(lens)} rows of {min(lens)}-{max(lens)} tokens "
-          f"(mean {sum(lens) / len(lens):.0f})")
-    print("tokens/s = real input tokens (prompt + response, no padding) / wall time of the timed steps; "
-          "pad = share of padding in the tokens fed to the model")
-    print(f"{'mode':<12}{'rlkit tok/s':>13}{'TRL tok/s':>13}{'ratio':>8}{'pad rlkit':>11}{'pad TRL':>9}"
-          "   TRL batch")
+    print(f"model {args.size} ({params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
+          f"micro batch {args.micro_batch}, grad_accum 1, steps {args.steps} (first {args.warmup} not timed) x "
+          f"{args.repeat} run(s), cutoff {args.cutoff}, {len(lens)} rows of {min(lens)}-{max(lens)} tokens "
+          f"(mean {sum(lens) / len(lens):.0f}), {machine()}")
+    print("tokens/s per step = real input tokens (prompt + response, no padding) / step time, over the timed steps "
+          "of all runs; ratio = of the medians; pad = share of padding in the tokens fed to the model")
+    print(f"{'mode':<12}{'side':<7}{'median':>9}{'min':>9}{'max':>9}{'n':>4}{'pad':>6}{'ratio':>8}   TRL batch")
     for mode, r in results.items():
         name = "packing" if MODES[mode] else "no packing"
-        print(f"{name:<12}{r['rlkit_tokens_per_s']:>13.1f}{r['trl_tokens_per_s']:>13.1f}{r['ratio']:>7.2f}x"
-              f"{r['rlkit_pad_share']:>10.0%}{r['trl_pad_share']:>9.0%}   {r['trl_batch']} x {r['trl_max_length']}")
+        for side, label in (("rlkit", "rlkit"), ("trl", "TRL")):
+            s = r[side]
+            tail = f"{r['ratio']:>7.2f}x   {r['trl_batch']} x {r['trl_max_length']}" if side == "rlkit" else ""
+            print(f"{name:<12}{label:<7}{s['median']:>9.1f}{s['min']:>9.1f}{s['max']:>9.1f}{s['n']:>4d}"
+                  f"{r[side + '_pad_share']:>6.0%}{tail}")
     print(f"total time {elapsed:.0f} s")
-
-
-def _params(model_dir: Path) -> str:
-    from rlkit.tiny import param_count
-
-    return f"{param_count(model_dir) / 1e6:.1f}M params"
 
 
 if __name__ == "__main__":

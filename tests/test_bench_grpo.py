@@ -15,12 +15,20 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 NUM = r"(\d+\.\d+)"
-SIDE = re.compile(rf"^(rlkit grpo|TRL GRPOTrainer \(generate\))\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$")
-RATIO = re.compile(rf"^ratio rlkit / TRL {NUM}x$")
-STEP = re.compile(rf"^rlkit step {NUM} s = generate {NUM} \+ reward {NUM} \+ ref {NUM} \+ train {NUM} "
+SPREAD = rf"{NUM}\s+{NUM}\s+{NUM}\s+(\d+)"  # median, min, max, n
+SIDE = re.compile(rf"^(rlkit grpo|TRL GRPOTrainer \(generate\))\s+{SPREAD}\s+{NUM}\s+{NUM}$")
+BARE = re.compile(rf"^bare (generate|train)\s+{SPREAD}(?:\s+{NUM})?$")
+RATIO = re.compile(rf"^ratio rlkit / TRL {NUM}x \(medians\)$")
+STEP = re.compile(rf"^rlkit median step {NUM} s = generate {NUM} \+ reward {NUM} \+ ref {NUM} \+ train {NUM} "
                   rf"\+ sync {NUM} \+ other (-?\d+\.\d+)$")
-BARE = re.compile(rf"^bare generate {NUM} s \(mean len {NUM}\) \+ bare train {NUM} s = {NUM} s; "
-                  rf"rlkit overhead (-?\d+\.\d)%$")
+LIMIT = re.compile(rf"^limit bare generate \+ bare train \(in sequence\) = {NUM} s; rlkit step {NUM} s = (\d+)% of it$")
+LEARNER = re.compile(rf"^learner: rlkit train {NUM} s vs bare train {NUM} s = ([+-]\d+\.\d)%$")
+
+
+def _one(pattern, lines):
+    found = [m for m in map(pattern.match, lines) if m]
+    assert len(found) == 1, (pattern.pattern, lines)
+    return found[0]
 
 
 def test_bench_grpo_prints_table(tmp_path):
@@ -29,29 +37,34 @@ def test_bench_grpo_prints_table(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_grpo.py"), "--size", "tiny", "--steps", "3", "--warmup", "1",
          "--prompts", "2", "--group", "4", "--max-tokens", "8", "--micro-batch", "4", "--sync-generation",
-         "--json", str(out)],
+         "--repeat", "1", "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert any(line.startswith("model tiny") and "2 prompts x group 4 = 8 completions/step" in line
-               and "max_tokens 8" in line for line in lines), proc.stdout
+               and "max_tokens 8" in line and "x 1 round(s)" in line for line in lines), proc.stdout
     sides = {m.group(1).split()[0]: m for m in map(SIDE.match, lines) if m}
     assert set(sides) == {"rlkit", "TRL"}, proc.stdout
     for m in sides.values():
-        sps, step, _gen, length = map(float, m.groups()[1:])
-        assert sps > 0 and step > 0 and 0 < length <= 8
-        assert sps == pytest.approx(8 / step, rel=0.01)
-    ratio = [m for m in map(RATIO.match, lines) if m]
-    assert len(ratio) == 1
-    assert float(ratio[0].group(1)) == pytest.approx(
-        float(sides["rlkit"].group(2)) / float(sides["TRL"].group(2)), abs=0.01)
-    step = [m for m in map(STEP.match, lines) if m]
-    assert len(step) == 1 and float(step[0].group(1)) == pytest.approx(sum(map(float, step[0].groups()[1:])), abs=0.01)
-    bare = [m for m in map(BARE.match, lines) if m]
-    assert len(bare) == 1, proc.stdout
+        median, low, high, n, sps, length = map(float, m.groups()[1:])
+        assert 0 < low <= median <= high and n == 2 and 0 < length <= 8
+        assert sps == pytest.approx(8 / median, rel=0.01)
+    bare = {m.group(1): m for m in map(BARE.match, lines) if m}
+    assert set(bare) == {"generate", "train"}, proc.stdout
+    ratio = _one(RATIO, lines)
+    assert float(ratio.group(1)) == pytest.approx(float(sides["TRL"].group(2)) / float(sides["rlkit"].group(2)),
+                                                  abs=0.01)
+    step = _one(STEP, lines)
+    assert float(step.group(1)) == pytest.approx(sum(map(float, step.groups()[1:])), abs=0.01)
+    limit = _one(LIMIT, lines)  # synchronous: generate + train in sequence
+    assert float(limit.group(1)) == pytest.approx(float(bare["generate"].group(2)) + float(bare["train"].group(2)),
+                                                  abs=0.002)
+    learner = _one(LEARNER, lines)
+    assert float(learner.group(2)) == pytest.approx(float(bare["train"].group(2)), abs=0.001)
     results = json.loads(out.read_text())["results"]
     # Both sides timed the same number of steps; the bare parts one call/step each after warm-up.
     assert len(results["rlkit"]["steps"]) == 3 and len(results["trl"]["steps"]) == 2
     assert len(results["bare"]["generate_steps"]) == len(results["bare"]["train_steps"]) == 2
-    assert results["overhead"] == pytest.approx(
-        results["rlkit"]["time/step"] / (results["bare"]["time/generate"] + results["bare"]["time/train"]) - 1)
+    assert results["of_limit"] == pytest.approx(results["rlkit"]["spread"]["median"] / results["limit"])
+    assert int(limit.group(3)) == round(100 * results["of_limit"])
+    assert results["limit"] == pytest.approx(results["bare"]["generate"]["median"] + results["bare"]["train"]["median"])
