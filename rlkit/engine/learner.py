@@ -140,19 +140,20 @@ class Learner:
     # ------------------------------------------------------------------ training
 
     def train_step(self, micro_batches: list[MicroBatch], objective: Objective) -> StepMetrics:
-        """One optimizer step over `grad_accum` micro-batches; each micro-batch's loss is
-        `objective(model, micro_batch)` (DeepSpeed divides it by grad_accum)."""
+        """One optimizer step over k micro-batches (`grad_accum`, or as many as a token budget made:
+        every rank gets the same k); each micro-batch's loss is `objective(model, micro_batch) / k`."""
         faults.crash_here("train_step", f"learner{self.rank}")
-        if len(micro_batches) != self.spec.grad_accum:
-            raise ValueError(f"train_step needs grad_accum={self.spec.grad_accum} micro-batches, "
-                             f"got {len(micro_batches)}")
+        if not micro_batches:
+            raise ValueError("train_step needs at least one micro-batch")
         self.engine.train()
         sums: dict[str, float] = {}
         norm = None
+        k = len(micro_batches)
         for i, mb in enumerate(micro_batches):
             loss, metrics = objective(self.engine, self._to_device(mb))
-            self.engine.backward(loss)
-            if i == len(micro_batches) - 1:
+            self.engine.set_gradient_accumulation_boundary(i == k - 1)  # the optimizer steps after the k-th
+            self.engine.backward(loss / k, scale_wrt_gas=False)
+            if i == k - 1:
                 norm = self._grad_norm_before_step()
             self.engine.step()
             for key, value in metrics.items():

@@ -40,6 +40,8 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
     """logp [B, L-1] of each next token under `logits / temperature`, and the per-token entropy
     [B, L-1] (nats, no grad) when asked; fp32 (fp64 for an fp64 model). Only `positions` (bool
     [B, L-1]; default: every position whose next token is not padding) are scored, the rest are 0."""
+    if "unpack" in batch:
+        return _packed_logprobs(model, batch, temperature, with_entropy, positions, chunk_elements)
     ids = batch["input_ids"]
     if positions is None:
         mask = batch["attention_mask"]
@@ -78,6 +80,25 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
         if parts:
             entropy[rows] = torch.cat([p[1] for p in parts]).detach()
     return logp, entropy
+
+
+def _packed_logprobs(model: Any, batch: dict[str, Tensor], temperature: float, with_entropy: bool,
+                     positions: Tensor | None, chunk_elements: int) -> tuple[Tensor, Tensor | None]:
+    """`token_logprobs` of a padding-free micro-batch (`GRPOBatch.packed_micro_batch`): the model
+    runs on the packed row, and the results come back in the padded [b, l-1] layout."""
+    unpack = batch["unpack"]
+    if positions is None:
+        positions = unpack[:, 1:] >= 0
+    rows = positions.nonzero(as_tuple=True)
+    source = unpack[:, :-1][rows]  # where, in the packed row, each wanted position is
+    wanted = torch.zeros_like(batch["input_ids"][:, 1:], dtype=torch.bool)
+    wanted[0, source] = True
+    packed = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    logp, entropy = token_logprobs(model, packed, temperature, with_entropy, wanted, chunk_elements)
+    out = logp.new_zeros(positions.shape).index_put(rows, logp[0, source])
+    if entropy is not None:
+        entropy = entropy.new_zeros(positions.shape).index_put(rows, entropy[0, source])
+    return out, entropy
 
 
 def _upcast(x: Tensor) -> Tensor:

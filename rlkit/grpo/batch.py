@@ -81,16 +81,33 @@ class GRPOBatch:
             out["engine_logp"] = self.engine_logp[idx, :length - 1]
         return out
 
+    def packed_micro_batch(self, rows: Sequence[int]) -> dict[str, Tensor]:
+        """`micro_batch(rows)` with the model's input padding-free: `input_ids` and `position_ids`
+        [1, T] hold the rows' sequences one after another (T = their total length; the positions
+        restart per sequence, so the model attends within each; no attention mask), and `unpack`
+        long [b, l] gives, for each row's position, its place in the packed row (-1 past its end).
+        completion_mask, advantages and engine_logp keep the padded [b, l] layout (the loss's)."""
+        out = self.micro_batch(rows)
+        lengths = out["attention_mask"].sum(1)
+        starts = torch.cumsum(lengths, 0) - lengths
+        steps = torch.arange(out["attention_mask"].shape[1])
+        real = steps[None, :] < lengths[:, None]
+        out["unpack"] = torch.where(real, starts[:, None] + steps[None, :], torch.full_like(real, -1, dtype=torch.long))
+        out["position_ids"] = steps.expand_as(real)[real][None, :]
+        out["input_ids"] = out["input_ids"][real][None, :]
+        del out["attention_mask"]
+        return out
+
     def completion_tokens(self, rows: Sequence[int] | None = None) -> int:
         """Loss tokens (shifted space: positions 1..L-1) of `rows` (all rows by default)."""
         mask = self.completion_mask[:, 1:] if rows is None else self.completion_mask[list(rows), 1:]
         return int(mask.sum())
 
-    def shards(self, plan: list[list[list[list[int]]]]) -> list[list[list[dict[str, Tensor]]]]:
-        """Micro-batches per [rank][optimizer step][micro-batch] from a `plan_micro_batches` plan
-        ([step][rank][micro-batch] row indices). Every micro-batch also carries the step's DAPO
-        normaliser `num_items_in_batch` (the step's loss tokens over all ranks, see
-        `dapo_normaliser`)."""
+    def shards(self, plan: list[list[list[list[int]]]], packed: bool = False) -> list[list[list[dict[str, Tensor]]]]:
+        """Micro-batches per [rank][optimizer step][micro-batch] from a `plan_micro_batches` or
+        `plan_token_micro_batches` plan ([step][rank][micro-batch] row indices), padded or `packed`
+        (`packed_micro_batch`). Every micro-batch also carries the step's DAPO normaliser
+        `num_items_in_batch` (the step's loss tokens over all ranks, see `dapo_normaliser`)."""
         world = len(plan[0])
         shards: list[list[list[dict[str, Tensor]]]] = [[] for _ in range(world)]
         for step in plan:
@@ -98,7 +115,8 @@ class GRPOBatch:
             tokens = self.completion_tokens([i for rank_rows in step for rows in rank_rows for i in rows])
             norm = torch.tensor(dapo_normaliser(tokens, world, grad_accum), dtype=torch.float64)
             for r, rank_rows in enumerate(step):  # rank r's micro-batches (row index lists) of this step
-                shards[r].append([{**self.micro_batch(rows), "num_items_in_batch": norm} for rows in rank_rows])
+                make = self.packed_micro_batch if packed else self.micro_batch
+                shards[r].append([{**make(rows), "num_items_in_batch": norm} for rows in rank_rows])
         return shards
 
 
@@ -115,4 +133,33 @@ def plan_micro_batches(n: int, mini_batches: int, world: int, micro: int, seed: 
         rows = perm[m * per_mini:(m + 1) * per_mini]
         plan.append([[rows[r * per_rank + j:r * per_rank + j + micro] for j in range(0, per_rank, micro)]
                      for r in range(world)])
+    return plan
+
+
+def plan_token_micro_batches(lengths: Sequence[int], mini_batches: int, world: int, budget: int,
+                             seed: int) -> list[list[list[list[int]]]]:
+    """Row indices per [mini-batch][rank][micro-batch] (verl's dynamic batch size): the rows are
+    shuffled with `seed` and dealt to mini-batches and ranks as `plan_micro_batches` does, then
+    each rank's share is packed into micro-batches of at most `budget` tokens (`lengths[i]`: row
+    i's prompt + completion; first-fit decreasing, as SFT packing). Every rank of a mini-batch
+    takes as many micro-batches as the rank that needs the most (ZeRO-2/3 reduce gradients and
+    gather parameters at every micro-batch, on all ranks at once): the others split their fullest
+    micro-batches until they have as many."""
+    from rlkit.data.collate import pack_bins
+
+    n = len(lengths)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    per_mini = n // mini_batches
+    per_rank = per_mini // world
+    plan = []
+    for m in range(mini_batches):
+        shares = [perm[m * per_mini + r * per_rank:m * per_mini + (r + 1) * per_rank] for r in range(world)]
+        ranks = [[[rows[i] for i in b] for b in pack_bins([lengths[i] for i in rows], budget)] for rows in shares]
+        k = max(len(bins) for bins in ranks)
+        for bins in ranks:
+            while len(bins) < k:  # split the fullest micro-batch of two rows or more in two
+                j = max((j for j, b in enumerate(bins) if len(b) > 1), key=lambda j: sum(lengths[i] for i in bins[j]))
+                half = len(bins[j]) // 2
+                bins[j:j + 1] = [bins[j][:half], bins[j][half:]]
+        plan.append(ranks)
     return plan

@@ -77,6 +77,10 @@ class GRPOAlgoConfig:
     epochs: int = 1  # mu: optimisation passes over each rollout batch
     mini_batches: int = 1  # optimiser steps per pass
     micro_batch_size: int = 8  # completions per forward/backward on one learner
+    # Padding-free micro-batches (verl's dynamic batch size): a learner's completions are packed into
+    # micro-batches of at most this many tokens (prompt + completion), each one row without padding;
+    # 0 = micro_batch_size completions per micro-batch, padded to the longest. At least max_model_len.
+    max_tokens_per_micro_batch: int = 0
     num_learners: int = 1  # data-parallel DeepSpeed learners (one device each)
     epsilon_low: float = 0.2  # PPO clip below: ratio >= 1 - epsilon_low
     epsilon_high: float = 0.2  # clip-higher (DAPO: 0.28)
@@ -136,6 +140,8 @@ class GRPOAlgoConfig:
         check(self.epsilon_high >= 0, "epsilon_high", f"must be >= 0, got {self.epsilon_high}")
         check(self.beta >= 0, "beta", f"must be >= 0, got {self.beta}")
         check(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")
+        check(self.max_tokens_per_micro_batch >= 0, "max_tokens_per_micro_batch",
+              f"must be >= 0 (0 = off), got {self.max_tokens_per_micro_batch}")
         self._check_correction()
         if self.advantage not in ADVANTAGES:
             near = difflib.get_close_matches(self.advantage, list(ADVANTAGES), n=1)
@@ -224,6 +230,9 @@ class GRPOConfig:
               f"must be < rollout.max_model_len ({self.rollout.max_model_len})")
         check(self.grpo.overlong_buffer < self.rollout.max_tokens, "grpo.overlong_buffer",
               f"must be < rollout.max_tokens ({self.rollout.max_tokens})")
+        budget = self.grpo.max_tokens_per_micro_batch
+        check(budget == 0 or budget >= self.rollout.max_model_len, "grpo.max_tokens_per_micro_batch",
+              f"must hold the longest sequence, rollout.max_model_len ({self.rollout.max_model_len}), got {budget}")
         if self.rollout.lora_sync == "adapter":
             check(self.finetuning != "full", "rollout.lora_sync",
                   "adapter sync sends a LoRA adapter: it needs finetuning: lora or qlora (use merged)")

@@ -38,7 +38,7 @@ from rlkit.driver import (
     prepare_inputs,
 )
 from rlkit.engine.objective import mean_metrics
-from rlkit.grpo.batch import GRPOBatch, plan_micro_batches
+from rlkit.grpo.batch import GRPOBatch, plan_micro_batches, plan_token_micro_batches
 from rlkit.grpo.config import GRPOConfig
 from rlkit.grpo.difficulty import OnlineDifficulty
 from rlkit.grpo.experience import Experience, Generation, advantages, collect, evaluate, start_generation
@@ -131,9 +131,8 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         batch = GRPOBatch.collate(exp.rollouts, adv, task.pad_id, g.mask_truncated)
         ahead.fill(step + 1)                                                      # generates during training
         t1 = time.perf_counter()
-        plan = plan_micro_batches(len(batch), g.mini_batches, g.num_learners, g.micro_batch_size,
-                                  derive_seed(cfg.seed, "plan", step))
-        fits = learners.fit(batch.shards(plan), objective, g.epochs)             # ref/old logprobs, PG loss + KL
+        shards = _shards(batch, g, derive_seed(cfg.seed, "plan", step))          # micro-batches per rank
+        fits = learners.fit(shards, objective, g.epochs)                         # ref/old logprobs, PG loss + KL
         t2 = time.perf_counter()
         sync = engines.sync_from(learners)                                        # learner -> vLLM, no restart
         step, version = step + 1, version + 1
@@ -150,6 +149,16 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         if run.checkpoint_due(step, cfg.checkpoint.every):                       # + the generations in flight
             run.checkpoint(step, learners, sampler.state_dict(), payload={"generations": ahead.state()})
         run.stop_if_signalled(step)                                               # SIGTERM: stop here
+
+
+def _shards(batch: GRPOBatch, g: Any, seed: int) -> list[Any]:
+    """The learners' micro-batches of the step: `micro_batch_size` completions each, padded, or
+    packed padding-free up to `max_tokens_per_micro_batch` tokens each."""
+    if not g.max_tokens_per_micro_batch:
+        return batch.shards(plan_micro_batches(len(batch), g.mini_batches, g.num_learners, g.micro_batch_size, seed))
+    lengths = batch.attention_mask.sum(1).tolist()
+    plan = plan_token_micro_batches(lengths, g.mini_batches, g.num_learners, g.max_tokens_per_micro_batch, seed)
+    return batch.shards(plan, packed=True)
 
 
 class GenerationQueue:
@@ -225,7 +234,8 @@ def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: flo
     least busy one); with max_staleness >= 1 those samples were generated while the previous step
     trained, and an engine that keeps up with training is near 1."""
     t3 = time.perf_counter()
-    train = mean_metrics([s for fit in fits for s in fit.steps])
+    steps = [s for fit in fits for s in fit.steps]
+    train = {**mean_metrics(steps), "micro_batches": sum(s.micro_batches for s in steps) / max(1, len(steps))}
     ref = max(fit.logprob_seconds for fit in fits)
     gib = sync["bytes"] / 2**30
     busy = {}

@@ -105,6 +105,41 @@ def test_default_positions_are_the_real_next_tokens_and_the_lora_reference_match
         torch.testing.assert_close(Reference(peft, "lora", None).logprobs(batch), want * reals, atol=1e-6, rtol=0)
 
 
+def test_packed_micro_batches_score_as_the_padded_ones(tiny_model):
+    """Padding-free rows (GRPOBatch.packed_micro_batch): logprobs and entropy at the completion
+    tokens equal the padded micro-batch's within 1e-6 (fp32), the GRPO loss too, and the gradients
+    agree (fp64)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.config import RolloutConfig
+    from rlkit.grpo.batch import GRPOBatch, Rollout
+    from rlkit.grpo.config import GRPOAlgoConfig
+    from rlkit.grpo.objective import GRPOObjective
+
+    rs = [Rollout([5, 17, 99], [230, 41, 7, 8], False), Rollout([5, 6], [7, 9], False),
+          Rollout([11, 12, 13, 14, 15], [16], False)]
+    b = GRPOBatch.collate(rs, torch.tensor([1.0, -0.5, 0.3]), pad_id=0)
+    padded, packed = b.micro_batch([0, 1, 2]), b.packed_micro_batch([0, 1, 2])
+    norm = torch.tensor(7.0, dtype=torch.float64)
+    objective = GRPOObjective.from_config(GRPOAlgoConfig(), RolloutConfig(temperature=0.9))
+    for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-12)):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype)
+        grads, results = [], []
+        for mb in (padded, packed):
+            positions = objective.positions(mb)
+            logp, entropy = token_logprobs(model, mb, 0.9, with_entropy=True, positions=positions)
+            loss, _ = objective(model, {**mb, "num_items_in_batch": norm})
+            loss.backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            model.zero_grad()
+            results.append((logp.detach(), entropy, loss.detach()))
+        for got, want in zip(results[1], results[0]):
+            torch.testing.assert_close(got, want, atol=tol, rtol=0)
+        if dtype == torch.float64:
+            for name in grads[0]:
+                torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-12, rtol=0, msg=name)
+
+
 def test_a_model_that_changes_its_logits_after_the_lm_head_takes_the_full_path(caplog):
     """Gemma 2 soft-caps its logits: the first call finds lm_head(h) != logits and says so once."""
     from transformers import Gemma2Config, Gemma2ForCausalLM

@@ -60,3 +60,37 @@ def test_shards_give_each_rank_its_steps_and_the_dapo_normaliser():
     # step 0: rows 0-3 hold 1+2+3+4 = 10 tokens -> 10 / (2 ranks * 2 micro-batches); step 1: 5+6+7+8 = 26
     assert [float(mb["num_items_in_batch"]) for rank in shards for mb in rank[0]] == [2.5] * 4
     assert [float(mb["num_items_in_batch"]) for rank in shards for mb in rank[1]] == [6.5] * 4
+
+
+def test_token_plan_packs_within_the_budget_and_gives_every_rank_as_many_micro_batches():
+    import random
+
+    from rlkit.grpo.batch import plan_token_micro_batches
+
+    rng = random.Random(0)
+    lengths = [rng.randint(10, 120) for _ in range(64)]
+    plan = plan_token_micro_batches(lengths, mini_batches=2, world=2, budget=200, seed=3)
+    assert len(plan) == 2 and all(len(m) == 2 for m in plan)
+    assert sorted(i for m in plan for rank in m for mb in rank for i in mb) == list(range(64))
+    for m in plan:
+        assert len(m[0]) == len(m[1]) > 64 * 65 // 2 // 200 // 4  # the same count on both ranks, and packed
+        assert all(sum(len(mb) for mb in rank) == 16 for rank in m)  # each rank's share of the mini-batch
+        assert all(mb and sum(lengths[i] for i in mb) <= 200 for rank in m for mb in rank)
+    assert plan == plan_token_micro_batches(lengths, 2, 2, 200, seed=3)
+    # a rank with one long row and short ones splits its micro-batches to match the rank that needs more
+    uneven = plan_token_micro_batches([100, 100, 100, 100, 10, 10, 10, 10], 1, 2, 200, seed=0)
+    assert len(uneven[0][0]) == len(uneven[0][1])
+
+
+def test_packed_micro_batch_holds_the_rows_back_to_back_and_how_to_unpack_them():
+    rs = [Rollout([1, 2], [3, 4, 5], False, [-1.0, -2.0, -3.0]), Rollout([6], [7], False, [-4.0])]
+    b = GRPOBatch.collate(rs, torch.tensor([1.0, 2.0]), pad_id=0)
+    padded, packed = b.micro_batch([0, 1]), b.packed_micro_batch([0, 1])
+    assert packed["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6, 7]]
+    assert packed["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1]]
+    assert packed["unpack"].tolist() == [[0, 1, 2, 3, 4], [5, 6, -1, -1, -1]]
+    assert "attention_mask" not in packed
+    for key in ("completion_mask", "advantages", "engine_logp"):  # the loss's layout stays padded
+        assert torch.equal(packed[key], padded[key]), key
+    shards = b.shards([[[[0, 1]]]], packed=True)
+    assert shards[0][0][0]["input_ids"].shape == (1, 7) and float(shards[0][0][0]["num_items_in_batch"]) == 4.0

@@ -307,9 +307,10 @@ def test_stale_rollouts_are_tagged_corrected_and_measured(sft_model, task_data, 
     ("grpo.max_staleness=1", "grpo.loss_type=cispo", "grpo.epsilon_high=5.0", "grpo.rollout_correction=token_mask",
      "grpo.correction_clip_min=0.5", "grpo.off_policy_mask_threshold=0.5",
      "grpo.multi_objective_aggregation=normalize_then_sum"),
-    # the soft losses and the other estimators, with the other corrections
+    # the soft losses and the other estimators, with the other corrections; padding-free micro-batches
+    # of at most 512 tokens (about 4 per optimizer step on each of the two ZeRO-2 learners, not grad_accum's 2)
     ("grpo.loss_type=sapo", "grpo.advantage=reinforce_pp", "grpo.rollout_correction=sequence_truncate",
-     "grpo.correction_clip_max=3.0"),
+     "grpo.correction_clip_max=3.0", "grpo.max_tokens_per_micro_batch=512"),
     # with the online difficulty over 64 prompts (each drawn three times in 24 steps)
     ("grpo.max_staleness=1", "grpo.loss_type=vespo", "grpo.advantage=dr_grpo", "online_difficulty={keep: 0.25}",
      "data.train=FIRST_64"),
@@ -320,7 +321,7 @@ def test_stale_rollouts_are_tagged_corrected_and_measured(sft_model, task_data, 
      "grpo.rollout_correction=none", "finetuning=lora", "lora.r=16", "lora.alpha=32", "lora.dropout=0.0",
      "optim.lr=1e-3", "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
      "rollout.lora_sync=adapter", "rollout.sync_check_every=8"),
-], ids=["gspo-stale2-seqmask-rloo", "cispo-stale1-icepop-opm-gdpo", "sapo-seqtrunc-reinforcepp",
+], ids=["gspo-stale2-seqmask-rloo", "cispo-stale1-icepop-opm-gdpo", "sapo-seqtrunc-reinforcepp-packed",
         "vespo-stale1-drgrpo-online", "luspo-reinforceppbaseline-nocorrection-lora-adapter"])
 def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
     from rlkit.grpo.run import run_grpo
@@ -335,6 +336,8 @@ def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
     rows = _metrics(out)
     evals = [r["eval/reward"] for r in rows if r.get("eval/reward") is not None]
     assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
+    if "grpo.max_tokens_per_micro_batch=512" in variant:  # micro-batches by the token budget, not grad_accum's 2
+        assert all(r["train/micro_batches"] >= 3 for r in rows if "reward/mean" in r), rows[1]
     if any("online_difficulty" in v for v in variant):
         assert sum(r["online_difficulty/skipped"] for r in rows if "reward/mean" in r) > 0
     if "rollout.lora_sync=adapter" in variant:  # each sync moved the adapter only, and it arrived
