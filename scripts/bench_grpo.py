@@ -10,8 +10,10 @@ first, then TRL first), so that a slow spell of the machine does not fall on one
 script prints a table and exits 0.
 
 What is compared (same on every side)
-  model   `rlkit.tiny.build_tiny_model(size)`, random init, fp32 on CPU, OMP_NUM_THREADS threads
-          per process (1 by default; rlkit's learner and engine processes take turns).
+  model   `rlkit.tiny.build_tiny_model(size)`, random init, on CPU in fp32 (or `--dtype bf16`: rlkit
+          DeepSpeed bf16 + vLLM bfloat16, the bare parts bf16 / autocast, TRL bf16=True),
+          OMP_NUM_THREADS threads per process (1 by default; rlkit's learner and engine processes
+          take turns).
   prompts the synthetic arithmetic task (`rlkit.tiny.write_task_data`), alpaca template, taken
           in file order (curriculum off); `--prompts` per step, `--group` completions each,
           sampled at temperature 1, top_p 1, at most `--max-tokens` tokens. A random-init model
@@ -52,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -59,7 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import SPREAD_HEADER, machine, params, run_spawned, spread, spread_cells
+from benchlib import SPREAD_HEADER, machine, meet, params, run_spawned, run_spawned_together, spread, spread_cells
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -87,6 +90,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=96, help="completion length cap (GRPO completions are long)")
     p.add_argument("--micro-batch", type=int, default=16, help="completions per forward/backward")
     p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
+                   help="bf16 on every side: rlkit model.dtype bf16 (DeepSpeed bf16, vLLM bfloat16), the bare "
+                        "parts in bf16 (training under autocast), TRL bf16=True")
+    p.add_argument("--max-tokens-per-micro-batch", type=int, default=0,
+                   help="rlkit's grpo.max_tokens_per_micro_batch (padding-free micro-batches; the bare train packs "
+                        "the same way); 0 = --micro-batch completions, padded")
     p.add_argument("--sync-generation", action="store_true",
                    help="rlkit with grpo.max_staleness 0 (generation and training in sequence)")
     p.add_argument("--repeat", type=int, default=2,
@@ -156,7 +165,8 @@ def phase_rlkit(args: argparse.Namespace, model_dir: str, data: str, out: str) -
 
     overrides = [
         f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", "model.build_tiny_if_missing=null",
-        "model.dtype=fp32", "device=cpu", f"data.train={data}", "data.eval=null",
+        f"model.dtype={args.dtype}", "device=cpu", f"data.train={data}", "data.eval=null",
+        f"grpo.max_tokens_per_micro_batch={args.max_tokens_per_micro_batch}",
         "data.build_synthetic_if_missing=null", "curriculum.enabled=false",
         f"rewards=[{{fn: '{REWARD}'}}]", f"grpo.steps={args.steps}", f"grpo.prompts_per_step={args.prompts}",
         f"grpo.group_size={args.group}", f"grpo.micro_batch_size={args.micro_batch}", "grpo.num_learners=1",
@@ -202,39 +212,48 @@ def summarise_rlkit(runs: list[dict[str, Any]], sync_generation: bool) -> dict[s
 # ---------------------------------------------------------------- bare baselines
 
 
-def phase_bare_generate(args: argparse.Namespace, model_dir: str, data: str, samples_out: str) -> dict[str, Any]:
-    """Time `RolloutWorker.generate` in this process; save the completions for the bare train."""
+def phase_bare_generate(args: argparse.Namespace, model_dir: str, data: str, samples_out: str,
+                        steps: int | None = None, barrier: str | None = None) -> dict[str, Any]:
+    """Time `RolloutWorker.generate` in this process (`steps` calls, default --steps; after `meet`
+    at `barrier`); save the completions for the bare train."""
     from rlkit.engine.rollout import cpu_engine_env
 
     os.environ.update(cpu_engine_env(1.0, int(os.environ["OMP_NUM_THREADS"])))  # before vLLM's import
     from rlkit.engine.rollout import RolloutWorker
 
-    rows = prompt_rows(Path(data), args.prompts * args.steps)
-    worker = RolloutWorker(model_dir, dtype="float32", seed=args.seed, max_model_len=max(128, 64 + args.max_tokens),
-                           kv_cache_gib=1.0)
-    times, lengths, batches = [], [], []
-    for step in range(args.steps):
+    steps = steps or args.steps
+    rows = prompt_rows(Path(data), args.prompts * steps)
+    worker = RolloutWorker(model_dir, dtype={"fp32": "float32", "bf16": "bfloat16"}[args.dtype], seed=args.seed,
+                           max_model_len=max(128, 64 + args.max_tokens), kv_cache_gib=1.0)
+    times, lengths, batches, spans = [], [], [], []
+    meet(barrier)
+    for step in range(steps):
         prompts = [r["prompt"] for r in rows[step * args.prompts:(step + 1) * args.prompts]]
-        t0 = time.perf_counter()
+        t0, wall = time.perf_counter(), time.time()
         samples = worker.generate(prompts, n=args.group, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens,
                                   seed=step)
         dt = time.perf_counter() - t0
         if step >= args.warmup:
             times.append(dt)
+            spans.append((wall, wall + dt))
             lengths += [len(s.token_ids) for s in samples]
         batches.append([[s.prompt_token_ids, s.token_ids] for s in samples])
     worker.shutdown()
     Path(samples_out).write_text(json.dumps(batches))
-    return {"generate_steps": times, "lengths": lengths}
+    return {"generate_steps": times, "lengths": lengths, "spans": spans}
 
 
-def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str) -> dict[str, Any]:
-    """Time plain-torch GRPO optimizer steps (no Ray, no DeepSpeed) on the bare completions."""
+def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str,
+                     barrier: str | None = None) -> dict[str, Any]:
+    """Time plain-torch GRPO optimizer steps (no Ray, no DeepSpeed) on the bare completions (after
+    `meet` at `barrier`)."""
+    from contextlib import nullcontext
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlkit.engine.logprobs import token_logprobs
-    from rlkit.grpo.batch import GRPOBatch, Rollout, plan_micro_batches
+    from rlkit.grpo.batch import GRPOBatch, Rollout, plan_micro_batches, plan_token_micro_batches
     from rlkit.grpo.loss import policy_loss
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -244,16 +263,21 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str) 
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     batches = json.loads(Path(samples_in).read_text())
-    times = []
+    times, spans = [], []
+    meet(barrier)
     for step, samples in enumerate(batches):
-        t0 = time.perf_counter()
+        t0, wall = time.perf_counter(), time.time()
         rollouts = [Rollout(p, c, False) for p, c in samples]
         batch = GRPOBatch.collate(rollouts, torch.randn(len(rollouts)), pad)
         tokens = max(batch.completion_tokens(), 1)
-        index = plan_micro_batches(len(rollouts), 1, 1, args.micro_batch, args.seed + step)[0][0]
+        budget = args.max_tokens_per_micro_batch
+        index = (plan_token_micro_batches(batch.attention_mask.sum(1).tolist(), 1, 1, budget, args.seed + step)
+                 if budget else plan_micro_batches(len(rollouts), 1, 1, args.micro_batch, args.seed + step))[0][0]
         for rows in index:
-            mb = batch.micro_batch(rows)
-            logp, entropy = token_logprobs(model, mb, 1.0, with_entropy=True)
+            mb = batch.packed_micro_batch(rows) if budget else batch.micro_batch(rows)
+            with torch.autocast("cpu", dtype=torch.bfloat16) if args.dtype == "bf16" else nullcontext():
+                logp, entropy = token_logprobs(model, mb, 1.0, with_entropy=True,
+                                               positions=mb["completion_mask"][:, 1:].bool())
             out = policy_loss(logp, None, mb["advantages"], mb["completion_mask"][:, 1:].float(),
                               epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_type="dapo",
                               num_items_in_batch=tokens, entropies=entropy)
@@ -263,15 +287,27 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str) 
         opt.zero_grad(set_to_none=True)
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-    return {"train_steps": times}
+            spans.append((wall, wall + times[-1]))
+    return {"train_steps": times, "spans": spans}
 
 
-def summarise_bare(generate: list[dict[str, Any]], train: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise_bare(generate: list[dict[str, Any]], train: list[dict[str, Any]],
+                   together: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """The bare parts alone, and (async) each while the other runs in a second process: only the
+    steps that lie wholly inside the time both ran count."""
     gen = [t for run in generate for t in run["generate_steps"]]
     steps = [t for run in train for t in run["train_steps"]]
     lengths = [n for run in generate for n in run["lengths"]]
-    return {"generate": spread(gen), "train": spread(steps), "completion/len_mean": statistics.fmean(lengths),
-            "generate_steps": gen, "train_steps": steps}
+    out = {"generate": spread(gen), "train": spread(steps), "completion/len_mean": statistics.fmean(lengths),
+           "generate_steps": gen, "train_steps": steps}
+    if together:
+        inside = {"generate": [], "train": []}
+        for pair in together:
+            start, end = max(r["spans"][0][0] for r in pair), min(r["spans"][-1][1] for r in pair)
+            for key, run in zip(("generate", "train"), pair):
+                inside[key] += [b - a for a, b in run["spans"] if start <= a and b <= end]
+        out.update(generate_together=spread(inside["generate"]), train_together=spread(inside["train"]))
+    return out
 
 
 # ---------------------------------------------------------------- TRL
@@ -317,7 +353,7 @@ def phase_trl(args: argparse.Namespace, model_dir: str, data: str, out: str) -> 
         num_generations=args.group, max_completion_length=args.max_tokens, temperature=1.0, top_p=1.0,
         max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", weight_decay=0.0,
         max_grad_norm=1.0, beta=0.0, loss_type="dapo", epsilon=EPS_LOW, epsilon_high=EPS_HIGH,
-        bf16=False, fp16=False, use_cpu=True, report_to=[], logging_steps=1, save_strategy="no",
+        bf16=args.dtype == "bf16", fp16=False, use_cpu=True, report_to=[], logging_steps=1, save_strategy="no",
         dataloader_num_workers=0, seed=args.seed, disable_tqdm=True, shuffle_dataset=False, **extra)
     dataset = Dataset.from_list(prompt_rows(Path(data), args.prompts * args.steps))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -367,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.seed)
         data = write_task_data(work / "data", seed=args.seed)["grpo_train"]
         m, d, samples = str(model_dir), str(data), str(work / "bare-samples.json")
-        runs: dict[str, list[Any]] = {"rlkit": [], "generate": [], "train": [], "trl": []}
+        runs: dict[str, list[Any]] = {"rlkit": [], "generate": [], "train": [], "together": [], "trl": []}
         for i in range(args.repeat):  # rounds in alternating order: a slow spell does not hit one side only
             for phase in args.phases if i % 2 == 0 else args.phases[::-1]:
                 if phase == "rlkit":
@@ -375,10 +411,16 @@ def main(argv: list[str] | None = None) -> int:
                 elif phase == "bare":
                     runs["generate"].append(run_spawned(phase_bare_generate, args, m, d, samples))
                     runs["train"].append(run_spawned(phase_bare_train, args, m, samples))
+                    if not args.sync_generation:  # both at once, as rlkit overlaps them: they share the cores
+                        meeting = str(work / f"together-{i}")
+                        shutil.rmtree(meeting, ignore_errors=True)  # a folder left by an earlier run
+                        runs["together"].append(run_spawned_together(
+                            (phase_bare_generate, args, m, d, samples + ".2", 2 * args.steps, meeting),
+                            (phase_bare_train, args, m, samples, meeting)))
                 else:
                     runs["trl"].append(run_spawned(phase_trl, args, m, d, str(work / f"trl-{i}")))
         ours = summarise_rlkit(runs["rlkit"], args.sync_generation) if runs["rlkit"] else None
-        bare = summarise_bare(runs["generate"], runs["train"]) if runs["generate"] else None
+        bare = summarise_bare(runs["generate"], runs["train"], runs["together"]) if runs["generate"] else None
         theirs = summarise_trl(runs["trl"]) if runs["trl"] else None
         elapsed = time.perf_counter() - started
         results = report(args, model_dir, ours, bare, theirs)
@@ -397,7 +439,10 @@ def report(args: argparse.Namespace, model_dir: Path, ours: dict | None, bare: d
     """Print the table; returns the figures."""
     n = args.prompts * args.group
     out: dict[str, Any] = {"rlkit": ours, "bare": bare, "trl": theirs}
-    print(f"model {args.size} ({params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
+    packed = f", packed micro-batches of <= {args.max_tokens_per_micro_batch} tokens" \
+        if args.max_tokens_per_micro_batch else ""
+    print(f"model {args.size} ({params(model_dir)}), {args.dtype}{packed}, "
+          f"cpu threads {os.environ['OMP_NUM_THREADS']}, "
           f"{args.prompts} prompts x group {args.group} = {n} completions/step, max_tokens {args.max_tokens}, "
           f"micro batch {args.micro_batch}, steps {args.steps} (first {args.warmup} not timed) x {args.repeat} "
           f"round(s), lr {args.lr}, {machine()}")
@@ -413,6 +458,9 @@ def report(args: argparse.Namespace, model_dir: Path, ours: dict | None, bare: d
     if bare is not None:
         print(f"{'bare generate':<28}{spread_cells(bare['generate'])}{'':>11}{bare['completion/len_mean']:>10.1f}")
         print(f"{'bare train':<28}{spread_cells(bare['train'])}")
+        if "train_together" in bare:
+            print(f"{'bare generate, both at once':<28}{spread_cells(bare['generate_together'])}")
+            print(f"{'bare train, both at once':<28}{spread_cells(bare['train_together'])}")
     if ours is not None and theirs is not None:
         out["ratio"] = theirs["spread"]["median"] / ours["spread"]["median"]
         print(f"ratio rlkit / TRL {out['ratio']:.2f}x (medians)")
@@ -433,6 +481,11 @@ def report(args: argparse.Namespace, model_dir: Path, ours: dict | None, bare: d
             "max(bare generate, bare train) (overlapped)"
         print(f"limit {how} = {limit:.3f} s; rlkit step {ours['spread']['median']:.3f} s = "
               f"{100 * out['of_limit']:.0f}% of it")
+        if "train_together" in bare:  # what this machine gives when both run at once
+            shared = max(bare["generate_together"]["median"], bare["train_together"]["median"])
+            out["shared_limit"], out["of_shared_limit"] = shared, ours["spread"]["median"] / shared
+            print(f"limit with both at once, max(bare generate, bare train) = {shared:.3f} s; rlkit step = "
+                  f"{100 * out['of_shared_limit']:.0f}% of it")
         print(f"learner: rlkit train {ours['train']:.3f} s vs bare train {train:.3f} s = "
               f"{100 * out['learner_overhead']:+.1f}%")
     return out

@@ -31,6 +31,30 @@ def run_spawned(fn: Any, *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
+def run_spawned_together(*calls: tuple[Any, ...]) -> list[Any]:
+    """Each `(fn, *args)` in its own fresh spawned process, all at once; their results in order."""
+    with ProcessPoolExecutor(len(calls), mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(fn, *args) for fn, *args in calls]
+        return [f.result() for f in futures]
+
+
+def meet(barrier: str | None, parties: int = 2, timeout_s: float = 600.0) -> None:
+    """Wait until `parties` processes have reached the folder `barrier` (None: return at once), so
+    that processes set up at different speeds start their timed work together."""
+    import os
+    import time
+
+    if barrier is None:
+        return
+    Path(barrier).mkdir(parents=True, exist_ok=True)
+    (Path(barrier) / str(os.getpid())).touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(Path(barrier).iterdir())) < parties:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{barrier}: the other process did not arrive within {timeout_s:.0f} s")
+        time.sleep(0.01)
+
+
 def machine() -> str:
     """Whether this CPU has native bf16 matmuls (results differ between machines that do and don't)."""
     try:

@@ -14,10 +14,12 @@ import pytest
 from safetensors.torch import load_file
 
 from rlkit import stages
+from rlkit.accel import detect
 from tests.conftest import left_running, marked_env
 from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides
 
 pytestmark = pytest.mark.slow
+CPU_BF16 = detect("cpu").bf16  # native bf16 matmuls (AVX512-BF16 / AMX) on this CPU
 
 
 def _metrics(run):
@@ -314,6 +316,10 @@ def test_stale_rollouts_are_tagged_corrected_and_measured(sft_model, task_data, 
     # with the online difficulty over 64 prompts (each drawn three times in 24 steps)
     ("grpo.max_staleness=1", "grpo.loss_type=vespo", "grpo.advantage=dr_grpo", "online_difficulty={keep: 0.25}",
      "data.train=FIRST_64"),
+    # bf16 on a CPU with native bf16 (DeepSpeed bf16 learners, bfloat16 vLLM engines; logprobs in fp32)
+    pytest.param(("model.dtype=bf16", "grpo.loss_type=grpo"), marks=pytest.mark.skipif(
+        not CPU_BF16, reason="this CPU has no native bf16 (AVX512-BF16 / AMX): rlkit refuses bf16 here"),
+        id="bf16-grpo"),
     # ... and a LoRA policy whose engines receive only the adapter; the parity probe shows it arrives
     # (lr 1e-3: at 2e-3 the KL to the start passed 1 within 8 steps and held-out accuracy went
     # only 0.10 -> 0.15 on a fresh machine; at 1e-3 it goes 0.10 -> 0.28)
@@ -322,7 +328,7 @@ def test_stale_rollouts_are_tagged_corrected_and_measured(sft_model, task_data, 
      "optim.lr=1e-3", "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
      "rollout.lora_sync=adapter", "rollout.sync_check_every=8"),
 ], ids=["gspo-stale2-seqmask-rloo", "cispo-stale1-icepop-opm-gdpo", "sapo-seqtrunc-reinforcepp-packed",
-        "vespo-stale1-drgrpo-online", "luspo-reinforceppbaseline-nocorrection-lora-adapter"])
+        "vespo-stale1-drgrpo-online", "bf16-grpo", "luspo-reinforceppbaseline-nocorrection-lora-adapter"])
 def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
     from rlkit.grpo.run import run_grpo
 
@@ -336,6 +342,8 @@ def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
     rows = _metrics(out)
     evals = [r["eval/reward"] for r in rows if r.get("eval/reward") is not None]
     assert evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
+    if "model.dtype=bf16" in variant:  # trained and served in bf16
+        assert json.loads((out / "final" / "config.json").read_text())["dtype"] == "bfloat16"
     if "grpo.max_tokens_per_micro_batch=512" in variant:  # micro-batches by the token budget, not grad_accum's 2
         assert all(r["train/micro_batches"] >= 3 for r in rows if "reward/mean" in r), rows[1]
     if any("online_difficulty" in v for v in variant):
