@@ -261,7 +261,7 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str,
     pad = AutoTokenizer.from_pretrained(model_dir).pad_token_id
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # as the learner
     batches = json.loads(Path(samples_in).read_text())
     times, spans = [], []
     meet(barrier)

@@ -109,9 +109,10 @@ class Learner:
         model = models.wrap_for_training(model, spec.finetuning, spec.lora)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = None
-        if spec.deepspeed.torch_adam:
+        if spec.deepspeed.torch_adam:  # torch's fused kernel where it has one (CPU: 3x the per-tensor loop)
             optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, betas=spec.optim.betas, eps=spec.optim.eps,
-                                          weight_decay=spec.optim.weight_decay)
+                                          weight_decay=spec.optim.weight_decay,
+                                          fused=self.device_info.kind in ("cpu", "cuda", "rocm") or None)
         schedule = lr_lambda(spec.optim, spec.total_steps)
         # A callable: DeepSpeed builds it on the unwrapped optimizer, steps it at each accumulation
         # boundary and saves it in checkpoints.
