@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if dashed:
         print(f"rlkit: error: {dashed}", file=sys.stderr)
         return EXIT_USER_ERROR
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_options_first(argv))
     handler = getattr(args, "handler", None) or getattr(args, "func", None)
     if handler is None:
         parser.print_help()
@@ -180,6 +180,23 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:  # one line, no traceback; bugs keep theirs
         print(f"rlkit: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
+
+
+def _options_first(argv: list[str]) -> list[str]:
+    """`rlkit grpo R.yaml --address A k=v`: argparse takes no positionals after an option once the
+    overrides have begun, so a stage command's options (and the value of `--address`) go first."""
+    if not argv or argv[0] not in STAGE_HELP:
+        return argv
+    options, rest, rest_args = [], argv[1:], []
+    i = 0
+    while i < len(rest):
+        if rest[i] == "--address" and i + 1 < len(rest):
+            options += rest[i:i + 2]
+            i += 2
+            continue
+        (options if rest[i].startswith("-") else rest_args).append(rest[i])
+        i += 1
+    return [argv[0], *options, *rest_args]
 
 
 def _dashed_key(argv: list[str]) -> str | None:

@@ -188,9 +188,12 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class RayConfig:
-    address: str | None = None  # "auto" or ray://... to join a cluster; None starts a local one
+    address: str | None = None  # "auto", HOST:PORT or ray://... to join a cluster; None starts a local one
     num_cpus: int | None = None  # for the local instance
     cpus_per_actor: float = 1.0  # Ray CPUs reserved per learner / engine actor
+    # where the learners' bundles (and, apart, the engines') go: pack = as few nodes as possible,
+    # spread = across nodes; strict_pack = one node or none, strict_spread = one bundle per node
+    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
 
 
 def check_finetuning(cfg: Any) -> None:

@@ -336,13 +336,15 @@ def _size(n: int) -> str:
 def learner_group(cfg: Any, spec: Any, num: int, device: Any) -> Iterator[Any]:
     """Start (or join, `ray.address`) Ray and `num` learners; on exit stop the learners and the
     Ray instance if this call started it."""
+    from rlkit.engine.cluster import check_resources
     from rlkit.engine.group import LearnerGroup
     from rlkit.engine.placement import start_ray
 
     started_ray = start_ray(cfg.ray, device, Path(cfg.output_dir) / "logs")
     group = None
     try:
-        group = LearnerGroup(spec, num, device, cfg.ray)
+        check_resources(demands(cfg, num, device))
+        group = LearnerGroup(spec, num, device, cfg.ray, Path(cfg.output_dir))
         yield group
     finally:
         if group is not None:
@@ -351,6 +353,22 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any) -> Iterator[Any]:
             import ray
 
             ray.shutdown()
+
+
+def demands(cfg: Any, num_learners: int, device: Any) -> list[Any]:
+    """What a stage recipe asks of the Ray cluster: the learners' bundles and, for GRPO with
+    separate engines, the engines'."""
+    from rlkit.engine.cluster import Demand
+    from rlkit.engine.placement import bundle, engine_cpus
+
+    rollout = getattr(cfg, "rollout", None)
+    key = "grpo.num_learners" if rollout is not None else "train.num_learners"
+    out = [Demand("learner", num_learners, bundle(device, cfg.ray.cpus_per_actor), cfg.ray.placement, key)]
+    if rollout is not None and not rollout.colocate:
+        tp = rollout.tensor_parallel_size
+        out.append(Demand("engine", rollout.num_engines, bundle(device, engine_cpus(device, cfg.ray, tp), tp),
+                          cfg.ray.placement, "rollout.num_engines"))
+    return out
 
 
 def memory_metrics(learners: Any, engines: Any = None) -> dict[str, float]:

@@ -5,7 +5,7 @@
   model, the data, the batch shape: its config's `RESUME_FIXED`) are refused unless
   `checkpoint.force_resume: true`.
 - No checkpoint: a previous run of the same recipe that did not finish (killed before its first
-  checkpoint) is started over. A finished run (`final/`), a run of another recipe, or checkpoints
+  checkpoint), or a launch of any recipe that stopped before its first metrics, is started over. A finished run (`final/`), a run of another recipe, or checkpoints
   that `checkpoint.resume: never` leaves unused are refused unless `overwrite: true`, which then
   removes that run's outputs (checkpoints, final model, metrics) before the new run starts.
 """
@@ -97,6 +97,8 @@ def check_fresh_start(run_dir: Path, config: dict[str, Any], overwrite: bool) ->
         other = "a finished run (final/)"
     elif "checkpoints" in present:
         other = "checkpoints that checkpoint.resume: never does not resume from"
+    elif not {"metrics.jsonl", "rollouts.jsonl"} & set(present):
+        other = ""  # a launch that stopped before its first metrics (no resources, a bad node...): start over
     elif diff is None:
         other = f"run outputs ({', '.join(present)}) but no {CONFIG_FILE}"
     elif diff:
@@ -112,7 +114,7 @@ def check_fresh_start(run_dir: Path, config: dict[str, Any], overwrite: bool) ->
     if other:
         log.warning("overwrite: true: removed %s from %s (%s)", ", ".join(present), run_dir, other)
     else:
-        log.warning("%s holds an unfinished run of this recipe with no checkpoint: starting it over", run_dir)
+        log.warning("%s holds an unfinished run with no checkpoint: starting it over", run_dir)
 
 
 def _written(path: Path) -> bool:

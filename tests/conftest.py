@@ -27,6 +27,25 @@ def task_data(tmp_path_factory):
     return write_task_data(tmp_path_factory.mktemp("task-data"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def sft_model(tiny_model, task_data, tmp_path_factory):
+    """The tiny model after 600 SFT steps (~70 s): it knows some facts and the teacher's three
+    answer styles, so an exact-answer reward has signal."""
+    import ray
+
+    from rlkit import stages
+    from rlkit.sft.run import run_sft
+    from tests.sft.conftest import ROOT, sft_overrides
+
+    out = tmp_path_factory.mktemp("sft-start")
+    cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml",
+                      sft_overrides(tiny_model, task_data, out, "train.max_steps=600", "eval.every=0",
+                                    "checkpoint.every=0"))
+    final = run_sft(cfg)
+    assert not ray.is_initialized()
+    return final
+
+
 @pytest.fixture()
 def ray_local():
     """A local Ray instance for one test (rlkit's own runs start and stop their own otherwise)."""

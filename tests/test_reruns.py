@@ -76,8 +76,19 @@ def test_another_recipes_unfinished_run_is_refused_and_the_same_one_starts_over(
     with caplog.at_level(logging.WARNING, logger="rlkit"):
         _open(out, "checkpoint.every=0", "checkpoint.resume=never")  # resume: never is not a change of recipe
     assert not (out / "metrics.jsonl").exists()
-    assert any("holds an unfinished run of this recipe with no checkpoint: starting it over" in r.message
-               for r in caplog.records)
+    assert any("holds an unfinished run with no checkpoint: starting it over" in r.message for r in caplog.records)
+
+
+def test_a_launch_that_stopped_before_its_first_metrics_does_not_block_a_changed_recipe(tmp_path, caplog):
+    """A launch that never trained (the cluster had not the resources, a node could not see
+    output_dir) leaves only its config: the corrected recipe starts over there."""
+    out = tmp_path / "run"
+    _open(out, "checkpoint.every=0")
+    assert (out / "config.yaml").exists() and not (out / "metrics.jsonl").exists()
+    with caplog.at_level(logging.WARNING, logger="rlkit"):
+        _open(out, "checkpoint.every=0", "optim.lr=1e-5")
+    assert "lr: 1.0e-05" in (out / "config.yaml").read_text()
+    assert any("starting it over" in r.message for r in caplog.records)
 
 
 def test_a_resume_prints_changed_keys_and_refuses_fixed_ones(tmp_path, caplog):

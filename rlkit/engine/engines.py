@@ -168,17 +168,19 @@ class SeparateEngines:
 
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
                  seed: int, learners: LearnerGroup, adapter: AdapterServing | None = None):
-        from rlkit.engine.placement import actor_resources, placement_group, worker_env
+        from rlkit.engine.cluster import check_nodes_see, pg_nodes
+        from rlkit.engine.placement import actor_resources, engine_cpus, placement_group, worker_env
 
         tp = rollout.tensor_parallel_size
-        cpus = ray_cfg.cpus_per_actor * (1 if device.is_accelerator else tp)
+        cpus = engine_cpus(device, ray_cfg, tp)
         opts = actor_resources(device, cpus, devices=tp)
         resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
                      **opts.get("resources", {})}
         self.rollout, self.strategy = rollout, sync_strategy(rollout, device)
         self.timeout, self.adapter, self.learners = rollout.sync_timeout_s or None, adapter, learners
         self.names = [f"engine {i}" for i in range(rollout.num_engines)]
-        self.pg = placement_group(device, rollout.num_engines, cpus, devices=tp)
+        self.pg = placement_group(device, rollout.num_engines, cpus, ray_cfg.placement, devices=tp)
+        check_nodes_see(pg_nodes(self.pg), "rollout engines", model_path=model.path)
         self._spec = dict(model=model.path, resources=resources, env_vars=worker_env(device), tp=tp,
                           options=[worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31),
                                                   adapter) for i in range(rollout.num_engines)])

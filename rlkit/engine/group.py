@@ -24,13 +24,16 @@ class LearnerGroup:
     """Start `num` learners in a placement group (one bundle per rank), join their process group
     and build their engines; `info` is rank 0's summary."""
 
-    def __init__(self, spec: LearnerSpec, num: int, device: DeviceInfo, ray_cfg: RayConfig):
+    def __init__(self, spec: LearnerSpec, num: int, device: DeviceInfo, ray_cfg: RayConfig,
+                 output_dir: Path | None = None):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from rlkit.engine.cluster import check_nodes_see, pg_nodes
         from rlkit.engine.learner import Learner
 
-        self.pg = placement_group(device, num, ray_cfg.cpus_per_actor)
+        self.pg = placement_group(device, num, ray_cfg.cpus_per_actor, ray_cfg.placement)
+        check_nodes_see(pg_nodes(self.pg), "learners", output_dir, spec.model.path)
         opts = actor_resources(device, ray_cfg.cpus_per_actor)
         remote = ray.remote(Learner)
         self.actors = [

@@ -65,22 +65,38 @@ class Learner:
     # ------------------------------------------------------------------ setup
 
     def address(self) -> tuple[str, int]:
-        """(ip, free port) of this actor, for rank 0 to host the process group."""
-        import socket
+        """(node address, free port) of this actor, for rank 0 to host the process group."""
+        from rlkit.engine.cluster import rendezvous
 
-        import ray
-
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+        return rendezvous()
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
+        """Join the learners' process group that rank 0 hosts at `master_addr:master_port`."""
         import deepspeed
+        import ray
 
+        from rlkit.engine.cluster import gloo_interface_env
+
+        backend = self.device_info.dist_backend
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        deepspeed.init_distributed(dist_backend=self.device_info.dist_backend, auto_mpi_discovery=False,
-                                   timeout=datetime.timedelta(seconds=self.spec.deepspeed.dist_timeout_s))
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+                          **(gloo_interface_env() if backend == "gloo" else {}))
+        gloo = os.environ.get("GLOO_SOCKET_IFNAME") if backend == "gloo" else None
+        print(f"rlkit: learner rank {self.rank} of {self.world_size} on node {ray.util.get_node_ip_address()}: "
+              f"{backend} process group at {master_addr}:{master_port}" + (f", gloo on {gloo}" if gloo else ""),
+              flush=True)  # to the actor's log
+        try:
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
+                                       timeout=datetime.timedelta(seconds=self.spec.deepspeed.dist_timeout_s))
+        except (RuntimeError, OSError) as e:  # torch's DistNetworkError / gloo's connect errors
+            from rlkit.errors import UserError
+
+            ifname = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}.get(backend, "HCCL_SOCKET_IFNAME")
+            reason = " ".join(str(e).split())[:300]
+            raise UserError(f"learner rank {self.rank} on node {ray.util.get_node_ip_address()} could not join the "
+                            f"{backend} process group at {master_addr}:{master_port}: {reason}. The learners' "
+                            f"nodes must reach each other there (firewall; {ifname} names the interface to use)"
+                            ) from None
 
     def build(self) -> dict[str, Any]:
         """Load the model, wrap it (LoRA/QLoRA), create the DeepSpeed engine (and the reference).

@@ -11,6 +11,7 @@ from typing import Any
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import RayConfig
+from rlkit.errors import UserError
 
 # Variables every actor gets (vLLM reads VLLM_* at import; one OpenMP thread per process on CPU).
 WORKER_ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "TORCH_EXTENSIONS_DIR",
@@ -42,12 +43,31 @@ def start_ray(cfg: RayConfig, device: DeviceInfo, log_dir: Path | None = None) -
     env = {**logs, "env_vars": {**worker_env(device), **logs.get("env_vars", {})}}
     common = dict(runtime_env=env, log_to_driver=not quiet, configure_logging=not quiet, logging_level="WARNING")
     if cfg.address:
-        ray.init(address=cfg.address, **common)
+        try:
+            ray.init(address=cfg.address, **common)
+        except (ConnectionError, RuntimeError) as e:
+            raise UserError(_join_error(cfg.address, e), "ray.address") from None
     else:
         ray.init(num_cpus=cfg.num_cpus or max(os.cpu_count() or 1, 4), include_dashboard=False, **common)
     if quiet:
         console.quiet_driver()  # what Ray's start added
     return not cfg.address
+
+
+def _join_error(address: str, error: BaseException) -> str:
+    """One line for a cluster `ray.init(address=...)` could not join."""
+    chain, cause = [], error
+    while cause is not None and len(chain) < 8:
+        chain.append(f"{type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(chain)
+    if "AuthenticationError" in text or "InvalidAuthToken" in text:
+        return (f"the Ray cluster at {address} uses token authentication and this process has not its token: "
+                "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH to a copy of the head node's token "
+                "(~/.ray/auth_token there), or RAY_AUTH_TOKEN to the token itself")
+    first = " ".join(str(error).split())[:200]
+    return (f"could not join a Ray cluster at {address}: {first}. Start one there (`ray start --head`, see the "
+            "README's 'Running on a cluster') or give the address `ray start` printed")
 
 
 def actor_resources(device: DeviceInfo, cpus: float, devices: int = 1) -> dict[str, Any]:
@@ -60,18 +80,32 @@ def actor_resources(device: DeviceInfo, cpus: float, devices: int = 1) -> dict[s
     return opts
 
 
-def placement_group(device: DeviceInfo, n: int, cpus: float, strategy: str = "PACK", devices: int = 1):
-    """A ready placement group of `n` bundles, `devices` devices (or only CPUs) each."""
+def bundle(device: DeviceInfo, cpus: float, devices: int = 1) -> dict[str, float]:
+    """One actor's placement-group bundle: `cpus` CPUs and `devices` devices (none on a CPU)."""
+    out: dict[str, float] = {"CPU": cpus}
+    if device.ray_resource:
+        out[device.ray_resource] = devices
+    return out
+
+
+def engine_cpus(device: DeviceInfo, ray_cfg: RayConfig, tp: int) -> float:
+    """CPUs of one rollout engine's bundle: vLLM on a CPU runs one process per TP rank."""
+    return ray_cfg.cpus_per_actor * (1 if device.is_accelerator else tp)
+
+
+def placement_group(device: DeviceInfo, n: int, cpus: float, placement: str = "pack", devices: int = 1):
+    """A ready placement group of `n` bundles, `devices` devices (or only CPUs) each, placed as
+    `placement` (a `ray.placement` value) says."""
     import ray
     from ray.util.placement_group import placement_group as make_pg
 
-    bundle: dict[str, float] = {"CPU": cpus}
-    if device.ray_resource:
-        bundle[device.ray_resource] = devices
-    pg = make_pg([bundle] * n, strategy=strategy)
+    from rlkit.engine.cluster import STRATEGIES
+
+    one = bundle(device, cpus, devices)
+    pg = make_pg([one] * n, strategy=STRATEGIES[placement])
     try:
         ray.get(pg.ready(), timeout=120)
     except ray.exceptions.GetTimeoutError:
-        raise RuntimeError(f"Ray could not place {n} actors with {bundle} each within 120 s: "
-                           f"cluster has {ray.cluster_resources()}") from None
+        raise RuntimeError(f"Ray could not place {n} actors with {one} each ({placement}) within 120 s: "
+                           f"cluster has {ray.cluster_resources()}, available {ray.available_resources()}") from None
     return pg

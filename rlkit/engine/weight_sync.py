@@ -313,16 +313,12 @@ class BroadcastSync(_Engines):
     def connect(cls, engines: list[Any], device: torch.device | str, backend: str,
                 bucket_mib: float, timeout_s: float | None = None) -> BroadcastSync:
         """Set up the group from this process (learner rank 0) to every worker of `engines`."""
-        import socket
+        from rlkit.engine.cluster import rendezvous
 
-        import ray
-
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        address, port = rendezvous()
         tp_sizes = wait_all([e.tensor_parallel_size.remote() for e in engines],
                             [f"engine {i}" for i in range(len(engines))], "the broadcast setup", timeout_s)
-        sync = cls(engines, tp_sizes, ray.util.get_node_ip_address(), port, device, backend, bucket_mib, timeout_s)
+        sync = cls(engines, tp_sizes, address, port, device, backend, bucket_mib, timeout_s)
         sync.setup()
         return sync
 

@@ -1,30 +1,10 @@
-"""GRPO end-to-end fixtures: a briefly SFT-trained tiny model to start from."""
+"""GRPO end-to-end helpers (the SFT-trained start model, `sft_model`, is in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import pytest
-
-from tests.sft.conftest import ROOT, sft_overrides
+from tests.sft.conftest import ROOT
 
 GRPO_RECIPE = ROOT / "recipes" / "tiny-grpo.yaml"
-
-
-@pytest.fixture(scope="session")
-def sft_model(tiny_model, task_data, tmp_path_factory):
-    """The tiny model after 600 SFT steps (~70 s): it knows some facts and the teacher's three
-    answer styles, so an exact-answer reward has signal."""
-    import ray
-
-    from rlkit import stages
-    from rlkit.sft.run import run_sft
-
-    out = tmp_path_factory.mktemp("sft-start")
-    cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml",
-                      sft_overrides(tiny_model, task_data, out, "train.max_steps=600", "eval.every=0",
-                                    "checkpoint.every=0"))
-    final = run_sft(cfg)
-    assert not ray.is_initialized()
-    return final
 
 
 def grpo_overrides(model, task_data, out, *extra: str) -> list[str]:

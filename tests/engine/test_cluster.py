@@ -1,0 +1,89 @@
+"""What a run asks of a Ray cluster, without Ray: the placement check on node lists, the join
+error, the rendezvous address and the gloo interface (the cross-host runs: tests/test_multinode.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkit.engine.cluster import Demand, interface_of, shortfall
+from rlkit.engine.placement import _join_error
+
+NPU8 = {"CPU": 64.0, "NPU": 8.0}
+
+
+def test_what_fits_is_placed_and_what_does_not_says_why():
+    two = {"10.0.0.1": dict(NPU8), "10.0.0.2": dict(NPU8)}
+    learners = Demand("learner", 8, {"CPU": 1, "NPU": 1}, "pack", "grpo.num_learners")
+    engines = Demand("engine", 2, {"CPU": 1, "NPU": 4}, "pack", "rollout.num_engines")
+    assert shortfall([learners, engines], two) is None  # 8 + 8 NPUs on two nodes of 8
+    more = Demand("engine", 3, {"CPU": 1, "NPU": 4})
+    assert shortfall([learners, more], two) == "NPU 20 in all, the cluster has 16"
+    assert shortfall([Demand("engine", 1, {"CPU": 1, "NPU": 16})], two) == \
+        "no node holds one engine's bundle {CPU: 1, NPU: 16}"
+    # 12 NPUs in all fit the total but not whole bundles: 3 engines of 4 on nodes of 6
+    six = {"a": {"CPU": 8.0, "NPU": 6.0}, "b": {"CPU": 8.0, "NPU": 6.0}}
+    assert "do not fit whole" in shortfall([Demand("engine", 3, {"CPU": 1, "NPU": 4})], six)
+    # the strict strategies
+    assert shortfall([Demand("learner", 2, {"CPU": 1, "NPU": 1}, "strict_spread")], two) is None
+    assert shortfall([Demand("learner", 3, {"CPU": 1, "NPU": 1}, "strict_spread")], two) == \
+        "placement strict_spread needs 3 nodes that each hold {CPU: 1, NPU: 1}"
+    assert shortfall([Demand("learner", 8, {"CPU": 1, "NPU": 1}, "strict_pack")], two) is None
+    assert shortfall([Demand("learner", 9, {"CPU": 1, "NPU": 1}, "strict_pack")], two) == \
+        "placement strict_pack needs one node with {CPU: 9, NPU: 9} for the learners"
+    # a GPU recipe on an NPU cluster
+    assert shortfall([Demand("learner", 1, {"CPU": 1, "GPU": 1})], two) == "GPU 1 in all, the cluster has 0"
+
+
+def test_the_recipes_demands_name_their_keys():
+    from rlkit import stages
+    from rlkit.accel import detect
+    from rlkit.driver import demands
+    from tests.sft.conftest import ROOT
+
+    cfg = stages.load("grpo", ROOT / "recipes" / "tiny-grpo.yaml", ["ray.placement=spread"])
+    got = demands(cfg, cfg.grpo.num_learners, detect("cpu"))
+    assert [(d.what, d.n, d.bundle, d.placement, d.key) for d in got] == [
+        ("learner", 2, {"CPU": 1.0}, "spread", "grpo.num_learners"),
+        ("engine", 2, {"CPU": 1.0}, "spread", "rollout.num_engines")]
+    colocated = stages.load("grpo", ROOT / "recipes" / "tiny-grpo.yaml", ["rollout.colocate=true"])
+    assert [d.what for d in demands(colocated, 2, detect("cpu"))] == ["learner"]
+    sft = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml", [])
+    assert [d.key for d in demands(sft, 1, detect("cpu"))] == ["train.num_learners"]
+
+
+def test_a_cluster_that_cannot_be_joined_is_one_line():
+    class AuthenticationError(Exception):
+        pass
+
+    try:
+        try:
+            raise AuthenticationError("InvalidAuthToken: Authentication token is missing or incorrect")
+        except AuthenticationError as inner:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from inner
+    except ConnectionError as e:
+        line = _join_error("10.0.0.1:6379", e)
+    assert line.startswith("the Ray cluster at 10.0.0.1:6379 uses token authentication") and "\n" not in line
+    line = _join_error("10.0.0.9:6379", ConnectionError("Could not find any running Ray instance.\nPlease ..."))
+    assert line.startswith("could not join a Ray cluster at 10.0.0.9:6379: Could not find any running Ray instance.")
+    assert "ray start --head" in line and "\n" not in line
+
+
+def test_rendezvous_is_the_nodes_address_and_gloo_its_interface(ray_local, monkeypatch):
+    import ray
+
+    from rlkit.engine.cluster import gloo_interface_env, rendezvous
+
+    address, port = rendezvous()
+    assert address == ray.util.get_node_ip_address() and address not in ("localhost", "") and port > 0
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert gloo_interface_env() == {"GLOO_SOCKET_IFNAME": interface_of(address)}
+    assert interface_of(address) is not None and interface_of("192.0.2.77") is None  # TEST-NET: nobody's
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    assert gloo_interface_env() == {}  # the user's choice stays
+
+
+@pytest.mark.parametrize("placement", ["pack", "spread", "strict_pack", "strict_spread"])
+def test_every_placement_has_its_ray_strategy(placement):
+    from rlkit.engine.cluster import STRATEGIES
+
+    assert STRATEGIES[placement] == placement.upper()

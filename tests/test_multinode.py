@@ -1,0 +1,148 @@
+"""rlkit on a two-host Ray cluster (`tests/cluster.py`: each host a network namespace with its own
+address, a Ray node in each): DeepSpeed learners on different hosts rendezvous at rank 0's host
+address, engines on the other host get the weights, GRPO learns; SFT ZeRO-3 across hosts, stopped
+and resumed, gives the single-host loss curve; the checks before launch (resources, a node that
+does not see output_dir, a cluster with token authentication) give their one line.
+
+Host A (10.213.7.1, 1 CPU) runs the driver and the Ray head; host B (10.213.7.2, 2 CPUs). With
+`ray.placement=strict_spread` the two learners take one host each, so an engine can only go to
+host B. Host B has a folder of its own (`private`): what a node without the shared filesystem sees.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import NetnsCluster
+from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides
+from tests.sft.conftest import ROOT, sft_overrides
+
+WHY_NOT = NetnsCluster.available()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=f"no test hosts: {WHY_NOT}")]
+
+SFT_RECIPE = ROOT / "recipes" / "tiny-sft.yaml"
+RLKIT = [sys.executable, "-m", "rlkit.cli"]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    private = tmp_path_factory.mktemp("host-b-own")
+    cluster = NetnsCluster(hosts=2, cpus=[1, 2], private={1: [str(private)]})
+    try:
+        cluster.start()
+        cluster.private = private
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _rlkit(hosts: NetnsCluster, *args: str, timeout: float = 900, **kw) -> subprocess.CompletedProcess:
+    """An rlkit command on host A, joined to the cluster."""
+    return hosts.run(0, [*RLKIT, *args, "--address", hosts.head], timeout=timeout, cwd=ROOT, **kw)
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def _one_line(res: subprocess.CompletedProcess) -> str:
+    lines = [x for x in res.stderr.splitlines() if x.startswith("rlkit: error:")]
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    return lines[0]
+
+
+LEARNER_LINE = re.compile(r"^rlkit: learner rank (\d+) of \d+ on node (\S+): \w+ process group at ([^\s,]+)")
+
+
+def _learner_nodes(run: Path) -> dict[int, tuple[str, str]]:
+    """rank -> (its node, the process group's address), from the learners' own logs."""
+    out = {}
+    for log in sorted((run / "logs").glob("learner-*.log")):
+        for line in log.read_text().splitlines():
+            if m := LEARNER_LINE.match(line):
+                out[int(m[1])] = (m[2], m[3])
+    return out
+
+
+def test_grpo_learns_with_learners_on_two_hosts_and_the_engine_on_the_second(hosts, sft_model, task_data, tmp_path):
+    out = tmp_path / "grpo"
+    res = _rlkit(hosts, "grpo", str(GRPO_RECIPE), *grpo_overrides(
+        sft_model, task_data, out, "grpo.num_learners=2", "deepspeed.zero_stage=2", "ray.placement=strict_spread",
+        "grpo.steps=24", "eval.every=12", "checkpoint.every=0", "curriculum.enabled=false",
+        "rollout.sync_check_every=12"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    # one learner on each host; both joined the group rank 0 hosts at its host address, not localhost
+    nodes = _learner_nodes(out)
+    assert sorted(n for n, _ in nodes.values()) == hosts.addresses, nodes
+    master = nodes[0][1].rsplit(":", 1)[0]
+    assert master == nodes[0][0] and all(addr.startswith(master + ":") for _, addr in nodes.values()), nodes
+    log = (out / "rlkit.log").read_text()
+    assert re.search(rf"engine 0: pid \d+ on node {re.escape(hosts.addresses[1])}$", log, re.M), log[-2000:]
+    # weights crossed hosts every step (object store), and the engine agrees with the learner
+    rows = _rows(out)
+    steps = [r for r in rows if "reward/mean" in r]
+    assert len(steps) == 24 and all(r["sync/mib"] > 0 for r in steps)
+    checks = [r["sync/check_abs_diff_max"] for r in rows if "sync/check_abs_diff_max" in r]
+    assert checks and max(checks) < 1e-4, checks
+    evals = [r["eval/exact_match"] for r in rows if "eval/exact_match" in r]
+    assert len(evals) == 3 and evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_sft_zero3_on_two_hosts_stopped_and_resumed_matches_one_host(hosts, tiny_model, task_data, tmp_path):
+    """Two ZeRO-3 learners on two hosts, stopped by SIGTERM after step 4 and resumed (`resume:
+    auto`), give the loss curve of two learners on one host run without a stop."""
+    keys = ["train.num_learners=2", "deepspeed.zero_stage=3", "train.max_steps=10", "train.micro_batch_size=8",
+            "optim.scheduler=constant", "eval.every=0", "checkpoint.every=2", "logging.every=1"]
+    one = tmp_path / "one-host"
+    res = subprocess.run([*RLKIT, "sft", str(SFT_RECIPE), *sft_overrides(tiny_model, task_data, one, *keys)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=hosts.env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    two = tmp_path / "two-hosts"
+    args = [*RLKIT, "sft", str(SFT_RECIPE), *sft_overrides(tiny_model, task_data, two, *keys,
+                                                           "ray.placement=strict_spread"), "--address", hosts.head]
+    run = hosts.popen(0, args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not ((two / "metrics.jsonl").exists() and any(r.get("step", 0) >= 4 for r in _rows(two))):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 3, err[-3000:]  # stopped after a checkpoint
+    stopped_at = max(r["step"] for r in _rows(two) if "train/loss" in r)
+    assert 4 <= stopped_at < 10
+    res = hosts.run(0, args, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resum" in (res.stdout + res.stderr).lower()
+    assert sorted(n for n, _ in _learner_nodes(two).values()) == hosts.addresses
+    want = {r["step"]: r["train/loss"] for r in _rows(one) if "train/loss" in r}
+    got = {r["step"]: r["train/loss"] for r in _rows(two) if "train/loss" in r}  # the resumed steps last
+    assert sorted(want) == sorted(got) == list(range(1, 11))
+    assert all(abs(got[s] - want[s]) <= 1e-5 * max(1.0, abs(want[s])) for s in want), (want, got)
+
+
+def test_what_the_cluster_cannot_do_is_one_line_before_launch(hosts, tiny_model, task_data, tmp_path):
+    base = sft_overrides(tiny_model, task_data, tmp_path / "run", "train.max_steps=2", "eval.every=0")
+    # three learners, one per node, on two nodes; four learners on three CPUs
+    line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "train.num_learners=3",
+                            "ray.placement=strict_spread", timeout=300))
+    assert "cannot place this run: it asks for 3 learners x {CPU: 1} (strict_spread)" in line
+    assert f"node {hosts.addresses[0]}: {{CPU: 1}}; node {hosts.addresses[1]}: {{CPU: 2}}" in line
+    line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "train.num_learners=4", timeout=300))
+    assert "CPU 4 in all, the cluster has 3" in line
+    # output_dir in a folder host B does not share: its learner could not write its shards there
+    own = sft_overrides(tiny_model, task_data, hosts.private / "run", "train.max_steps=2", "eval.every=0",
+                        "train.num_learners=2", "ray.placement=strict_spread")
+    line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *own, timeout=300))
+    assert f"Ray node {hosts.addresses[1]} (it hosts learners) does not see output_dir {hosts.private / 'run'}" in line
+    # a client without the cluster's token
+    res = _rlkit(hosts, "sft", str(SFT_RECIPE), *base, timeout=300, env={"RAY_AUTH_MODE": "disabled"})
+    assert "uses token authentication" in _one_line(res) and "RAY_AUTH_TOKEN_PATH" in _one_line(res)
