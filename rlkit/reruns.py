@@ -5,8 +5,9 @@
   model, the data, the batch shape: its config's `RESUME_FIXED`) are refused unless
   `checkpoint.force_resume: true`.
 - No checkpoint: a previous run of the same recipe that did not finish (killed before its first
-  checkpoint), or a launch of any recipe that stopped before its first metrics, is started over. A finished run (`final/`), a run of another recipe, or checkpoints
-  that `checkpoint.resume: never` leaves unused are refused unless `overwrite: true`, which then
+  checkpoint), or a launch of any recipe that stopped before its first metrics, is started over.
+  A finished run (`final/`), a run of another recipe, or checkpoints that
+  `checkpoint.resume: never` leaves unused are refused unless `overwrite: true`, which then
   removes that run's outputs (checkpoints, final model, metrics) before the new run starts.
 """
 

@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+NODE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cluster" / "ray-node.sh"
 SUBNET = "10.213.7"  # private addresses of the test hosts: 10.213.7.1, .2, ...
 PORT = 6379
 
@@ -46,7 +47,8 @@ class NetnsCluster:
         self.head = f"{self.addresses[0]}:{PORT}"
         self.temp = Path(f"/tmp/{self.tag}-ray")
         self.logs = Path(f"/tmp/{self.tag}-logs")  # each Ray node's own output
-        self.env = {**os.environ, "RLKIT_TEST_RUN": self.tag, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0",
+        self.env = {**os.environ, "RLKIT_TEST_RUN": self.tag, "RAY": str(Path(sys.executable).parent / "ray"),
+                    "RLKIT_RAY_PORT": str(PORT), "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0",
                     # token authentication on, as `ray start` turns it on where a token exists; this cluster's own token
                     "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex * 2, **(env or {})}
         self.nodes: dict[int, subprocess.Popen] = {}
@@ -83,15 +85,13 @@ class NetnsCluster:
     # ------------------------------------------------------------------ ray
 
     def _ray_start(self, i: int) -> subprocess.Popen:
-        ray = str(Path(sys.executable).parent / "ray")
-        args = [ray, "start", "--block", f"--node-ip-address={self.addresses[i]}", f"--num-cpus={self.cpus[i]}",
-                "--disable-usage-stats"]
+        """Host i's Ray node, started as users start theirs: scripts/cluster/ray-node.sh."""
+        args = ["bash", str(NODE_SCRIPT), "head" if i == 0 else "worker", *([] if i == 0 else [self.head]),
+                "--block", f"--node-ip-address={self.addresses[i]}", f"--num-cpus={self.cpus[i]}"]
         if self.resources.get(i):
             args.append(f"--resources={json.dumps(self.resources[i])}")
         if i == 0:
-            args += ["--head", f"--port={PORT}", "--include-dashboard=false", f"--temp-dir={self.temp}"]
-        else:
-            args.append(f"--address={self.head}")
+            args += ["--include-dashboard=false", f"--temp-dir={self.temp}"]
         if self.private.get(i):  # folders host i does not share: an empty tmpfs over each, in its own mounts
             mounts = " && ".join(f"mkdir -p {shlex.quote(d)} && mount -t tmpfs rlkit-private {shlex.quote(d)}"
                                  for d in self.private[i])

@@ -38,7 +38,7 @@ def hosts(tmp_path_factory):
     cluster = NetnsCluster(hosts=2, cpus=[1, 2], private={1: [str(private)]})
     try:
         cluster.start()
-        cluster.private = private
+        cluster.own_folder = private  # host B's alone
         yield cluster
     finally:
         cluster.close()
@@ -139,10 +139,43 @@ def test_what_the_cluster_cannot_do_is_one_line_before_launch(hosts, tiny_model,
     line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "train.num_learners=4", timeout=300))
     assert "CPU 4 in all, the cluster has 3" in line
     # output_dir in a folder host B does not share: its learner could not write its shards there
-    own = sft_overrides(tiny_model, task_data, hosts.private / "run", "train.max_steps=2", "eval.every=0",
+    own = sft_overrides(tiny_model, task_data, hosts.own_folder / "run", "train.max_steps=2", "eval.every=0",
                         "train.num_learners=2", "ray.placement=strict_spread")
     line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *own, timeout=300))
-    assert f"Ray node {hosts.addresses[1]} (it hosts learners) does not see output_dir {hosts.private / 'run'}" in line
+    want = f"Ray node {hosts.addresses[1]} (it hosts learners) does not see output_dir {hosts.own_folder / 'run'}"
+    assert want in line
     # a client without the cluster's token
     res = _rlkit(hosts, "sft", str(SFT_RECIPE), *base, timeout=300, env={"RAY_AUTH_MODE": "disabled"})
     assert "uses token authentication" in _one_line(res) and "RAY_AUTH_TOKEN_PATH" in _one_line(res)
+
+
+def test_a_lost_node_ends_the_run_in_one_line_and_the_run_resumes_when_it_is_back(hosts, sft_model, task_data,
+                                                                                   tmp_path):
+    """Host B (a learner and the engine) leaves mid-run: the run stops with one line naming the
+    node and what it hosted (not a learner waiting out gloo's timeout, nor an engine restarted
+    into a bundle no node holds); when host B is back, the same command resumes and finishes."""
+    out = tmp_path / "lost"
+    args = [*RLKIT, "grpo", str(GRPO_RECIPE), *grpo_overrides(
+        sft_model, task_data, out, "grpo.num_learners=2", "deepspeed.zero_stage=2", "ray.placement=strict_spread",
+        "grpo.steps=12", "eval.every=0", "checkpoint.every=2", "curriculum.enabled=false"), "--address", hosts.head]
+    run = hosts.popen(0, args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not ((out / "metrics.jsonl").exists() and sum(1 for r in _rows(out) if "reward/mean" in r) >= 4):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    lost_at = time.monotonic()
+    hosts.stop_node(1)
+    _, err = run.communicate(timeout=240)
+    took = time.monotonic() - lost_at
+    line = _one_line(subprocess.CompletedProcess(args, run.returncode, "", err))
+    assert f"Ray node {hosts.addresses[1]} left the cluster during" in line and "it hosted" in line, line
+    assert "is intact: rerun the same command to resume from it" in line, line
+    assert took < 120, took  # Ray marks a node dead after missed heartbeats; gloo alone would wait 600 s
+    saved = max(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
+    hosts.start_node(1)
+    res = hosts.run(0, args, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"resumed from {out / 'checkpoints' / f'step-{saved}'}" in res.stdout + res.stderr
+    steps = [r["step"] for r in _rows(out) if "reward/mean" in r]
+    assert steps == list(range(1, 13)), steps  # the records after the checkpoint were dropped and done again
+    assert (out / "final" / "model.safetensors").is_file()

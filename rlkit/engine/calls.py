@@ -8,7 +8,10 @@ lost) comes out as a `FaultError` naming it, its pid and node; the actor is name
 `name_actor` gave it, also when the death surfaces through another actor's call (an engine
 that dies while a learner sends it weights). Ray's full error is the `FaultError`'s cause.
 Both kinds are an `ActorFault`, which says whom it is about, so a caller that can replace the
-actor (the rollout engines restart a dead or hung engine) knows which.
+actor (the rollout engines restart a dead or hung engine) knows which. A node that hosted
+rlkit's actors (`watch_nodes`) and left the cluster is a `NodeLost` instead, found within a few
+seconds by any wait: nothing can be restarted there, and a learner left in a collective with a
+rank on that node would wait for the process group's timeout.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from typing import Any
 from rlkit.errors import FaultError, UserError
 
 POLL_S = 1.0  # the longest a wait blocks without returning to Python (signal handlers run between)
+NODE_CHECK_S = 2.0  # how often a wait asks Ray whether the nodes of rlkit's actors are alive
+PEER_NODE_WAIT_S = 60.0  # how long a collective that lost its peer waits for Ray to find a lost node
+PEER_LOST = re.compile(r"closed by peer|reset by peer|remote worker (crash|hang)|NCCL (error|WARN)|HCCL|"
+                       r"Connection refused|Broken pipe", re.I)
 _names: dict[str, str] = {}  # Ray actor id (hex) -> "engine 1", "learner 0"
+_hosted: dict[str, dict[str, str]] = {}  # Ray node id -> {actor name: node address} of rlkit's actors there
+_next_node_check = 0.0
 
 
 class ActorFault(FaultError):
@@ -34,9 +43,54 @@ class ActorFault(FaultError):
         self.who, self.dead = list(who), dead
 
 
+class NodeLost(FaultError):
+    """A Ray node that hosted rlkit's actors left the cluster: nothing can be restarted in its
+    bundles, so the run stops (its checkpoints are intact)."""
+
+
 def name_actor(handle: Any, name: str) -> None:
     """Name the actor behind `handle` in fault messages ("engine 1")."""
     _names[handle._actor_id.hex()] = name
+
+
+def watch_nodes(pg: Any, names: Sequence[str]) -> None:
+    """Bundle i of placement group `pg` hosts the actor `names[i]`: a wait fails with `NodeLost`
+    when that bundle's node is gone. Called again for the same names, the newer placement counts."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    where = placement_group_table(pg).get("bundles_to_node_id", {})
+    address = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
+    for hosted in _hosted.values():
+        for name in names:
+            hosted.pop(name, None)
+    for i, name in enumerate(names):
+        if i in where:
+            _hosted.setdefault(where[i], {})[name] = address.get(where[i], where[i][:12])
+
+
+def unwatch_nodes(names: Sequence[str]) -> None:
+    for hosted in _hosted.values():
+        for name in names:
+            hosted.pop(name, None)
+
+
+def check_nodes(phase: str, force: bool = False) -> None:
+    """A `NodeLost` naming the node and what it hosted if a node of rlkit's actors is dead
+    (asks Ray at most every `NODE_CHECK_S` seconds unless `force`)."""
+    global _next_node_check
+    if not any(_hosted.values()) or (not force and time.monotonic() < _next_node_check):
+        return
+    import ray
+
+    _next_node_check = time.monotonic() + NODE_CHECK_S
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    for node, hosted in _hosted.items():
+        if hosted and node not in alive:
+            address = next(iter(hosted.values()))
+            raise NodeLost(f"Ray node {address} left the cluster during {phase} (it hosted {', '.join(hosted)}): "
+                           "the run stops. When the node is back (or the cluster has its resources again), run the "
+                           "same command: resume: auto continues from the last checkpoint")
 
 
 def wait_all(futures: Sequence[Any], owners: Sequence[str], phase: str, timeout_s: float | None = None,
@@ -54,6 +108,7 @@ def wait_all(futures: Sequence[Any], owners: Sequence[str], phase: str, timeout_
         left = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
         ready, pending = ray.wait(pending, num_returns=1, timeout=left)
         if not ready:
+            check_nodes(phase)
             if deadline is None or time.monotonic() < deadline:
                 continue  # a poll ran out, the deadline has not
             late = sorted({owners[index[ref]] for ref in pending}, key=owners.index)
@@ -73,6 +128,7 @@ def _get(ref: Any, owner: str, phase: str) -> Any:
     try:
         return ray.get(ref)
     except ray.exceptions.RayActorError as e:
+        check_nodes(phase, force=True)
         raise ActorFault(died(e, owner, phase), [_actor_name(e, owner)], dead=True) from e
     except ray.exceptions.OutOfMemoryError as e:
         raise ActorFault(out_of_memory(e, owner, phase), [owner], dead=True) from e
@@ -80,9 +136,18 @@ def _get(ref: Any, owner: str, phase: str) -> Any:
         if isinstance(e.cause, UserError):
             raise e.cause from None
         if isinstance(e.cause, ray.exceptions.RayActorError):  # e.g. an engine, from a learner's call
+            check_nodes(phase, force=True)
             raise ActorFault(died(e.cause, owner, phase), [_actor_name(e.cause, owner)], dead=True) from e
         if isinstance(e.cause, ray.exceptions.OutOfMemoryError):  # a worker it called was killed
             raise ActorFault(out_of_memory(e.cause, owner, phase), [owner], dead=True) from e
+        if PEER_LOST.search(str(e.cause)):  # a collective whose peer went away: its node, if that is why
+            deadline = time.monotonic() + PEER_NODE_WAIT_S
+            while time.monotonic() < deadline:
+                check_nodes(phase, force=True)
+                time.sleep(NODE_CHECK_S)
+            reason = " ".join(str(e.cause).split())[:200]
+            raise FaultError(f"{owner} failed during {phase}: a peer in its process group went away ({reason}); "
+                             "see the other actors' logs in the run's logs/") from e
         raise
 
 

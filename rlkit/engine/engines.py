@@ -20,7 +20,7 @@ import torch
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import ModelConfig, RayConfig, RolloutConfig
-from rlkit.engine.calls import ActorFault, name_actor, wait_all
+from rlkit.engine.calls import ActorFault, name_actor, unwatch_nodes, wait_all, watch_nodes
 from rlkit.engine.group import LearnerGroup
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.errors import FaultError, UserError
@@ -185,6 +185,7 @@ class SeparateEngines:
                           options=[worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31),
                                                   adapter) for i in range(rollout.num_engines)])
         self.handles = [self._create(i) for i in range(rollout.num_engines)]
+        watch_nodes(self.pg, self.names)
         self._started(range(rollout.num_engines), "its start")
         self.synced = False  # whether the engines hold a pushed policy (else model.path's)
         self.restarts, self.recovery_s = [0] * rollout.num_engines, 0.0
@@ -329,6 +330,7 @@ class SeparateEngines:
     def shutdown(self) -> None:
         import ray
 
+        unwatch_nodes(self.names)
         for h in self.handles:
             ray.kill(h)
         ray.util.remove_placement_group(self.pg)

@@ -12,7 +12,7 @@ from typing import Any
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import RayConfig
-from rlkit.engine.calls import name_actor, wait_all
+from rlkit.engine.calls import name_actor, unwatch_nodes, wait_all, watch_nodes
 from rlkit.engine.learner import LearnerSpec
 from rlkit.engine.objective import FitResult, MicroBatch, Objective, StepMetrics
 from rlkit.engine.placement import actor_resources, placement_group, worker_env
@@ -44,6 +44,7 @@ class LearnerGroup:
         ]
         for rank, actor in enumerate(self.actors):
             name_actor(actor, f"learner {rank}")
+        watch_nodes(self.pg, self.owners)
         addr, port = wait_all([self.actors[0].address.remote()], self.owners[:1], "its start")[0]
         self._all("init_process_group", addr, port)
         self.info: dict[str, Any] = self._all("build")[0]
@@ -133,6 +134,7 @@ class LearnerGroup:
     def shutdown(self) -> None:
         import ray
 
+        unwatch_nodes(self.owners)
         for a in self.actors:
             ray.kill(a)
         self.actors = []
