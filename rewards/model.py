@@ -64,16 +64,20 @@ class RewardModel:
     path: local model directory. batch_size: samples per forward pass. max_length: tokens
     (longer inputs are truncated on the right). device/dtype: where the model runs
     (``"cpu"``/``"cuda"``; ``"float32"``/``"bfloat16"``). ray_actor: serve the model from
-    one Ray actor (with ``num_gpus``) when Ray is initialised; otherwise it is loaded
-    in-process. ``setup()`` loads it (rlkit calls it once before the first batch).
+    one Ray actor (with ``num_gpus``, ``num_cpus`` and ``resources``, Ray's custom resources:
+    ``{rm: 1}`` puts it on the node started with ``--resources='{"rm": 1}'``) when Ray is
+    initialised; otherwise it is loaded in-process. ``setup()`` loads it (rlkit calls it once
+    before the first batch). On a cluster the node that hosts the actor must see ``path``.
     """
 
     def __init__(self, path: str, batch_size: int = 8, max_length: int = 2048, device: str = "cpu",
-                 dtype: str = "float32", ray_actor: bool = False, num_gpus: float = 0) -> None:
+                 dtype: str = "float32", ray_actor: bool = False, num_gpus: float = 0, num_cpus: float = 1,
+                 resources: dict[str, float] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.path, self.batch_size, self.max_length = path, batch_size, max_length
         self.device, self.dtype, self.ray_actor, self.num_gpus = device, dtype, ray_actor, num_gpus
+        self.num_cpus, self.resources = num_cpus, dict(resources or {})
         self._local: _Scorer | None = None
         self._actor: Any = None
 
@@ -84,7 +88,14 @@ class RewardModel:
             import ray  # only on this path: the module itself stays Ray-free
 
             if ray.is_initialized():
-                cls = ray.remote(num_gpus=self.num_gpus)(_Scorer)
+                needs = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
+                has = ray.cluster_resources()
+                short = {k: v for k, v in needs.items() if v and has.get(k, 0) < v}
+                if short:  # Ray would wait for them forever
+                    raise ValueError(f"the reward model's actor needs {short}; the cluster has "
+                                     f"{ {k: has.get(k, 0) for k in short} } (start a node with them or change "
+                                     "num_gpus / num_cpus / resources)")
+                cls = ray.remote(num_gpus=self.num_gpus, num_cpus=self.num_cpus, resources=self.resources)(_Scorer)
                 self._actor = cls.remote(self.path, self.batch_size, self.max_length, self.device, self.dtype)
                 return
         self._local = _Scorer(self.path, self.batch_size, self.max_length, self.device, self.dtype)

@@ -12,6 +12,7 @@ host B. Host B has a folder of its own (`private`): what a node without the shar
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import subprocess
@@ -35,7 +36,8 @@ RLKIT = [sys.executable, "-m", "rlkit.cli"]
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
     private = tmp_path_factory.mktemp("host-b-own")
-    cluster = NetnsCluster(hosts=2, cpus=[1, 2], private={1: [str(private)]})
+    # host B also has a custom resource `judge`: the reward's own actor goes there
+    cluster = NetnsCluster(hosts=2, cpus=[1, 2], resources={1: {"judge": 2}}, private={1: [str(private)]})
     try:
         cluster.start()
         cluster.own_folder = private  # host B's alone
@@ -97,6 +99,70 @@ def test_grpo_learns_with_learners_on_two_hosts_and_the_engine_on_the_second(hos
     assert (out / "final" / "model.safetensors").is_file()
 
 
+JUDGE = """
+import ray
+
+
+@ray.remote(num_cpus=0, resources={"judge": 1})
+class Judge:
+    def where(self):
+        return ray.util.get_node_ip_address()
+
+    def score(self, completions, answer):
+        return [same(c, a) for c, a in zip(completions, answer)]
+
+
+def same(completion, answer):  # a helper of this module the actor calls: the worker must have the module
+    text = completion[0]["content"] if isinstance(completion, list) else completion
+    return float(text.strip() == answer)
+
+
+class JudgeReward:
+    \"\"\"Exact match, scored by an actor of this file's own class on the node with `judge`.\"\"\"
+
+    def __init__(self, record: str):
+        self.record = record
+
+    def setup(self):
+        self.judge = Judge.remote()
+        with open(self.record, "w") as f:
+            f.write(ray.get(self.judge.where.remote()))
+
+    def __call__(self, completions, answer, **kwargs):
+        return ray.get(self.judge.score.remote(list(completions), list(answer)))
+"""
+
+
+def test_a_reward_module_next_to_the_recipe_runs_its_actor_on_the_other_host(hosts, sft_model, task_data, tmp_path):
+    """`my_rewards.py:JudgeReward` next to the recipe starts an actor of its own class on host B.
+    The recipe's folder is one host B does not have (its own folder), so the module cannot be
+    imported there: rlkit sends it by value and says so (without that, the actor dies on import).
+    A reward model served by `rewards.model:RewardModel`'s actor goes to host B as well."""
+    from transformers import AutoTokenizer, Qwen2ForSequenceClassification
+
+    rm = tmp_path / "rm"
+    Qwen2ForSequenceClassification.from_pretrained(sft_model, num_labels=1).save_pretrained(rm)
+    AutoTokenizer.from_pretrained(sft_model).save_pretrained(rm)
+    recipe = hosts.own_folder / tmp_path.name / "grpo.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(GRPO_RECIPE.read_text())
+    (recipe.parent / "my_rewards.py").write_text(JUDGE)
+    record, out = tmp_path / "judge-node.txt", tmp_path / "run"
+    rewards = (f"rewards=[{{fn: 'my_rewards.py:JudgeReward', args: {{record: '{record}'}}, weight: 1.0}}, "
+               "{fn: 'rewards.exact:exact_match', weight: 0.0}, {fn: 'rewards.model:RewardModel', weight: 0.0, "
+               f"args: {{path: '{rm}', ray_actor: true, num_cpus: 0, resources: {{judge: 1}}}}}}]")
+    res = _rlkit(hosts, "grpo", str(recipe), *grpo_overrides(sft_model, task_data, out, "grpo.steps=3", "eval.every=0",
+                                                              "checkpoint.every=0", rewards), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert record.read_text() == hosts.addresses[1]  # the judge ran on host B
+    assert "reward modules go to the Ray workers by value" in res.stderr and "my_rewards.py" in res.stderr
+    rows = [r for r in _rows(out) if "reward/mean" in r]
+    # the judge's score is the exact match's, computed there
+    assert len(rows) == 3 and all(r["reward/JudgeReward/mean"] == r["reward/exact_match/mean"] for r in rows), rows
+    # the reward model scored every step from its actor, which only host B (`judge`) could hold
+    assert all(math.isfinite(r["reward/RewardModel/mean"]) for r in rows), rows
+
+
 def test_sft_zero3_on_two_hosts_stopped_and_resumed_matches_one_host(hosts, tiny_model, task_data, tmp_path):
     """Two ZeRO-3 learners on two hosts, stopped by SIGTERM after step 4 and resumed (`resume:
     auto`), give the loss curve of two learners on one host run without a stop."""
@@ -135,7 +201,7 @@ def test_what_the_cluster_cannot_do_is_one_line_before_launch(hosts, tiny_model,
     line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "train.num_learners=3",
                             "ray.placement=strict_spread", timeout=300))
     assert "cannot place this run: it asks for 3 learners x {CPU: 1} (strict_spread)" in line
-    assert f"node {hosts.addresses[0]}: {{CPU: 1}}; node {hosts.addresses[1]}: {{CPU: 2}}" in line
+    assert f"node {hosts.addresses[0]}: {{CPU: 1}}; node {hosts.addresses[1]}: {{CPU: 2, judge: 2}}" in line
     line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "train.num_learners=4", timeout=300))
     assert "CPU 4 in all, the cluster has 3" in line
     # output_dir in a folder host B does not share: its learner could not write its shards there

@@ -180,6 +180,44 @@ def check_nodes_see(node_ids: set[str], who: str, output_dir: Path | None = None
                             "filesystem such as NFS; see the README's 'Running on a cluster')")
 
 
+# ---------------------------------------------------------------------------------- user modules
+
+
+def installed(module: Any) -> bool:
+    """Whether a module comes with the Python environment (an installed distribution's package,
+    the standard library, site-packages): every node of the cluster has it."""
+    import importlib.metadata
+    import sys
+    import sysconfig
+
+    if module.__name__.split(".")[0] in importlib.metadata.packages_distributions():
+        return True
+    real = Path(module.__file__).resolve()
+    roots = {sys.prefix, sys.base_prefix, sysconfig.get_paths()["stdlib"]}
+    return "site-packages" in real.parts or "dist-packages" in real.parts or any(
+        real.is_relative_to(Path(r).resolve()) for r in roots)
+
+
+def ship_by_value(modules: Sequence[Any]) -> list[str]:
+    """Modules of the user's own files (a reward module next to the recipe, not installed) are
+    pickled by value from now on, so an actor or a task that uses their classes or functions
+    runs on any node, which has not the file on its Python path. Returns their files."""
+    from ray import cloudpickle
+
+    shipped = []
+    for module in modules:
+        path = getattr(module, "__file__", None)
+        if path is None or installed(module):
+            continue
+        try:
+            cloudpickle.register_pickle_by_value(module)
+        except ValueError as e:  # a module that is not in sys.modules under its name
+            raise UserError(f"{module.__name__} ({path}) cannot be sent to the cluster's nodes: {e}; install it "
+                            "on every node (pip install -e) instead") from None
+        shipped.append(path)
+    return shipped
+
+
 # ---------------------------------------------------------------------------------- rendezvous
 
 

@@ -51,6 +51,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run GRPO from a loaded recipe; returns the final policy directory. Everything a user can
     get wrong (model path, data, rewards, sync strategy) is checked before Ray starts."""
     from rlkit.accel import detect
+    from rlkit.engine.cluster import ship_by_value
     from rlkit.engine.engines import AdapterServing, start_engines, sync_strategy
 
     g = cfg.grpo
@@ -67,6 +68,10 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0)
         with run.session(), learner_group(cfg, spec, g.num_learners, device) as learners:
+            shipped = ship_by_value(task.scorer.modules())
+            if shipped:
+                run.announce("rlkit grpo: reward modules go to the Ray workers by value (they are not installed "
+                             f"there): {', '.join(shipped)}")
             adapter = AdapterServing(cfg.lora.r) if cfg.rollout.lora_sync == "adapter" else None
             engines = start_engines(cfg.rollout, cfg.model, device, cfg.ray, learners, cfg.seed, adapter)
             try:

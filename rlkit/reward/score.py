@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from numbers import Real
+from types import ModuleType
 from typing import Any, Literal
 
 from rlkit.reward.contract import RewardError, RewardResult, RewardSpec, completion_text, preview, prompt_text
@@ -64,6 +66,16 @@ class RewardScorer:
     @property
     def names(self) -> list[str]:
         return [r.name for r in self.rewards]
+
+    def modules(self) -> list[ModuleType]:
+        """The modules the reward callables come from (each once, in recipe order)."""
+        out: dict[str, ModuleType] = {}
+        for r in self.rewards:
+            name = (type(r.fn) if r.is_instance else r.fn).__module__
+            module = sys.modules.get(name)
+            if module is not None:
+                out.setdefault(name, module)
+        return list(out.values())
 
     def setup(self) -> None:
         """Run every class reward's ``setup()`` (concurrently, no timeout). Idempotent."""

@@ -87,3 +87,48 @@ def test_every_placement_has_its_ray_strategy(placement):
     from rlkit.engine.cluster import STRATEGIES
 
     assert STRATEGIES[placement] == placement.upper()
+
+
+def test_only_the_users_own_modules_are_sent_by_value(tmp_path):
+    """Installed packages and the standard library are on every node; a reward file next to the
+    recipe is sent by value; one that cannot be (not in sys.modules under its name) is one line."""
+    import importlib.util
+    import json
+    import sys
+
+    import ray
+    from ray import cloudpickle
+
+    from rlkit.engine.cluster import installed, ship_by_value
+    from rlkit.errors import UserError
+    from rlkit.reward import RewardSpec
+    from rlkit.reward.score import RewardScorer
+
+    assert installed(json) and installed(ray) and installed(pytest)
+    (tmp_path / "my_rewards.py").write_text("def helper(c):\n    return 1.0\n\n"
+                                            "def fn(completions, **kw):\n    return [helper(c) for c in completions]\n")
+    scorer = RewardScorer([RewardSpec(fn="my_rewards.py:fn"), RewardSpec(fn="rewards.exact:exact_match")],
+                          base_dir=str(tmp_path))
+    mine, library = scorer.modules()
+    assert not installed(mine) and library.__name__ == "rewards.exact"
+    by_reference = cloudpickle.dumps(mine.fn)
+    try:
+        assert ship_by_value(scorer.modules()) == [str(tmp_path / "my_rewards.py")]
+        by_value = cloudpickle.dumps(mine.fn)
+    finally:
+        cloudpickle.unregister_pickle_by_value(mine)
+    # where the module cannot be imported (a node without the file), only the pickle by value loads
+    del sys.modules[mine.__name__]
+    try:
+        assert cloudpickle.loads(by_value)(["a", "b"]) == [1.0, 1.0]
+        with pytest.raises(ModuleNotFoundError):
+            cloudpickle.loads(by_reference)
+    finally:
+        sys.modules[mine.__name__] = mine
+    spec = importlib.util.spec_from_file_location("_detached", tmp_path / "my_rewards.py")
+    detached = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(detached)
+    assert "_detached" not in sys.modules
+    with pytest.raises(UserError, match=r"^_detached \(.*my_rewards.py\) cannot be sent to the cluster's nodes: .*"
+                                        r"install it on every node"):
+        ship_by_value([detached])

@@ -37,5 +37,9 @@ def test_ray_actor(tiny_rm):
         served.setup()
         assert served._actor is not None
         assert served(["hello"], [" world"]) == pytest.approx(local, abs=1e-5)
+        # a resource no node has: one line, not an actor that waits forever
+        with pytest.raises(ValueError, match=r"the reward model's actor needs \{'rm': 1\}; the cluster has "
+                                             r"\{'rm': 0\}"):
+            RewardModel(tiny_rm, ray_actor=True, resources={"rm": 1}).setup()
     finally:
         ray.shutdown()
