@@ -37,9 +37,11 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 class NetnsCluster:
     def __init__(self, hosts: int = 2, cpus: int | list[int] = 4, resources: dict[int, dict[str, float]] | None = None,
-                 env: dict[str, str] | None = None, private: dict[int, list[str]] | None = None):
+                 env: dict[str, str] | None = None, private: dict[int, list[str]] | None = None,
+                 dashboard: bool = False):
         self.tag = f"rlk{uuid.uuid4().hex[:6]}"
         self.hosts, self.resources, self.private = hosts, resources or {}, private or {}
+        self.dashboard = dashboard  # on the head, at 127.0.0.1:8265 inside host 0: `ray job submit` there
         self.cpus = cpus if isinstance(cpus, list) else [cpus] * hosts
         self.names = [f"{self.tag}h{i}" for i in range(hosts)]
         self.switch = f"{self.tag}sw"
@@ -91,7 +93,7 @@ class NetnsCluster:
         if self.resources.get(i):
             args.append(f"--resources={json.dumps(self.resources[i])}")
         if i == 0:
-            args += ["--include-dashboard=false", f"--temp-dir={self.temp}"]
+            args += [f"--include-dashboard={str(self.dashboard).lower()}", f"--temp-dir={self.temp}"]
         if self.private.get(i):  # folders host i does not share: an empty tmpfs over each, in its own mounts
             mounts = " && ".join(f"mkdir -p {shlex.quote(d)} && mount -t tmpfs rlkit-private {shlex.quote(d)}"
                                  for d in self.private[i])

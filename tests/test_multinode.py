@@ -37,7 +37,8 @@ RLKIT = [sys.executable, "-m", "rlkit.cli"]
 def hosts(tmp_path_factory):
     private = tmp_path_factory.mktemp("host-b-own")
     # host B also has a custom resource `judge`: the reward's own actor goes there
-    cluster = NetnsCluster(hosts=2, cpus=[1, 2], resources={1: {"judge": 2}}, private={1: [str(private)]})
+    cluster = NetnsCluster(hosts=2, cpus=[1, 2], resources={1: {"judge": 2}}, private={1: [str(private)]},
+                           dashboard=True)
     try:
         cluster.start()
         cluster.own_folder = private  # host B's alone
@@ -96,6 +97,25 @@ def test_grpo_learns_with_learners_on_two_hosts_and_the_engine_on_the_second(hos
     assert checks and max(checks) < 1e-4, checks
     evals = [r["eval/exact_match"] for r in rows if "eval/exact_match" in r]
     assert len(evals) == 3 and evals[-1] > evals[0] + 0.05, f"held-out exact-answer accuracy did not rise: {evals}"
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_ray_job_submit_runs_rlkit_across_the_hosts(hosts, tiny_model, task_data, tmp_path):
+    """`ray job submit -- rlkit grpo ...` on host A: the entrypoint joins the cluster its job runs
+    in (RAY_ADDRESS, no --address), beside the job's own runtime_env (it sets OMP_NUM_THREADS, as
+    rlkit does: Ray refuses a driver that sets it again), with a learner on each host."""
+    out = tmp_path / "run"
+    entry = [*RLKIT, "grpo", str(GRPO_RECIPE), *grpo_overrides(
+        tiny_model, task_data, out, "grpo.num_learners=2", "ray.placement=strict_spread", "grpo.steps=2",
+        "eval.every=0", "checkpoint.every=0")]
+    res = hosts.run(0, [hosts.env["RAY"], "job", "submit", "--address", "http://127.0.0.1:8265",
+                        "--runtime-env-json", json.dumps({"env_vars": {"OMP_NUM_THREADS": "1"}}), "--", *entry],
+                    timeout=600, cwd=ROOT)
+    text = res.stdout + res.stderr
+    assert res.returncode == 0 and "succeeded" in text, text[-3000:]
+    assert "rlkit grpo:" in text  # rlkit's own lines reach the job's log
+    assert sorted(n for n, _ in _learner_nodes(out).values()) == hosts.addresses
+    assert len([r for r in _rows(out) if "reward/mean" in r]) == 2
     assert (out / "final" / "model.safetensors").is_file()
 
 

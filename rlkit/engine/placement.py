@@ -40,18 +40,32 @@ def start_ray(cfg: RayConfig, device: DeviceInfo, log_dir: Path | None = None) -
     if quiet:
         console.quiet_driver()  # the console handler `import ray` added
     logs = console.worker_runtime_env(log_dir) if quiet else {}
-    env = {**logs, "env_vars": {**worker_env(device), **logs.get("env_vars", {})}}
+    env = _beside_job({**logs, "env_vars": {**worker_env(device), **logs.get("env_vars", {})}})
     common = dict(runtime_env=env, log_to_driver=not quiet, configure_logging=not quiet, logging_level="WARNING")
-    if cfg.address:
+    # `ray job submit -- rlkit ...` runs rlkit on the head with RAY_ADDRESS set: that cluster
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    if address:
         try:
-            ray.init(address=cfg.address, **common)
+            ray.init(address=address, **common)
         except (ConnectionError, RuntimeError) as e:
-            raise UserError(_join_error(cfg.address, e), "ray.address") from None
+            raise UserError(_join_error(address, e), "ray.address") from None
     else:
         ray.init(num_cpus=cfg.num_cpus or max(os.cpu_count() or 1, 4), include_dashboard=False, **common)
     if quiet:
         console.quiet_driver()  # what Ray's start added
-    return not cfg.address
+    return not address
+
+
+def _beside_job(env: dict[str, Any]) -> dict[str, Any]:
+    """rlkit's runtime_env without what the Ray job it runs in already sets (`ray job submit
+    --runtime-env-json`, `--working-dir`): Ray refuses a driver's runtime_env that sets the same
+    field or variable as its job's, and the user's choice wins."""
+    import json
+
+    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("runtime_env") or {}
+    out = {k: v for k, v in env.items() if k == "env_vars" or k not in job}
+    out["env_vars"] = {k: v for k, v in env.get("env_vars", {}).items() if k not in job.get("env_vars", {})}
+    return out
 
 
 def _join_error(address: str, error: BaseException) -> str:

@@ -132,3 +132,19 @@ def test_only_the_users_own_modules_are_sent_by_value(tmp_path):
     with pytest.raises(UserError, match=r"^_detached \(.*my_rewards.py\) cannot be sent to the cluster's nodes: .*"
                                         r"install it on every node"):
         ship_by_value([detached])
+
+
+def test_inside_a_ray_job_rlkit_leaves_the_jobs_runtime_env_alone(monkeypatch):
+    """`ray job submit --runtime-env-json`: what the job sets is not set again by rlkit (Ray would
+    refuse the driver), the rest of rlkit's runtime_env stays."""
+    import json
+
+    from rlkit.engine.placement import _beside_job
+
+    ours = {"worker_process_setup_hook": "rlkit.console.setup_worker",
+            "env_vars": {"OMP_NUM_THREADS": "1", "RLKIT_LOG_DIR": "/runs/x/logs"}}
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert _beside_job(ours) == ours  # not in a job
+    job = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "4"}, "worker_process_setup_hook": "mine.hook"}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    assert _beside_job(ours) == {"env_vars": {"RLKIT_LOG_DIR": "/runs/x/logs"}}
