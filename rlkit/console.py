@@ -113,12 +113,32 @@ def quiet_driver() -> None:
             for h in list(logger.handlers):  # the console handlers the libraries added
                 if type(h) is not logging.FileHandler and isinstance(h, logging.StreamHandler):
                     logger.removeHandler(h)
+    _ray_errors_to_log()
     try:  # transformers and datasets draw tqdm bars without logging
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+
+
+def _ray_errors_to_log() -> None:
+    """Ray's driver prints what the cluster publishes as errors ("(raylet) The node ... has been
+    marked dead ...", a worker killed) on stdout from a thread of its own, log_to_driver or not.
+    On a quiet console those lines go to logs/driver.log; rlkit says what happened in its line."""
+    worker = sys.modules.get("ray._private.worker")
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "rlkit", False):
+        return
+
+    def to_log(data: dict, ignore_prefix: bool) -> None:
+        if not _quiet or data.get("pid") != "raylet":
+            return printer(data, ignore_prefix)
+        for line in data.get("lines", []):
+            logging.getLogger("ray").warning("(raylet) %s", line)
+
+    to_log.rlkit = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_log
 
 
 def quiet() -> bool:

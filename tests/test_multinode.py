@@ -62,6 +62,7 @@ def _one_line(res: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+RLKIT_LINE = re.compile(r"^(rlkit[ :]|step \d+/\d+ )")  # rlkit's own lines: its messages and the progress
 LEARNER_LINE = re.compile(r"^rlkit: learner rank (\d+) of \d+ on node (\S+): \w+ process group at ([^\s,]+)")
 
 
@@ -251,10 +252,13 @@ def test_a_lost_node_ends_the_run_in_one_line_and_the_run_resumes_when_it_is_bac
         time.sleep(0.2)
     lost_at = time.monotonic()
     hosts.stop_node(1)
-    _, err = run.communicate(timeout=240)
+    out_, err = run.communicate(timeout=240)
     took = time.monotonic() - lost_at
     line = _one_line(subprocess.CompletedProcess(args, run.returncode, "", err))
     assert f"Ray node {hosts.addresses[1]} left the cluster during" in line and "it hosted" in line, line
+    # Ray's own "(raylet) ... has been marked dead" goes to logs/driver.log: the console is rlkit's
+    assert [x for x in (out_ + err).splitlines() if not RLKIT_LINE.match(x)] == [], out_ + err
+    assert "marked dead" in (out / "logs" / "driver.log").read_text()
     assert "is intact: rerun the same command to resume from it" in line, line
     assert took < 120, took  # Ray marks a node dead after missed heartbeats; gloo alone would wait 600 s
     saved = max(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
