@@ -1,8 +1,10 @@
 """rlkit on a two-host Ray cluster (`tests/cluster.py`: each host a network namespace with its own
 address, a Ray node in each): DeepSpeed learners on different hosts rendezvous at rank 0's host
-address, engines on the other host get the weights, GRPO learns; SFT ZeRO-3 across hosts, stopped
-and resumed, gives the single-host loss curve; the checks before launch (resources, a node that
-does not see output_dir, a cluster with token authentication) give their one line.
+address, engines on the other host get the weights, GRPO learns; SFT ZeRO-2 and ZeRO-3 across
+hosts, stopped and resumed, give the single-host loss curve; the checks before launch (resources,
+a node that does not see output_dir, a cluster with token authentication) give their one line; a
+reward module of the user's and a reward model's actor work on host B; `ray job submit` runs rlkit;
+a lost node is one line and the run resumes when it is back.
 
 Host A (10.213.7.1, 1 CPU) runs the driver and the Ray head; host B (10.213.7.2, 2 CPUs). With
 `ray.placement=strict_spread` the two learners take one host each, so an engine can only go to
@@ -184,10 +186,12 @@ def test_a_reward_module_next_to_the_recipe_runs_its_actor_on_the_other_host(hos
     assert all(math.isfinite(r["reward/RewardModel/mean"]) for r in rows), rows
 
 
-def test_sft_zero3_on_two_hosts_stopped_and_resumed_matches_one_host(hosts, tiny_model, task_data, tmp_path):
-    """Two ZeRO-3 learners on two hosts, stopped by SIGTERM after step 4 and resumed (`resume:
-    auto`), give the loss curve of two learners on one host run without a stop."""
-    keys = ["train.num_learners=2", "deepspeed.zero_stage=3", "train.max_steps=10", "train.micro_batch_size=8",
+@pytest.mark.parametrize("stage", [2, 3])
+def test_sft_zero_on_two_hosts_stopped_and_resumed_matches_one_host(hosts, tiny_model, task_data, tmp_path, stage):
+    """Two ZeRO-2 / ZeRO-3 learners on two hosts (each writes its optimizer shards from its own
+    host), stopped by SIGTERM after step 4 and resumed (`resume: auto`), give the loss curve of two
+    learners on one host run without a stop."""
+    keys = ["train.num_learners=2", f"deepspeed.zero_stage={stage}", "train.max_steps=10", "train.micro_batch_size=8",
             "optim.scheduler=constant", "eval.every=0", "checkpoint.every=2", "logging.every=1"]
     one = tmp_path / "one-host"
     res = subprocess.run([*RLKIT, "sft", str(SFT_RECIPE), *sft_overrides(tiny_model, task_data, one, *keys)],
