@@ -52,7 +52,8 @@ def test_bench_grpo_prints_table(tmp_path):
     for m in sides.values():
         median, low, high, n, sps, length = map(float, m.groups()[1:])
         assert 0 < low <= median <= high and n == 2 and 0 < length <= 8
-        assert sps == pytest.approx(8 / median, rel=0.01)
+        # the median is printed to 1 ms: at 40 ms a step its rounding alone moves 8 / median by 1.2%
+        assert sps == pytest.approx(8 / median, rel=0.0005 / median + 0.005)
     bare = {m.group(1): m for m in map(BARE.match, lines) if m}
     assert set(bare) == {"generate", "train"}, proc.stdout
     ratio = _one(RATIO, lines)

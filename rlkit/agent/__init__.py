@@ -1,0 +1,1 @@
+"""Multi-turn rollouts: tools and environments on TRL's contract (``tools``)."""

@@ -1,0 +1,240 @@
+"""Tools and environments for multi-turn rollouts, on TRL 1.16's contract (``GRPOTrainer(tools=,
+environment_factory=)``, ``trl/trainer/grpo_trainer.py``), so a TRL user's file runs unchanged.
+
+* ``rollout.tools: ["module:function", ...]``: plain functions, sync or ``async``, with type
+  hints and a docstring: the model sees each through the schema transformers derives from them
+  (``get_json_schema``, what ``apply_chat_template(tools=...)`` renders).
+* ``rollout.environment: "module:Factory"`` (or ``{name: "module:Factory"}`` with an
+  ``environment`` column per row): a callable that returns an environment; each rollout gets an
+  instance of its own (instances are pooled and reused across steps, as TRL does), ``reset(**row)``
+  starts it, and its public methods other than ``reset`` / ``get_reward`` are that rollout's tools.
+  A ``get_reward()`` (sync or async) is one more reward source, weight 1, named after the class.
+
+Calling tools follows TRL's failure rule: a tool that raises, an unknown tool name or a call of
+another type than ``function`` gives ``{"error": "..."}`` as the tool's result and counts as a
+failure; rlkit adds a per-call timeout (``rollout.tool_timeout_s``), which fails the same way.
+Everything a user can get wrong here is one line before launch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlkit.errors import ConfigError, RewardError
+from rlkit.reward.contract import RewardSpec
+
+NOT_TOOLS = ("reset", "get_reward")
+
+
+def _import(ref: str, base_dir: str | None, key: str) -> Any:
+    """The object `module:name` or `path/to/file.py:name` names (as reward functions are found)."""
+    from rlkit.reward.resolve import _find
+
+    try:
+        return _find(RewardSpec(fn=ref), base_dir, key)[0]
+    except RewardError as e:
+        raise ConfigError(str(e).replace(f"{key}.fn: ", "", 1), key) from None
+
+
+def schema(fn: Callable, key: str) -> dict[str, Any]:
+    """The JSON schema the chat template shows the model; one line if transformers cannot make it."""
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(fn)
+    except Exception as e:  # noqa: BLE001 — transformers' DocstringParsingException / TypeHintParsingException
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ConfigError(f"tool {name} has no schema the model can see: {e} (a tool needs type hints on every "
+                          "argument and a docstring with an Args: section, as in TRL)", key) from None
+
+
+def tool_methods(instance: Any) -> list[Callable]:
+    """An environment's tools: its public functions other than reset / get_reward, bound to it
+    (listed on the class, so properties are not evaluated)."""
+    return [getattr(instance, n) for n, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+            if n not in NOT_TOOLS and not n.startswith("_")]
+
+
+def load_tools(refs: Sequence[str], base_dir: str | None = None, key: str = "rollout.tools") -> list[Callable]:
+    tools, seen = [], {}
+    for i, ref in enumerate(refs):
+        k = f"{key}[{i}]"
+        fn = _import(ref, base_dir, k)
+        if inspect.isclass(fn) or not callable(fn):
+            raise ConfigError(f"{ref!r} is not a function (an environment class goes to rollout.environment)", k)
+        schema(fn, k)
+        if fn.__name__ in seen:
+            raise ConfigError(f"two tools are named {fn.__name__!r} ({seen[fn.__name__]} and {ref}); the model "
+                              "calls tools by name", k)
+        seen[fn.__name__] = ref
+        tools.append(fn)
+    return tools
+
+
+@dataclass
+class Environments:
+    """The recipe's environment factories ({None: f} for one), probed at load: each has `reset`,
+    its tools have schemas; `rewards` are the (class name, scorer) of those with `get_reward`."""
+
+    factories: dict[str | None, Callable[[], Any]]
+    tools: dict[str | None, list[str]]  # tool names per environment
+    rewards: list[tuple[str, Callable[..., list[float | None]]]] = field(default_factory=list)
+    _pool: dict[str | None, list[Any]] = field(default_factory=dict)
+
+    @property
+    def multi(self) -> bool:
+        return None not in self.factories
+
+    def draw(self, rows: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """One instance per rollout (row), from the pool; more are made only when a batch needs
+        more at once than exist. Not reset here: `reset(**row)` is the rollout's first step."""
+        cursor: dict[str | None, int] = {}
+        out = []
+        for i, row in enumerate(rows):
+            name = row.get("environment") if self.multi else None
+            if name not in self.factories:
+                raise ConfigError(f"row {i} has environment {name!r}, which rollout.environment does not name "
+                                  f"(it names {sorted(n for n in self.factories if n is not None)})", "environment")
+            pool = self._pool.setdefault(name, [])
+            n = cursor.get(name, 0)
+            if n == len(pool):
+                pool.append(self.factories[name]())
+            cursor[name] = n + 1
+            out.append(pool[n])
+        return out
+
+    def reset_kwargs(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """What `reset` receives: the row's columns (without the `environment` selector)."""
+        return {k: v for k, v in row.items() if k != "environment"} if self.multi else dict(row)
+
+
+def _reward_of(cls: type) -> Callable[..., list[float | None]]:
+    """The reward source of an environment class with `get_reward`: a rollout of another class scores None."""
+    if inspect.iscoroutinefunction(cls.get_reward):
+        async def get_reward(environments: Sequence[Any], **kwargs: Any) -> list[float | None]:
+            return [await e.get_reward() if type(e) is cls else None for e in environments]
+    else:
+        def get_reward(environments: Sequence[Any], **kwargs: Any) -> list[float | None]:
+            return [e.get_reward() if type(e) is cls else None for e in environments]
+    get_reward.__name__ = get_reward.__qualname__ = cls.__name__
+    return get_reward
+
+
+def load_environments(ref: str | Mapping[str, str], base_dir: str | None = None,
+                      key: str = "rollout.environment") -> Environments:
+    refs: dict[str | None, str] = dict(ref) if isinstance(ref, Mapping) else {None: ref}
+    if not refs:
+        raise ConfigError("the mapping is empty; name at least one environment factory", key)
+    factories, tools, pool, rewards, classes = {}, {}, {}, [], []
+    for name, r in refs.items():
+        k = key if name is None else f"{key}.{name}"
+        factory = _import(r, base_dir, k)
+        try:
+            instance = factory()
+        except Exception as e:  # noqa: BLE001 — the user's factory, called once to probe it
+            raise ConfigError(f"{r}() failed: {type(e).__name__}: {e} (the factory is called with no arguments, "
+                              "once per rollout)", k) from None
+        if not callable(getattr(instance, "reset", None)):
+            raise ConfigError(f"{type(instance).__name__} has no reset(): an environment starts each rollout with "
+                              "reset(**row) and returns None or text to add to the last user message", k)
+        methods = tool_methods(instance)
+        for m in methods:
+            schema(m, k)
+        factories[name], tools[name], pool[name] = factory, [m.__name__ for m in methods], [instance]
+        if callable(getattr(type(instance), "get_reward", None)) and type(instance) not in classes:
+            classes.append(type(instance))
+            rewards.append((type(instance).__name__, _reward_of(type(instance))))
+    return Environments(factories, tools, rewards, pool)
+
+
+# ---------------------------------------------------------------------------------- calling
+
+
+@dataclass
+class ToolResults:
+    messages: list[dict[str, Any]]  # {"role": "tool", "name": ..., "content": ...} in call order
+    calls: int = 0
+    failures: int = 0
+    seconds: float = 0.0
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """One event loop on a daemon thread for every async tool (and an async get_reward)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="rlkit-tools", daemon=True).start()
+        return _LOOP
+
+
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rlkit-tool")
+
+
+def tool_dict(tools: Sequence[Callable]) -> dict[str, Callable]:
+    return {t.__name__: t for t in tools}
+
+
+def call_tools(tool_calls: Sequence[Mapping[str, Any]], tools: Mapping[str, Callable],
+               timeout_s: float | None = None) -> ToolResults:
+    """Run one assistant turn's tool calls (transformers' parsed form: ``{"type": "function",
+    "function": {"name", "arguments"}}``) and return the tool messages, in call order. Sync tools
+    run one after another (an environment's state sees them in order), async ones together."""
+    import time
+
+    start = time.perf_counter()
+    out = ToolResults(messages=[])
+    results: list[Any] = []
+    waiting: list[tuple[int, str, Any]] = []  # the async calls: (slot, name, future)
+
+    def failed(name: str, message: str) -> tuple[str, dict[str, str]]:
+        out.failures += 1
+        return name, {"error": message}
+
+    for call in tool_calls:
+        out.calls += 1
+        if call.get("type", "function") != "function":
+            results.append(failed(call.get("name", "unknown"), f"Unsupported tool call type: {call['type']}"))
+            continue
+        function = call["function"]
+        name, arguments = function["name"], function.get("arguments") or {}
+        fn = tools.get(name)
+        if fn is None:
+            results.append(failed(name, f"Tool {name} not found."))
+            continue
+        try:
+            if inspect.iscoroutinefunction(fn):
+                waiting.append((len(results), name, asyncio.run_coroutine_threadsafe(fn(**arguments), _loop())))
+                results.append(None)
+            else:
+                results.append((name, _POOL.submit(fn, **arguments).result(timeout=timeout_s)))
+        except (FutureTimeout, TimeoutError):
+            results.append(failed(name, f"Tool {name} timed out after {timeout_s:g} s."))
+        except Exception as e:  # noqa: BLE001 — TRL's rule: the error goes to the model as the result
+            results.append(failed(name, str(e)))
+    deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+    for slot, name, future in waiting:
+        try:
+            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            results[slot] = (name, future.result(timeout=left))
+        except (FutureTimeout, TimeoutError):
+            future.cancel()
+            results[slot] = failed(name, f"Tool {name} timed out after {timeout_s:g} s.")
+        except Exception as e:  # noqa: BLE001
+            results[slot] = failed(name, str(e))
+    for name, result in results:
+        content = result if isinstance(result, list) else str(result)  # a list: content blocks, as TRL
+        out.messages.append({"role": "tool", "name": name, "content": content})
+    out.seconds = time.perf_counter() - start
+    return out
