@@ -28,6 +28,7 @@ NODE_CHECK_S = 2.0  # how often a wait asks Ray whether the nodes of rlkit's act
 PEER_NODE_WAIT_S = 60.0  # how long a collective that lost its peer waits for Ray to find a lost node
 PEER_LOST = re.compile(r"closed by peer|reset by peer|remote worker (crash|hang)|NCCL (error|WARN)|HCCL|"
                        r"Connection refused|Broken pipe", re.I)
+NODE_GONE = re.compile(r"node (has )?died|node was removed|temporarily unavailable", re.I)
 _names: dict[str, str] = {}  # Ray actor id (hex) -> "engine 1", "learner 0"
 _hosted: dict[str, dict[str, str]] = {}  # Ray node id -> {actor name: node address} of rlkit's actors there
 _next_node_check = 0.0
@@ -128,7 +129,7 @@ def _get(ref: Any, owner: str, phase: str) -> Any:
     try:
         return ray.get(ref)
     except ray.exceptions.RayActorError as e:
-        check_nodes(phase, force=True)
+        _await_lost_node(e, owner, phase)
         raise ActorFault(died(e, owner, phase), [_actor_name(e, owner)], dead=True) from e
     except ray.exceptions.OutOfMemoryError as e:
         raise ActorFault(out_of_memory(e, owner, phase), [owner], dead=True) from e
@@ -136,7 +137,7 @@ def _get(ref: Any, owner: str, phase: str) -> Any:
         if isinstance(e.cause, UserError):
             raise e.cause from None
         if isinstance(e.cause, ray.exceptions.RayActorError):  # e.g. an engine, from a learner's call
-            check_nodes(phase, force=True)
+            _await_lost_node(e.cause, owner, phase)
             raise ActorFault(died(e.cause, owner, phase), [_actor_name(e.cause, owner)], dead=True) from e
         if isinstance(e.cause, ray.exceptions.OutOfMemoryError):  # a worker it called was killed
             raise ActorFault(out_of_memory(e.cause, owner, phase), [owner], dead=True) from e
@@ -149,6 +150,26 @@ def _get(ref: Any, owner: str, phase: str) -> Any:
             raise FaultError(f"{owner} failed during {phase}: a peer in its process group went away ({reason}); "
                              "see the other actors' logs in the run's logs/") from e
         raise
+
+
+def _await_lost_node(error: Any, owner: str, phase: str) -> None:
+    """A call that broke off from an actor on a watched node (unreachable, or its node gone) is
+    often the first sign of a lost node, seconds before Ray marks the node dead: wait for Ray's
+    verdict, up to `PEER_NODE_WAIT_S`, so that the line names the node (`NodeLost`). An actor
+    whose process died on a live node (Ray's `ActorDiedError`) is reported at once."""
+    import ray
+
+    check_nodes(phase, force=True)
+    text = getattr(error, "error_msg", "") or str(error)
+    if not (isinstance(error, ray.exceptions.ActorUnavailableError) or NODE_GONE.search(text)):
+        return
+    name = _actor_name(error, owner)
+    if not any(name in hosted for hosted in _hosted.values()):
+        return
+    deadline = time.monotonic() + PEER_NODE_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(NODE_CHECK_S)
+        check_nodes(phase, force=True)
 
 
 def _actor_name(error: Any, owner: str) -> str:

@@ -123,3 +123,49 @@ def test_a_worker_killed_by_rays_memory_monitor_is_one_line(monkeypatch):
                                 "metrics' memory/*), then free memory on the node or lower what a step takes (rlkit "
                                 "estimate RECIPE shows it by part)")
         assert "\n" not in str(e.value)
+
+
+def test_an_actor_cut_off_with_its_node_is_the_nodes_line(monkeypatch):
+    """A call to an actor on a node that is going away breaks off ("temporarily unavailable")
+    seconds before Ray marks the node dead: the wait gives Ray that time, so the line names the
+    node; an actor whose process died on a live node is reported at once."""
+    import ray
+
+    from rlkit.engine import calls
+
+    actor = ray.ActorID.from_random()
+    monkeypatch.setattr(calls, "_names", {actor.hex(): "learner 0"})
+    monkeypatch.setattr(calls, "_hosted", {"node-b": {"learner 0": "10.213.7.2"}})
+    monkeypatch.setattr(calls, "NODE_CHECK_S", 0.05)
+    asked = []
+
+    def nodes():  # node B is alive for Ray's first five answers, then dead
+        asked.append(1)
+        return [{"NodeID": "node-b", "Alive": len(asked) <= 5}]
+
+    monkeypatch.setattr(ray, "nodes", nodes)
+    cut = ray.exceptions.ActorUnavailableError("The actor is temporarily unavailable: RpcError: Socket closed",
+                                               actor.binary())
+
+    def get(ref):
+        raise cut
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(calls.NodeLost, match=r"^Ray node 10.213.7.2 left the cluster during the weight sync "
+                                             r"\(it hosted learner 0\)"):
+        calls._get(object(), "learner 0", "the weight sync")
+    assert len(asked) == 6
+    # a process that died where its node lives: no wait, the actor's line
+    asked.clear()
+    monkeypatch.setattr(calls, "PEER_NODE_WAIT_S", 30.0)
+    died = ray.exceptions.ActorDiedError()
+    died.actor_id = actor.hex()
+
+    def get_died(ref):
+        raise died
+
+    monkeypatch.setattr(ray, "get", get_died)
+    t = time.monotonic()
+    with pytest.raises(calls.ActorFault, match=r"^learner 0 died during the weight sync"):
+        calls._get(object(), "learner 0", "the weight sync")
+    assert time.monotonic() - t < 1.0 and len(asked) == 1
