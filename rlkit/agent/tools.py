@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -191,8 +192,6 @@ def call_tools(tool_calls: Sequence[Mapping[str, Any]], tools: Mapping[str, Call
     """Run one assistant turn's tool calls (transformers' parsed form: ``{"type": "function",
     "function": {"name", "arguments"}}``) and return the tool messages, in call order. Sync tools
     run one after another (an environment's state sees them in order), async ones together."""
-    import time
-
     start = time.perf_counter()
     out = ToolResults(messages=[])
     results: list[Any] = []

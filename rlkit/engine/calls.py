@@ -142,10 +142,7 @@ def _get(ref: Any, owner: str, phase: str) -> Any:
         if isinstance(e.cause, ray.exceptions.OutOfMemoryError):  # a worker it called was killed
             raise ActorFault(out_of_memory(e.cause, owner, phase), [owner], dead=True) from e
         if PEER_LOST.search(str(e.cause)):  # a collective whose peer went away: its node, if that is why
-            deadline = time.monotonic() + PEER_NODE_WAIT_S
-            while time.monotonic() < deadline:
-                check_nodes(phase, force=True)
-                time.sleep(NODE_CHECK_S)
+            _wait_for_node_loss(phase)
             reason = " ".join(str(e.cause).split())[:200]
             raise FaultError(f"{owner} failed during {phase}: a peer in its process group went away ({reason}); "
                              "see the other actors' logs in the run's logs/") from e
@@ -164,12 +161,19 @@ def _await_lost_node(error: Any, owner: str, phase: str) -> None:
     if not (isinstance(error, ray.exceptions.ActorUnavailableError) or NODE_GONE.search(text)):
         return
     name = _actor_name(error, owner)
-    if not any(name in hosted for hosted in _hosted.values()):
-        return
+    if any(name in hosted for hosted in _hosted.values()):
+        _wait_for_node_loss(phase)
+
+
+def _wait_for_node_loss(phase: str) -> None:
+    """Ask Ray every `NODE_CHECK_S`, for up to `PEER_NODE_WAIT_S`, whether a node of rlkit's
+    actors is gone (`NodeLost` if so); returns when the time is up and every node lives."""
     deadline = time.monotonic() + PEER_NODE_WAIT_S
-    while time.monotonic() < deadline:
-        time.sleep(NODE_CHECK_S)
+    while True:
         check_nodes(phase, force=True)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(NODE_CHECK_S)
 
 
 def _actor_name(error: Any, owner: str) -> str:
