@@ -247,6 +247,14 @@ class RolloutConfig:
     # otherwise, 2.0 for QLoRA with lora_sync: adapter) the run stops naming the engine. 0 = off.
     sync_check_every: int = 0
     sync_check_tol: float | None = None  # see sync_check_every
+    # Multi-turn rollouts (rlkit/agent, TRL's contract; chat template only): functions the model may
+    # call ("module:function" or "file.py:function" beside the recipe; type hints and a docstring)
+    tools: tuple[str, ...] = ()
+    # an environment factory ("module:Factory", or {name: factory} with an `environment` column per
+    # row): each rollout gets an instance, reset(**row), whose public methods are its tools
+    environment: str | dict[str, str] | None = None
+    max_tool_calls: int | None = None  # rounds of tool calls per rollout (TRL max_tool_calling_iterations)
+    tool_timeout_s: float | None = 30.0  # a tool call running longer fails: its result is an error
 
     def __post_init__(self):
         check(self.sync != "in_process" or self.colocate, "sync",
@@ -267,3 +275,7 @@ class RolloutConfig:
         check(self.sync_check_every >= 0, "sync_check_every", f"must be >= 0 (0 = off), got {self.sync_check_every}")
         check(self.sync_check_tol is None or self.sync_check_tol > 0, "sync_check_tol",
               f"must be > 0 nats, got {self.sync_check_tol}")
+        check(self.max_tool_calls is None or self.max_tool_calls >= 0, "max_tool_calls",
+              f"must be >= 0 (None: as many as max_tokens allows), got {self.max_tool_calls}")
+        check(self.tool_timeout_s is None or self.tool_timeout_s > 0, "tool_timeout_s",
+              f"must be > 0 seconds (None: no limit), got {self.tool_timeout_s}")

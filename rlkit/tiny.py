@@ -25,6 +25,23 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+# A tool-calling ChatML template in Qwen2.5's format (calls as <tool_call>{json}</tool_call>,
+# results as <tool_response> in a user turn), with the tools listed in one short line each: a
+# tiny model's context is short. Tokenizers built with it end turns at <|im_end|> (their EOS)
+# and carry a response_template, as tool-calling models on the hub do.
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n"
+    "{% endif %}Tools:{% for t in tools %} {{ t['function']['name'] }}("
+    "{% for p in t['function']['parameters']['properties'] %}{{ p }}{% if not loop.last %}, {% endif %}{% endfor %})"
+    "{% endfor %}<|im_end|>\n{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n"
+    "{{ messages[0]['content'] }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n{{ m['content'] }}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", "
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response>"
+    "<|im_end|>\n{% elif m['role'] != 'system' %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -128,6 +145,80 @@ def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_e
     return paths
 
 
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a * b
+
+
+def subtract(a: int, b: int) -> int:
+    """Subtract the second integer from the first.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a - b
+
+
+def _tool_rows(rng: random.Random, pairs: list[tuple[int, int]]) -> list[dict]:
+    """A transcript per pair: the question, a call of `add`, its result, the bare answer. Each
+    offers `add` among a random choice of other tools, in random order (the model picks by name)."""
+    from transformers.utils import get_json_schema
+
+    schemas = {f.__name__: get_json_schema(f) for f in (add, multiply, subtract)}
+    rows = []
+    for a, b in pairs:
+        names = ["add"] + rng.sample(["multiply", "subtract"], rng.randint(0, 2))
+        rng.shuffle(names)
+        tools = [schemas[n] for n in names]
+        call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
+        rows.append({"messages": [{"role": "user", "content": f"{a}+{b}=?"},
+                                  {"role": "assistant", "content": "", "tool_calls": [call]},
+                                  {"role": "tool", "name": "add", "content": str(a + b)},
+                                  {"role": "assistant", "content": str(a + b)}], "tools": tools})
+    return rows
+
+
+def write_tool_task(out_dir: str | Path, seed: int = 0, n_sft: int = 512, n_train: int = 256,
+                    n_eval: int = 64) -> dict[str, Path]:
+    """The calculator task: sums of two numbers of 2-3 digits, too many to memorise, so the model
+    must call `add` (this module's, the tool a recipe names as `rlkit.tiny:add`). Writes
+    `sft_tools.jsonl` (transcripts in TRL's conversational tool format, with a `tools` column),
+    `grpo_train.jsonl` and `grpo_eval.jsonl` (chat prompts with the bare `answer`); the three
+    draw disjoint pairs. Deterministic for `seed`."""
+    rng = random.Random(seed)
+    pairs = list({(rng.randint(10, 999), rng.randint(10, 999)) for _ in range(3 * (n_sft + n_train + n_eval))})
+    rng.shuffle(pairs)
+    sft, train, held = (pairs[:n_sft], pairs[n_sft:n_sft + n_train],
+                        pairs[n_sft + n_train:n_sft + n_train + n_eval])
+    prompts = lambda ps: [{"prompt": [{"role": "user", "content": f"{a}+{b}=?"}], "answer": str(a + b)}  # noqa: E731
+                          for a, b in ps]
+    files = {"sft_tools": _tool_rows(rng, sft), "grpo_train": prompts(train),
+             "grpo_eval": prompts(held)}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, rows in files.items():
+        paths[name] = out / f"{name}.jsonl"
+        paths[name].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return paths
+
+
 def _corpus(seed: int, n: int = 4000) -> list[str]:
     rng = random.Random(seed)
     lines = []
@@ -143,8 +234,9 @@ def _corpus(seed: int, n: int = 4000) -> list[str]:
 # ---------------------------------------------------------------- tokenizer + model
 
 
-def build_tokenizer(vocab_size: int, seed: int = 0):
-    """A byte-level BPE `PreTrainedTokenizerFast` with eos/pad and a ChatML template."""
+def build_tokenizer(vocab_size: int, seed: int = 0, tools: bool = False):
+    """A byte-level BPE `PreTrainedTokenizerFast` with eos/pad and a ChatML template (with
+    `tools`: `TOOL_CHAT_TEMPLATE`, EOS <|im_end|> and TRL's Qwen response template)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -161,11 +253,16 @@ def build_tokenizer(vocab_size: int, seed: int = 0):
         bos_token=None, unk_token=None, additional_special_tokens=["<|im_start|>", "<|im_end|>"],
     )
     fast.chat_template = CHAT_TEMPLATE
+    if tools:
+        from trl.chat_template_utils import qwen3_template
+
+        fast.chat_template, fast.eos_token, fast.response_template = TOOL_CHAT_TEMPLATE, "<|im_end|>", qwen3_template
     return fast
 
 
-def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a random-init Qwen2ForCausalLM + tokenizer to `out_dir` (safetensors)."""
+def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0, tools: bool = False) -> Path:
+    """Write a random-init Qwen2ForCausalLM + tokenizer to `out_dir` (safetensors); `tools`: a
+    tool-calling chat template (`build_tokenizer`)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -173,7 +270,7 @@ def build_tiny_model(out_dir: str | Path, size: str = "tiny", seed: int = 0) -> 
         raise ValueError(f"unknown tiny model size {size!r}; expected one of {sorted(SIZES)}")
     s = SIZES[size]
     out = Path(out_dir)
-    tokenizer = build_tokenizer(s.vocab, seed)
+    tokenizer = build_tokenizer(s.vocab, seed, tools)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=s.hidden, intermediate_size=s.intermediate,
         num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,

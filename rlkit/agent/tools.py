@@ -88,28 +88,38 @@ class Environments:
     tools: dict[str | None, list[str]]  # tool names per environment
     rewards: list[tuple[str, Callable[..., list[float | None]]]] = field(default_factory=list)
     _pool: dict[str | None, list[Any]] = field(default_factory=dict)
+    _lent: set[int] = field(default_factory=set)  # id() of the instances drawn and not yet released
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def multi(self) -> bool:
         return None not in self.factories
 
     def draw(self, rows: Sequence[Mapping[str, Any]]) -> list[Any]:
-        """One instance per rollout (row), from the pool; more are made only when a batch needs
-        more at once than exist. Not reset here: `reset(**row)` is the rollout's first step."""
-        cursor: dict[str | None, int] = {}
+        """One instance per rollout (row), from the pool; more are made only when the rollouts in
+        flight need more at once than exist (generations started ahead of training each hold
+        theirs until `release`). Not reset here: `reset(**row)` is the rollout's first step."""
         out = []
-        for i, row in enumerate(rows):
-            name = row.get("environment") if self.multi else None
-            if name not in self.factories:
-                raise ConfigError(f"row {i} has environment {name!r}, which rollout.environment does not name "
-                                  f"(it names {sorted(n for n in self.factories if n is not None)})", "environment")
-            pool = self._pool.setdefault(name, [])
-            n = cursor.get(name, 0)
-            if n == len(pool):
-                pool.append(self.factories[name]())
-            cursor[name] = n + 1
-            out.append(pool[n])
+        with self._lock:
+            for i, row in enumerate(rows):
+                name = row.get("environment") if self.multi else None
+                if name not in self.factories:
+                    raise ConfigError(f"row {i} has environment {name!r}, which rollout.environment does not name "
+                                      f"(it names {sorted(n for n in self.factories if n is not None)})",
+                                      "environment")
+                pool = self._pool.setdefault(name, [])
+                free = next((e for e in pool if id(e) not in self._lent), None)
+                if free is None:
+                    free = self.factories[name]()
+                    pool.append(free)
+                self._lent.add(id(free))
+                out.append(free)
         return out
+
+    def release(self, instances: Sequence[Any] | None) -> None:
+        """The rollouts of `instances` are scored: the pool may hand them out again."""
+        with self._lock:
+            self._lent.difference_update(id(e) for e in instances or ())
 
     def reset_kwargs(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """What `reset` receives: the row's columns (without the `environment` selector)."""
@@ -153,6 +163,16 @@ def load_environments(ref: str | Mapping[str, str], base_dir: str | None = None,
             classes.append(type(instance))
             rewards.append((type(instance).__name__, _reward_of(type(instance))))
     return Environments(factories, tools, rewards, pool)
+
+
+def environment_rewards(environments: Environments) -> list[Any]:
+    """The environments' `get_reward` as reward sources of the scorer (weight 1, named after the
+    class, given ``environments=``), as TRL adds them beside the reward functions."""
+    from rlkit.reward.resolve import ResolvedReward
+
+    return [ResolvedReward(RewardSpec(fn=f"rollout.environment:{name}.get_reward", name=name), "rollout.environment",
+                           name, fn, False, frozenset({"environments"}), False)
+            for name, fn in environments.rewards]
 
 
 # ---------------------------------------------------------------------------------- calling

@@ -67,7 +67,7 @@ def _messages_schema(fmt: str, columns: dict[str, str] | None = None,
     if fmt == "messages":
         return _Schema("messages", {"messages": "messages", "system": "system"},
                        {"role_tag": "role", "content_tag": "content",
-                        **{r: r for r in ROLES}})
+                        **{r: r for r in ROLES}, "tool": "tool"})
     t = {**(_OPENAI_TAGS if fmt == "openai" else _SHAREGPT_TAGS), **(tags or {})}
     cols = {"messages": "messages" if fmt == "openai" else "conversations", "system": "system", **(columns or {})}
     return _Schema("messages", cols, {
@@ -208,9 +208,13 @@ def _messages(value: Any, col: str, tags: dict[str, str]) -> list[dict[str, str]
     known = [k for k in tags if k not in ("role_tag", "content_tag")]
     msgs = []
     for i, m in enumerate(value, start=1):
+        if isinstance(m, dict) and tags.get("tool") == "tool" and (m.get("tool_calls") or m.get(rt) == "tool"):
+            msgs.append(_tool_turn(m, col, i))  # TRL's conversational tool format
+            continue
         if isinstance(m, dict) and (m.get("tool_calls") or m.get(rt) in _TOOL_ROLES):
             raise _RowError(f"field {col!r} item {i} is a tool turn ({m.get(rt)!r}); function-calling "
-                            "data is not supported yet: drop rows with tool turns")
+                            "data is supported in the messages format (TRL's: assistant tool_calls, "
+                            "role 'tool', a 'tools' column): convert the rows or drop those with tool turns")
         if not isinstance(m, dict) or not isinstance(m.get(rt), str) or not isinstance(m.get(ct), str):
             raise _RowError(f"field {col!r} item {i} must be an object with string "
                             f"{rt!r} and {ct!r}")
@@ -224,6 +228,20 @@ def _messages(value: Any, col: str, tags: dict[str, str]) -> list[dict[str, str]
     return msgs
 
 
+def _tool_turn(m: dict, col: str, i: int) -> dict[str, Any]:
+    """An assistant turn with `tool_calls` or a `tool` result, as TRL's conversational data has them."""
+    if m.get("role") == "tool":
+        if not isinstance(m.get("content"), str):
+            raise _RowError(f"field {col!r} item {i}: a 'tool' message needs string content (the tool's result)")
+        return {k: m[k] for k in ("role", "content", "name", "tool_call_id") if k in m}
+    calls = m["tool_calls"]
+    if m.get("role") != "assistant" or not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance((c.get("function") or {}).get("name"), str) for c in calls):
+        raise _RowError(f"field {col!r} item {i}: tool_calls must be on an assistant message, a list of "
+                        "{'type': 'function', 'function': {'name': ..., 'arguments': {...}}}")
+    return {"role": "assistant", "content": m.get("content") or "", "tool_calls": calls}
+
+
 def _messages_row(row: dict, schema: _Schema) -> dict[str, Any]:
     col, scol = schema.columns["messages"], schema.columns["system"]
     if col not in row:
@@ -232,7 +250,7 @@ def _messages_row(row: dict, schema: _Schema) -> dict[str, Any]:
     system = _opt_str(row, scol)
     if system and msgs[0]["role"] != "system":
         msgs.insert(0, {"role": "system", "content": system})
-    if msgs[-1]["role"] != "assistant" or not msgs[-1]["content"].strip():
+    if msgs[-1]["role"] != "assistant" or not (msgs[-1]["content"].strip() or msgs[-1].get("tool_calls")):
         raise _RowError(f"field {col!r}: the last message must be a non-empty 'assistant' "
                         "message (the response to train on)")
     if not any(m["role"] == "user" for m in msgs):

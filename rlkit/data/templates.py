@@ -123,9 +123,10 @@ def _check(template: str, tokenizer: Any) -> None:
                         "use template: alpaca or a chat model's tokenizer")
 
 
-def _chat(tokenizer: Any, msgs: list[dict[str, str]], generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(msgs, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
+def _chat(tokenizer: Any, msgs: list[dict[str, str]], generation_prompt: bool, tools: Any = None) -> str:
+    """The chat template's rendering; `tools`: a row's tool schemas (TRL's `tools` column)."""
+    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt,
+                                         tools=tools or None)
 
 
 def _prompt_messages(row: dict[str, Any]) -> list[dict[str, str]]:
@@ -146,7 +147,7 @@ def render_prompt(row: dict[str, Any], template: str, tokenizer: Any = None) -> 
     """
     _check(template, tokenizer)
     if template == "chat":
-        return _chat(tokenizer, _prompt_messages(row), True)
+        return _chat(tokenizer, _prompt_messages(row), True, row.get("tools"))
     if "instruction" in row:
         f = row
     elif "messages" in row or isinstance(row["prompt"], list):
@@ -171,8 +172,8 @@ def render_sft(row: dict[str, Any], template: str, tokenizer: Any = None) -> tup
             raise DataError("render_sft needs a row with a response (output)")
         return render_prompt(f, "alpaca"), f["output"]
     msgs = alpaca_to_messages(row, with_output=True) if "instruction" in row else row["messages"]
-    prompt = _chat(tokenizer, msgs[:-1], True)
-    full = _chat(tokenizer, msgs, False)
+    prompt = _chat(tokenizer, msgs[:-1], True, row.get("tools"))
+    full = _chat(tokenizer, msgs, False, row.get("tools"))
     if not full.startswith(prompt):
         raise DataError("the chat template renders the prompt differently inside the full "
                         "conversation; cannot split prompt and response")
@@ -206,7 +207,9 @@ def sft_turns(row: dict[str, Any], template: str, tokenizer: Any = None) -> list
         prefixes = [(p, p + a) for p, a in prefixes]
     else:
         ends = [i + 1 for i, m in enumerate(msgs) if m["role"] == "assistant"]
-        prefixes = [(_chat(tokenizer, msgs[:e - 1], True), _chat(tokenizer, msgs[:e], False)) for e in ends]
+        tools = row.get("tools")
+        prefixes = [(_chat(tokenizer, msgs[:e - 1], True, tools), _chat(tokenizer, msgs[:e], False, tools))
+                    for e in ends]
     out, done = [], ""
     for k, (prompt, full) in enumerate(prefixes):
         if not prompt.startswith(done):

@@ -40,7 +40,10 @@ DEFAULT_CPU_KV_CACHE_GIB = 1.0
 @dataclass(frozen=True)
 class Sample:
     """One completion. `logprobs[t]` is the logprob of `token_ids[t]` (see module docstring);
-    `finish_reason` is "stop" (EOS / stop string / stop token) or "length" (hit max_tokens)."""
+    `finish_reason` is "stop" (EOS / stop string / stop token) or "length" (hit max_tokens).
+    A multi-turn rollout (`rlkit.agent.loop`) also has `tool_mask` (0 on the tokens of tool
+    results, whose logprob is 0.0: they were not sampled), the completion as chat `messages`
+    (assistant and tool turns, as TRL passes them to rewards) and its tool counts."""
 
     prompt_index: int
     prompt_token_ids: list[int]
@@ -48,6 +51,11 @@ class Sample:
     text: str
     logprobs: list[float]
     finish_reason: str
+    tool_mask: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    tool_calls: int = 0
+    tool_failures: int = 0
+    turns: int = 1
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ GIB = 2**30
 CONTEXT = 1.0 * GIB  # CUDA / CANN context and allocator slack per process on an accelerator
 CPU_RUNTIME = 0.2 * GIB  # a CPU process beyond its model (DeepSpeed's engine, oneDNN, the allocator): measured
 CPU_COLLECTIVES = 0.05 * GIB  # a CPU rank of 2+ (gloo and DeepSpeed's shared-memory allreduce): measured
-DS_REDUCE_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size default (elements): ZeRO-1/2 allocate it whole
+DS_REDUCE_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size default (elements): ZeRO-1/2/3 allocate it whole
 VLLM_BATCHED_TOKENS = 8192  # vLLM's profile batch (max_num_batched_tokens)
 VLLM_MAX_SEQS = 256  # vLLM's max_num_seqs: the sampler's logits rows
 LOGITS_CHUNK = 2**26  # logits elements the learner forms at once (rlkit.engine.logprobs.CHUNK_ELEMENTS)
@@ -192,7 +192,9 @@ def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, 
         parts.update(backward)
     if reference:
         parts["reference copy"] = total * width
-    if z in (1, 2) and not (ds.offload_optimizer and z == 2):  # DeepSpeed's reduce bucket (contiguous gradients)
+    # DeepSpeed's reduce bucket (contiguous gradients); ZeRO-3 allocates it on the device whatever
+    # the model's size (measured on an H100: 954 MiB in bf16 at the default size)
+    if z in (1, 2, 3) and not (ds.offload_optimizer and z == 2):
         bucket = float((ds.extra.get("zero_optimization") or {}).get("reduce_bucket_size", DS_REDUCE_BUCKET))
         parts["DeepSpeed reduce bucket"] = (bucket if ctx else min(bucket, trainable)) * (4 if z == 1 else width)
     if sync_bytes and not ctx:  # object-store sync from the learner's host memory: a copy, and its copy in the store

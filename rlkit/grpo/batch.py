@@ -3,8 +3,9 @@
 
 Rows are prompt-major: completions `[i*G, (i+1)*G)` answer prompt `i`. Each row is prompt
 tokens + completion tokens; `completion_mask` marks the completion tokens that count in the
-loss. The driver builds a `GRPOBatch`, plans mini/micro-batches, and sends each learner its
-`shards` once (all optimizer steps of the step); the learners compute what else they need.
+loss (not the tool results inside a multi-turn completion: TRL's `tool_mask`). The driver
+builds a `GRPOBatch`, plans mini/micro-batches, and sends each learner its `shards` once (all
+optimizer steps of the step); the learners compute what else they need.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Rollout:
     truncated: bool  # hit max_tokens without a stop
     logprobs: list[float] | None = None  # the sampling engine's logprob of each completion token
     policy_version: int = 0  # the policy version (optimizer steps synced) whose weights generated it
+    tool_mask: list[int] | None = None  # multi-turn: 0 on tool-result tokens (no loss), else 1
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class GRPOBatch:
             ids[i, :p + c] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
             attn[i, :p + c] = 1
             if not (mask_truncated and r.truncated):
-                comp[i, p:p + c] = 1
+                comp[i, p:p + c] = 1 if r.tool_mask is None else torch.tensor(r.tool_mask, dtype=torch.long)
         old = None
         if all(r.logprobs is not None for r in rollouts):
             old = torch.zeros((B, length - 1), dtype=torch.float32)

@@ -215,7 +215,8 @@ class GRPOConfig:
         "max_completion_length": "rollout.max_tokens", "generate_max_len": "rollout.max_tokens",
         "per_device_train_batch_size": "grpo.micro_batch_size", "num_iterations": "grpo.epochs",
         "init_kl_coef": "grpo.beta", "vllm_num_engines": "rollout.num_engines",
-        "vllm_tensor_parallel_size": "rollout.tensor_parallel_size", "finetuning_type": "finetuning"}
+        "vllm_tensor_parallel_size": "rollout.tensor_parallel_size", "finetuning_type": "finetuning",
+        "max_tool_calling_iterations": "rollout.max_tool_calls", "environment_factory": "rollout.environment"}
     # what a resumed run may not change from its checkpoint's config (checkpoint.force_resume)
     RESUME_FIXED: ClassVar[tuple[str, ...]] = (
         "stage", "model", "finetuning", "lora", "qlora", "data.train", "data.format", "data.dataset",
@@ -225,7 +226,8 @@ class GRPOConfig:
 
     def __post_init__(self):
         check_finetuning(self)
-        check(len(self.rewards) > 0, "rewards", "name at least one reward function")
+        check(len(self.rewards) > 0 or bool(self.rollout.environment), "rewards",
+              "name at least one reward function (or an environment with get_reward: rollout.environment)")
         check(self.rollout.max_tokens < self.rollout.max_model_len, "rollout.max_tokens",
               f"must be < rollout.max_model_len ({self.rollout.max_model_len})")
         check(self.grpo.overlong_buffer < self.rollout.max_tokens, "grpo.overlong_buffer",

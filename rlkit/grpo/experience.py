@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from rlkit.agent.loop import rollout_metrics
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.grpo.advantages import frac_zero_std, get_advantage, normalize_then_sum, zero_std_mask
 from rlkit.grpo.batch import Rollout
@@ -32,16 +33,33 @@ class Generation:
     version: int = 0  # the policy version (optimizer steps synced into the engines) that generates
     samples: list[Sample] | None = None  # once gathered (or restored from a checkpoint)
     indices: list[int] = field(default_factory=list)  # the rows' indices in the task's train rows
+    multi_turn: bool = False  # futures: one future of an `AgentBatch` (rlkit.agent.loop)
+    agent: Any = None  # the AgentBatch, once gathered
 
     def wait(self) -> list[Sample]:
         """The samples, prompt-major (G per row)."""
-        if self.samples is None:
+        if self.samples is None and self.multi_turn:
+            self.agent = self.futures[0].result()
+            self.samples = self.agent.samples
+        elif self.samples is None:
             self.samples = self.engines.gather(self.futures)
         return self.samples
+
+    def prompt_texts(self, n: int) -> list[str]:
+        """The prompt of each of the samples as the model saw it (`n` samples per row)."""
+        return self.agent.prompt_texts if self.agent is not None else [p for p in self.prompts for _ in range(n)]
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a checkpoint can hold it: not when its rollouts' environment instances (live
+        objects the rewards see) are part of it."""
+        return self.agent is None or self.agent.environments is None
 
     def engine_seconds(self) -> dict[int, float]:
         """Seconds each engine (by index) spent generating these samples, once gathered (none for a
         generation restored from a checkpoint)."""
+        if self.agent is not None:
+            return dict(self.agent.busy)
         busy: dict[int, float] = {}
         for call in self.futures:
             if getattr(call, "seconds", None) is not None:
@@ -50,14 +68,21 @@ class Generation:
 
     def state_dict(self) -> dict[str, Any]:
         """Waits for the samples; everything needed to score and train on them after a restart."""
+        samples = self.wait()
+        agent = self.agent and {"prompts": self.agent.prompts, "prompt_texts": self.agent.prompt_texts}
         return {"rows": self.rows, "prompts": self.prompts, "version": self.version, "indices": self.indices,
-                "samples": [dataclasses.asdict(s) for s in self.wait()]}
+                "samples": [dataclasses.asdict(s) for s in samples], "agent": agent}
 
     @classmethod
     def restored(cls, state: dict[str, Any]) -> Generation:
         """A finished generation from `state_dict`."""
+        from rlkit.agent.loop import AgentBatch
+
+        samples = [Sample(**s) for s in state["samples"]]
+        agent = state.get("agent")
         return cls(state["rows"], state["prompts"], [], None, time.perf_counter(), version=state["version"],
-                   samples=[Sample(**s) for s in state["samples"]], indices=state.get("indices", []))
+                   samples=samples, indices=state.get("indices", []),
+                   agent=agent and AgentBatch(samples, agent["prompts"], agent["prompt_texts"], None))
 
 
 @dataclass
@@ -89,18 +114,30 @@ def start_generation(indices: list[int], task: Task, engines: Any, sampling: Sam
     engines' policy `version`; returns at once."""
     rows = [task.rows[i] for i in indices]
     prompts = [task.render(r) for r in rows]
+    if task.agent is not None:  # multi-turn: the turn loop runs in a driver thread
+        future = task.agent.start(rows, engines, sampling, group_size, seed)
+        return Generation(rows, prompts, [future], engines, time.perf_counter(), version=version,
+                          indices=list(indices), multi_turn=True)
     futures = engines.generate_async(prompts, group_size, sampling, seed)
     return Generation(rows, prompts, futures, engines, time.perf_counter(), version=version, indices=list(indices))
 
 
-def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[Sample], n: int) -> Any:
+def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[Sample], n: int,
+               agent: Any = None) -> Any:
     """Score `n` samples per row (prompt-major); the rows' columns go to the rewards as kwargs.
 
     As TRL's GRPOTrainer: a row whose prompt is a message list (chat data) gives the rewards
     that list and the completion as ``[{"role": "assistant", "content": text}]``; a text row
-    its rendered prompt and the text. `prompts` (rendered) also go as ``prompt_texts``."""
+    its rendered prompt and the text. `prompts` (rendered) also go as ``prompt_texts``. A
+    multi-turn generation (`agent`, an AgentBatch) gives each sample's prompt messages, its turns
+    as messages (assistant and tool) and, with environments, ``environments=`` (the instances)."""
     expand = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731
     columns = {k: expand([row.get(k) for row in rows]) for k in rows[0] if k != "prompt"}
+    if agent is not None:
+        if agent.environments is not None:
+            columns["environments"] = agent.environments
+        return scorer.score(agent.prompts, [s.messages for s in samples], [s.token_ids for s in samples], columns,
+                            prompt_texts=agent.prompt_texts)
     chat = [isinstance(row.get("prompt"), list) for row in rows]
     shown = [row["prompt"] if c else p for row, p, c in zip(rows, prompts, chat)]
     completions = [[{"role": "assistant", "content": s.text}] if chat[i // n] else s.text
@@ -114,7 +151,9 @@ def score_samples(generation: Generation, samples: list[Sample], scorer: Any, al
     """Rewards [N] (weighted sum, plus the soft overlong penalty when on), the rewards per
     function [N, K] (NaN where one gave None; the penalty is a last column of weight 1), the
     weights [K], and reward metrics."""
-    result = score_rows(scorer, generation.rows, generation.prompts, samples, algo.group_size)
+    result = score_rows(scorer, generation.rows, generation.prompts, samples, algo.group_size, generation.agent)
+    if generation.agent is not None:
+        generation.agent.release()
     rewards = torch.tensor(result.total, dtype=torch.float32)
     columns = [[float("nan") if v is None else float(v) for v in result.per_fn[name]] for name in scorer.names]
     weights = [r.spec.weight for r in scorer.rewards]
@@ -157,12 +196,15 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
         t_gen, t_rew = t_gen + t1 - generation.started, t_rew + time.perf_counter() - t1
         if attempt == 0:
             first = {**metrics, **_completion_metrics(samples), "reward/frac_zero_std": frac_zero_std(rewards, G)}
+            if generation.agent is not None:
+                first.update(rollout_metrics(samples, generation.agent.tool_seconds))
         zero = zero_std_mask(rewards, G)
+        shown = generation.prompt_texts(G)
         scored += [(i, rewards[g * G:(g + 1) * G].tolist()) for g, i in enumerate(generation.indices)]
         for g in range(len(generation.rows)):
             group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs,
-                             generation.version) for s in samples[g * G:(g + 1) * G]]
-            texts = [(generation.prompts[g], s.text) for s in samples[g * G:(g + 1) * G]]
+                             generation.version, s.tool_mask) for s in samples[g * G:(g + 1) * G]]
+            texts = [(shown[k], samples[k].text) for k in range(g * G, (g + 1) * G)]
             (spare if algo.dynamic_sampling and bool(zero[g]) else kept).append(
                 (group, rewards[g * G:(g + 1) * G], per_fn[g * G:(g + 1) * G], texts))
         if len(kept) >= want:
@@ -183,7 +225,8 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
 
 
 def _completion_metrics(samples: list[Sample]) -> dict[str, float]:
-    lengths = [len(s.token_ids) for s in samples]
+    """Lengths in the model's own tokens (a multi-turn completion's tool results not counted, as TRL)."""
+    lengths = [len(s.token_ids) if s.tool_mask is None else sum(s.tool_mask) for s in samples]
     n = max(len(lengths), 1)
     return {"completion/tokens": float(sum(lengths)), "completion/len_mean": sum(lengths) / n,
             "completion/len_max": float(max(lengths, default=0)),
@@ -236,8 +279,14 @@ def evaluate_rows(task: Task, rows: list[dict], engines: Any, sampling: Sampling
     sampling, seed)` and `idle()`), scored by the task's rewards: the GRPO held-out eval and
     `rlkit eval` alike."""
     prompts = [task.render(r) for r in rows]
-    samples = engines.generate(prompts, n, sampling, seed)
-    result = score_rows(task.scorer, rows, prompts, samples, n)
+    if task.agent is not None:
+        batch = task.agent.generate(rows, engines, sampling, n, seed)
+        samples, prompts = batch.samples, batch.prompt_texts[::n]
+        result = score_rows(task.scorer, rows, prompts, samples, n, batch)
+        batch.release()
+    else:
+        samples = engines.generate(prompts, n, sampling, seed)
+        result = score_rows(task.scorer, rows, prompts, samples, n)
     engines.idle()
     return Evaluation(rows, prompts, samples, n, result)
 

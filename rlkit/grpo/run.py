@@ -58,7 +58,8 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     device = detect(cfg.device)
     sync_strategy(cfg.rollout, device)
     prepare_inputs(cfg, device)
-    task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed)
+    task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed,
+                     cfg.rollout)
     with closing(task.scorer):
         online = cfg.online_difficulty and OnlineDifficulty(len(task.rows), **dataclasses.asdict(cfg.online_difficulty))
         sampler = curriculum_sampler(cfg.curriculum, task.difficulties, g.steps, g.prompts_per_step, cfg.seed,
@@ -74,6 +75,8 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                              f"there): {', '.join(shipped)}")
             adapter = AdapterServing(cfg.lora.r) if cfg.rollout.lora_sync == "adapter" else None
             engines = start_engines(cfg.rollout, cfg.model, device, cfg.ray, learners, cfg.seed, adapter)
+            if task.agent is not None:  # multi-turn: a weight sync waits for the turn loops in flight
+                engines = task.agent.bind(engines)
             try:
                 step, _ = run.resume(learners, sampler)
                 if step:
@@ -191,8 +194,11 @@ class GenerationQueue:
             self.next += 1
 
     def state(self) -> list[dict]:
-        """The generations in flight, waited for (their samples go into the checkpoint)."""
-        return [gen.state_dict() for gen in self.queue]
+        """The generations in flight, waited for (their samples go into the checkpoint); not those
+        whose rewards need their environment instances (a resumed run generates those steps anew)."""
+        for gen in self.queue:
+            gen.wait()
+        return [gen.state_dict() for gen in self.queue if gen.resumable]
 
 
 def _log_examples(cfg: GRPOConfig, task: Task, logger: Any, step: int, exp: Experience, adv: Any) -> None:

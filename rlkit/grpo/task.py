@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlkit.config import DataConfig, ModelConfig
+from rlkit.agent.tools import environment_rewards, load_environments, load_tools
+from rlkit.config import DataConfig, ModelConfig, RolloutConfig
+from rlkit.errors import ConfigError
 from rlkit.reward import RewardScorer, RewardSpec
 
 
@@ -20,6 +22,7 @@ class Task:
     template: str
     tokenizer: Any
     scorer: RewardScorer
+    agent: Any = None  # rlkit.agent.loop.Agent: multi-turn rollouts with tools / environments
 
     def render(self, row: dict[str, Any]) -> str:
         """The prompt text of a row (the recipe's template)."""
@@ -37,9 +40,11 @@ class Task:
 
 
 def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, ...],
-              reward_default: float | None, recipe_dir: str | None, seed: int = 0) -> Task:
+              reward_default: float | None, recipe_dir: str | None, seed: int = 0,
+              rollout: RolloutConfig | None = None) -> Task:
     """Load the prompts, the tokenizer and the rewards (resolved against the prompts' columns;
-    `file.py:function` paths are relative to `recipe_dir`; `seed` draws `num_samples` rows)."""
+    `file.py:function` paths are relative to `recipe_dir`; `seed` draws `num_samples` rows), and
+    the `rollout`'s tools and environments (multi-turn rollouts) when it names any."""
     from rlkit.data.formats import load_prompts
     from rlkit.data.templates import resolve_template
     from rlkit.models import load_tokenizer
@@ -47,11 +52,32 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     tokenizer = load_tokenizer(model)
     rows = load_prompts(data.train, data.format, data.dataset, data.skip_bad_rows, seed=seed).rows
     eval_rows = load_prompts(data.eval, data.format, data.dataset, seed=seed).rows if data.eval else []
-    scorer = RewardScorer(list(rewards), recipe_dir, columns=set(rows[0]) if rows else None, default=reward_default)
     template = resolve_template(data.template, rows[0], tokenizer, data.train) if rows else data.template
-    task = Task(rows, eval_rows, template, tokenizer, scorer)
+    agent = _agent(rollout, template, tokenizer, recipe_dir) if rollout and (rollout.tools or rollout.environment) \
+        else None
+    environments = agent.environments if agent else None
+    columns = (set(rows[0]) | ({"environments"} if environments else set())) if rows else None
+    if not rewards and not (environments and environments.rewards):
+        raise ConfigError("name at least one reward function (the environment has no get_reward)", "rewards")
+    scorer = RewardScorer(list(rewards), recipe_dir, columns=columns, default=reward_default,
+                          extra=environment_rewards(environments) if environments else ())
+    task = Task(rows, eval_rows, template, tokenizer, scorer, agent)
     task.render(rows[0])  # a template that cannot render these rows fails here, before launch
     return task
+
+
+def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: str | None) -> Any:
+    """The run's tools and environments, checked (one line each) before launch."""
+    from rlkit.agent.loop import Agent
+
+    key = "rollout.tools" if rollout.tools else "rollout.environment"
+    if template != "chat":
+        raise ConfigError("tool calls need the tokenizer's chat template: set data.template: chat (rows of any "
+                          "format become chat messages)", key)
+    tools = load_tools(rollout.tools, recipe_dir)
+    environments = load_environments(rollout.environment, recipe_dir) if rollout.environment else None
+    return Agent(tokenizer, tools, environments, rollout.max_tool_calls, rollout.tool_timeout_s, rollout.max_tokens,
+                 rollout.max_model_len)
 
 
 def recipe_dir(recipe_path: str | Path | None) -> str | None:

@@ -90,13 +90,14 @@ def needs_one_of(*columns: str) -> Callable[[Any], Any]:
 
 
 def completion_text(c: Any) -> str:
-    """The text of one completion: a string, or the concatenated contents of a message list."""
+    """The text of one completion: a string, or the concatenated contents of a message list (the
+    model's turns: a multi-turn completion's tool results are not its text)."""
     if isinstance(c, str):
         return c
     if isinstance(c, dict):
         return str(c.get("content") or "")
     if isinstance(c, (list, tuple)):
-        return "".join(completion_text(m) for m in c)
+        return "".join(completion_text(m) for m in c if not (isinstance(m, dict) and m.get("role") == "tool"))
     return "" if c is None else str(c)
 
 

@@ -37,7 +37,7 @@ class RewardScorer:
     is re-imported there by its path), ``"none"`` one after another in the caller's thread
     (no timeouts; for debugging).
     collect_errors: record failures in ``RewardResult.failures`` instead of raising (for
-    ``rlkit reward test``).
+    ``rlkit reward test``). extra: rewards resolved elsewhere (an environment's ``get_reward``).
 
     A call that outlives ``timeout_s`` is abandoned (a thread cannot be killed; a process
     pool is restarted) and fails like an exception would.
@@ -45,13 +45,14 @@ class RewardScorer:
 
     def __init__(self, specs: Sequence[RewardSpec], base_dir: str | None = None,
                  columns: set[str] | None = None, default: float | None = None,
-                 parallel: Parallel = "thread", collect_errors: bool = False) -> None:
+                 parallel: Parallel = "thread", collect_errors: bool = False,
+                 extra: Sequence[ResolvedReward] = ()) -> None:
         if parallel not in ("thread", "process", "none"):
             raise RewardError(f"parallel: expected 'thread', 'process' or 'none', got {parallel!r}")
-        if not specs:
+        if not specs and not extra:
             raise RewardError("rewards: the list is empty; name at least one reward function")
         self.rewards: list[ResolvedReward] = [
-            resolve(s, base_dir, columns, key=f"rewards[{i}]") for i, s in enumerate(specs)]
+            resolve(s, base_dir, columns, key=f"rewards[{i}]") for i, s in enumerate(specs)] + list(extra)
         seen: dict[str, str] = {}
         for r in self.rewards:
             if r.name in seen:

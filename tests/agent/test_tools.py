@@ -107,7 +107,10 @@ def test_a_trl_users_tools_and_environment_load_unchanged(user_dir):
     assert len({id(e) for e in first}) == 2  # an instance per rollout
     for env, row in zip(first, rows):
         assert env.reset(**envs.reset_kwargs(row)) == f"The counter starts at {row['start']}."
-    assert envs.draw(rows) == first  # pooled: reused at the next step, reset again
+    ahead = envs.draw(rows[:1])  # a generation started while `first` is not scored yet: new instances
+    assert ahead[0] not in first
+    envs.release(first + ahead)
+    assert envs.draw(rows) == first  # pooled: reused at the next step once released, reset again
     # tools of one rollout's instance act on that instance only
     res = call_tools([{"type": "function", "function": {"name": "increment", "arguments": {"by": 7}}},
                       {"type": "function", "function": {"name": "read", "arguments": {}}}],

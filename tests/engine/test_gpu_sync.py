@@ -4,13 +4,17 @@ NCCL broadcast from learner rank 0 into a separate engine, and a colocated engin
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
 from rlkit.sft.objective import NLLObjective
 from tests.engine.conftest import hf_logprobs, load_hf, vocab_size
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.slow,
+              pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("ray", "vllm")),
+                                 reason="needs Ray and vLLM installed")]
 
 
 def _gpus() -> int:

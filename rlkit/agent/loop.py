@@ -1,0 +1,297 @@
+"""The multi-turn rollout (TRL 1.16's ``_tool_call_loop`` semantics, rlkit's own code): generate
+until the model ends its turn; parse the turn with transformers' response parsing (the
+tokenizer's ``response_template``, through ``trl.chat_template_utils.parse_response``); run the
+tool calls it holds; append the tool results, rendered by the chat template, to the sequence;
+generate again; until a turn has no tool call, ``rollout.max_tool_calls`` rounds were run, or the
+completion budget (``rollout.max_tokens``) is spent.
+
+All turns of a rollout are one completion: the model's tokens (``tool_mask`` 1, the engine's
+logprobs) and the tool results' tokens (``tool_mask`` 0, logprob 0.0: not sampled, out of the
+loss and of the rollout correction). The tokens are concatenated, never re-tokenized: the
+result suffix is what the chat template renders after an assistant turn that ended at EOS (a
+dummy conversation with and without the tool messages). A round of tool results that would
+push the completion past the budget (or the sequence past the engine's ``max_model_len``) is
+rolled back and the rollout ends, as in TRL.
+
+Differs from TRL where noted: a turn cut at the token budget never calls its tools (its text
+may hold a half-written call); a tool call that runs past ``rollout.tool_timeout_s`` fails like
+a raising tool.
+
+The loop runs on the driver, in a thread (`Agent.start`), against any engines with
+``generate(prompts, n, sampling, seed)``; each round sends only the rollouts still going.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlkit.agent.tools import Environments, call_tools, schema, tool_dict, tool_methods
+from rlkit.engine.rollout import Sample, Sampling
+from rlkit.errors import ConfigError
+from rlkit.seeding import derive_seed
+
+
+def prepare_tokenizer(tokenizer: Any, key: str = "rollout.tools") -> Any:
+    """The tokenizer, able to render tool calls and to parse them back; one line if it cannot.
+    A tokenizer without a ``response_template`` gets TRL's for the chat templates TRL knows
+    (Qwen2.5/3, Llama 3.x, GLM-4, GPT-OSS, ...), as TRL's GRPOTrainer does."""
+    from trl.chat_template_utils import add_response_schema, supports_tool_calling
+
+    if not supports_tool_calling(tokenizer):
+        raise ConfigError("the tokenizer's chat template cannot render a tool call and its result (user -> assistant "
+                          "with tool_calls -> tool); use a tool-calling model's tokenizer (model.tokenizer)", key)
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        try:
+            add_response_schema(tokenizer)
+        except ValueError:
+            raise ConfigError("the tokenizer has no response_template to parse the model's tool calls with, and its "
+                              "chat template is not one TRL knows; set `response_template` in its "
+                              "tokenizer_config.json (transformers' chat response parsing)", key) from None
+    return tokenizer
+
+
+def tool_suffix_ids(tokenizer: Any, tool_messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """The tokens the chat template puts after an assistant turn that ended at EOS and before the
+    next assistant turn: the tool results and the generation prompt."""
+    dummy = [{"role": "user", "content": "dummy"},
+             {"role": "assistant", "content": "",
+              "tool_calls": [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]}]
+    before = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False)
+    after = tokenizer.apply_chat_template(dummy + list(tool_messages), add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)
+    eos = [i for i, t in enumerate(before) if t == tokenizer.eos_token_id]
+    if eos:  # "...<|im_end|>\n": the model's turn ends at EOS, the newline belongs to the suffix
+        before = before[:eos[-1] + 1]
+    if after[:len(before)] != before:
+        raise ValueError("the chat template renders the conversation before the tool results differently with them")
+    return after[len(before):]
+
+
+@dataclass
+class Episode:
+    """One rollout in the making."""
+
+    row: int  # index of its row in the batch
+    prompt: list[dict[str, Any]]  # the prompt messages (with the environment's reset text)
+    tools: dict[str, Callable]
+    schemas: list[dict[str, Any]]
+    prompt_ids: list[int]
+    environment: Any = None
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tool_mask: list[int] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    finish: str = "stop"
+    calls: int = 0
+    failures: int = 0
+    turns: int = 0
+    tool_seconds: float = 0.0
+
+    def sample(self, text: str) -> Sample:
+        return Sample(self.row, self.prompt_ids, self.completion_ids, text, self.logprobs, self.finish,
+                      tool_mask=self.tool_mask, messages=self.messages, tool_calls=self.calls,
+                      tool_failures=self.failures, turns=self.turns)
+
+
+@dataclass
+class AgentBatch:
+    """What a multi-turn generation gives the scoring: samples (prompt-major) and per sample the
+    prompt messages, the prompt as the model saw it and the environment instance (None without)."""
+
+    samples: list[Sample]
+    prompts: list[list[dict[str, Any]]]
+    prompt_texts: list[str]
+    environments: list[Any] | None
+    busy: dict[int, float] = field(default_factory=dict)  # engine index -> seconds generating
+    tool_seconds: float = 0.0
+    pool: Environments | None = None
+
+    def release(self) -> None:
+        """The rollouts are scored: their environment instances go back to the pool."""
+        if self.pool is not None:
+            self.pool.release(self.environments)
+            self.pool = None
+
+
+class Agent:
+    """Tools and environments of a run, and the turn loop over them."""
+
+    def __init__(self, tokenizer: Any, tools: Sequence[Callable] = (), environments: Environments | None = None,
+                 max_tool_calls: int | None = None, timeout_s: float | None = None, max_tokens: int = 256,
+                 max_model_len: int | None = None):
+        self.tokenizer = prepare_tokenizer(tokenizer, "rollout.environment" if environments else "rollout.tools")
+        self.tools, self.environments = list(tools), environments
+        self.max_tool_calls, self.timeout_s = max_tool_calls, timeout_s
+        self.max_tokens, self.max_model_len = max_tokens, max_model_len
+        self._schemas = [schema(t, "rollout.tools") for t in self.tools]
+        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlkit-agent")
+        self._running: set[Future] = set()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ episodes
+
+    def episodes(self, rows: Sequence[Mapping[str, Any]], n: int) -> list[Episode]:
+        """`n` episodes per row (prompt-major), each with an environment instance of its own
+        (reset with the row's columns; the text it returns joins the last user message)."""
+        from rlkit.data.templates import _prompt_messages
+
+        expanded = [row for row in rows for _ in range(n)]
+        instances = self.environments.draw(expanded) if self.environments else [None] * len(expanded)
+        out = []
+        for i, (row, env) in enumerate(zip(expanded, instances)):
+            prompt = [dict(m) for m in _prompt_messages(dict(row))]
+            tools, schemas = list(self.tools), list(self._schemas)
+            if env is not None:
+                observation = env.reset(**self.environments.reset_kwargs(row))
+                if observation is not None:
+                    prompt[-1] = {**prompt[-1], "content": _join(prompt[-1]["content"], observation)}
+                methods = tool_methods(env)
+                tools += methods
+                schemas += [schema(m, "rollout.environment") for m in methods]
+            ids = self.tokenizer.apply_chat_template(prompt, tools=schemas or None, add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False)
+            out.append(Episode(i // n, prompt, tool_dict(tools), schemas, list(ids), env))
+        return out
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, episodes: list[Episode], generate: Callable[[list[list[int]], Sampling, int], list[Sample]],
+            sampling: Sampling, seed: int) -> list[Episode]:
+        """Play the episodes to their end. `generate(prompt_ids, sampling, seed)` gives one
+        sample per prompt (a round sends only the episodes still going)."""
+        from trl.chat_template_utils import parse_response
+
+        inputs = [e.prompt_ids for e in episodes]
+        active = list(range(len(episodes)))
+        rounds = 0
+        while active:
+            budget = max(self.max_tokens - len(episodes[i].completion_ids) for i in active)
+            samples = generate([inputs[i] for i in active], dataclasses.replace(sampling, max_tokens=budget),
+                               derive_seed(seed, "turn", rounds))
+            calling = []
+            for i, s in zip(active, samples):
+                e = episodes[i]
+                room = self.max_tokens - len(e.completion_ids)
+                ids, lps = list(s.token_ids[:room]), list(s.logprobs[:room])
+                e.finish = "length" if len(ids) < len(s.token_ids) else s.finish_reason
+                e.completion_ids += ids
+                e.logprobs += lps
+                e.tool_mask += [1] * len(ids)
+                e.turns += 1
+                message = parse_response(self.tokenizer, ids, prefix=inputs[i], tools=e.schemas) if ids else {}
+                if message:
+                    e.messages.append(message)
+                if message.get("tool_calls") and e.finish == "stop":
+                    calling.append(i)
+            if self.max_tool_calls is not None and rounds >= self.max_tool_calls:
+                break
+            active = []
+            for i in calling:
+                e = episodes[i]
+                results = call_tools(e.messages[-1]["tool_calls"], e.tools, self.timeout_s)
+                e.calls, e.failures = e.calls + results.calls, e.failures + results.failures
+                e.tool_seconds += results.seconds
+                suffix = tool_suffix_ids(self.tokenizer, results.messages)
+                total = len(e.prompt_ids) + len(e.completion_ids) + len(suffix)
+                if len(e.completion_ids) + len(suffix) > self.max_tokens or (
+                        self.max_model_len is not None and total >= self.max_model_len):
+                    continue  # TRL's rollback: the results are dropped, the episode ends as it is
+                e.messages += results.messages
+                e.completion_ids += suffix
+                e.logprobs += [0.0] * len(suffix)
+                e.tool_mask += [0] * len(suffix)
+                inputs[i] = e.prompt_ids + e.completion_ids
+                active.append(i)
+            rounds += 1
+        return episodes
+
+    def generate(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
+                 seed: int) -> AgentBatch:
+        """`n` multi-turn rollouts per row on `engines` (anything with `generate_async` and
+        `gather`, as `rlkit.engine.engines`, or `generate`), prompt-major."""
+        busy: dict[int, float] = {}
+
+        def generate(prompts: list[list[int]], turn_sampling: Sampling, turn_seed: int) -> list[Sample]:
+            if not hasattr(engines, "generate_async"):  # one engine in this process (rlkit eval)
+                return engines.generate(prompts, 1, turn_sampling, turn_seed)
+            calls = engines.generate_async(prompts, 1, turn_sampling, turn_seed)
+            samples = engines.gather(calls)
+            for call in calls:
+                if getattr(call, "seconds", None) is not None:
+                    busy[call.index] = busy.get(call.index, 0.0) + call.seconds
+            return samples
+
+        episodes = self.run(self.episodes(rows, n), generate, sampling, seed)
+        samples = [e.sample(self.tokenizer.decode(e.completion_ids)) for e in episodes]
+        texts = [self.tokenizer.decode(e.prompt_ids) for e in episodes]
+        envs = [e.environment for e in episodes] if self.environments else None
+        return AgentBatch(samples, [e.prompt for e in episodes], texts, envs, busy,
+                          sum(e.tool_seconds for e in episodes), self.environments)
+
+    def start(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
+              seed: int) -> Future:
+        """`generate` in a driver thread; returns at once (a future of the `AgentBatch`)."""
+        future = self._threads.submit(self.generate, rows, engines, sampling, n, seed)
+        with self._lock:
+            self._running.add(future)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future) -> None:
+        with self._lock:
+            self._running.discard(future)
+
+    def wait_idle(self) -> None:
+        """Until no generation started here is running (the engines may then take new weights)."""
+        with self._lock:
+            running = list(self._running)
+        for future in running:
+            future.exception()  # waits; an error is raised where the result is taken
+
+    def bind(self, engines: Any) -> Any:
+        """`engines` whose weight sync first waits for the multi-turn generations in flight, so
+        that every turn of a rollout comes from the policy that started it (as a single-turn
+        generation, queued in the engine before the sync, does)."""
+        return _AgentEngines(engines, self)
+
+
+class _AgentEngines:
+    def __init__(self, engines: Any, agent: Agent):
+        self._engines, self._agent = engines, agent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engines, name)
+
+    def sync_from(self, learners: Any) -> dict[str, float]:
+        self._agent.wait_idle()
+        return self._engines.sync_from(learners)
+
+
+def _join(content: Any, observation: Any) -> Any:
+    """The last user message's content with the environment's reset text after it (TRL's rule,
+    for text and for content blocks)."""
+    if isinstance(observation, list) and isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if isinstance(observation, str) and isinstance(content, list):
+        observation = [{"type": "text", "text": observation}]
+    return content + observation
+
+
+def rollout_metrics(samples: Sequence[Sample], tool_seconds: float) -> dict[str, float]:
+    """TRL's tool metrics (`tools/call_frequency`: calls per rollout, `tools/failure_frequency`:
+    failures per call) and rlkit's: turns per rollout, the share of completion tokens that are
+    tool results (masked), seconds in tools."""
+    n = max(len(samples), 1)
+    calls = sum(s.tool_calls for s in samples)
+    tokens = sum(len(s.token_ids) for s in samples)
+    masked = sum(len(s.tool_mask) - sum(s.tool_mask) for s in samples if s.tool_mask is not None)
+    return {"tools/call_frequency": calls / n,
+            "tools/failure_frequency": sum(s.tool_failures for s in samples) / calls if calls else 0.0,
+            "tools/turns_mean": sum(s.turns for s in samples) / n,
+            "tools/masked_frac": masked / tokens if tokens else 0.0,
+            "time/tools": tool_seconds}
