@@ -18,7 +18,8 @@ EXIT_USER_ERROR = 2
 VERBOSE_HELP = ("show the libraries' output (Ray, DeepSpeed, vLLM, actors) live on the console instead of writing "
                 "it to RUN_DIR/logs/")
 STAGE_HELP = {"sft": "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
-          "grpo": "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe"}
+          "grpo": "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe",
+          "distill": "on-policy distillation: the student samples (vLLM), a frozen teacher scores its tokens"}
 
 
 def _add_recipe_stage(sub, name: str, help_text: str) -> None:
@@ -48,7 +49,7 @@ def _run_stage(args: argparse.Namespace) -> int:
         from rlkit.recipe import to_dict
 
         print(yaml.safe_dump({"stage": args.stage, **to_dict(cfg)}, sort_keys=False, allow_unicode=True), end="")
-        if args.stage == "grpo":
+        if args.stage != "sft":
             from rlkit.grpo.task import recipe_dir
             from rlkit.reward.resolve import describe_rewards
 
@@ -135,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the embedded default end to end on the tiny model")
     p.add_argument("--out-dir", default="runs/demo")
-    p.add_argument("--stages", nargs="*", default=None, choices=list(STAGE_HELP), help="subset of the demo's stages")
+    p.add_argument("--stages", nargs="*", default=None, choices=["sft", "grpo"], help="subset of the demo's stages")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(handler=_run_demo, quiet=True)
 

@@ -253,6 +253,9 @@ class RolloutConfig:
     # an environment factory ("module:Factory", or {name: factory} with an `environment` column per
     # row): each rollout gets an instance, reset(**row), whose public methods are its tools
     environment: str | dict[str, str] | None = None
+    # a gym-style interaction factory (rlkit's; games, dialogue, user simulators): reset(**row), then
+    # step(assistant_message) -> (observation or None, reward or None, done) after each model turn
+    interaction: str | dict[str, str] | None = None
     max_tool_calls: int | None = None  # rounds of tool calls per rollout (TRL max_tool_calling_iterations)
     tool_timeout_s: float | None = 30.0  # a tool call running longer fails: its result is an error
 
@@ -275,6 +278,8 @@ class RolloutConfig:
         check(self.sync_check_every >= 0, "sync_check_every", f"must be >= 0 (0 = off), got {self.sync_check_every}")
         check(self.sync_check_tol is None or self.sync_check_tol > 0, "sync_check_tol",
               f"must be > 0 nats, got {self.sync_check_tol}")
+        check(not (self.environment and self.interaction), "interaction",
+              "a rollout has an environment (TRL's, with tools) or an interaction (gym-style), not both")
         check(self.max_tool_calls is None or self.max_tool_calls >= 0, "max_tool_calls",
               f"must be >= 0 (None: as many as max_tokens allows), got {self.max_tool_calls}")
         check(self.tool_timeout_s is None or self.tool_timeout_s > 0, "tool_timeout_s",

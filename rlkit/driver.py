@@ -55,6 +55,13 @@ def prepare_inputs(cfg: Any, device: Any) -> None:
     check_model_path(model.path)
     if model.tokenizer:
         check_model_path(model.tokenizer, "model.tokenizer")
+    teacher = getattr(cfg, "distill", None) and cfg.distill.teacher
+    if teacher:  # on-policy distillation: the teacher scores the student's token ids
+        from rlkit.distill.teacher import check_same_tokenizer
+
+        check_precision(teacher.dtype, device, "distill.teacher.dtype")
+        check_model_path(teacher.path, "distill.teacher.path")
+        check_same_tokenizer(model.tokenizer or model.path, teacher.tokenizer or teacher.path)
     from rlkit.estimate import check_before_launch
 
     too_big = check_before_launch(cfg, "grpo" if hasattr(cfg, "grpo") else "sft", device)
@@ -387,9 +394,9 @@ def memory_metrics(learners: Any, engines: Any = None) -> dict[str, float]:
 
 
 def learner_spec(cfg: Any, micro_batch_size: int, grad_accum: int, total_steps: int,
-                 reference: bool = False) -> Any:
+                 reference: bool = False, teacher: Any = None) -> Any:
     """The learners' build spec from a stage recipe's shared sections."""
     from rlkit.engine.learner import LearnerSpec
 
     return LearnerSpec(cfg.model, cfg.finetuning, cfg.lora, cfg.qlora, cfg.optim, cfg.deepspeed, micro_batch_size,
-                       grad_accum, total_steps, cfg.seed, cfg.device, reference)
+                       grad_accum, total_steps, cfg.seed, cfg.device, reference, teacher)

@@ -196,19 +196,23 @@ def _tool_rows(rng: random.Random, pairs: list[tuple[int, int]]) -> list[dict]:
 
 def write_tool_task(out_dir: str | Path, seed: int = 0, n_sft: int = 512, n_train: int = 256,
                     n_eval: int = 64) -> dict[str, Path]:
-    """The calculator task: sums of two numbers of 2-3 digits, too many to memorise, so the model
-    must call `add` (this module's, the tool a recipe names as `rlkit.tiny:add`). Writes
+    """The calculator task: sums of two 2-digit numbers (8100 of them, too many to memorise from a
+    few hundred transcripts), so the model must call `add` (this module's; a recipe names it
+    `rlkit.tiny:add`). Writes
     `sft_tools.jsonl` (transcripts in TRL's conversational tool format, with a `tools` column),
-    `grpo_train.jsonl` and `grpo_eval.jsonl` (chat prompts with the bare `answer`); the three
-    draw disjoint pairs. Deterministic for `seed`."""
+    `sft_direct.jsonl` (the same questions answered without a tool: the no-tool baseline),
+    `grpo_train.jsonl` and `grpo_eval.jsonl` (chat prompts with the bare `answer`); SFT, GRPO
+    and held-out rows draw disjoint pairs. Deterministic for `seed`."""
     rng = random.Random(seed)
-    pairs = list({(rng.randint(10, 999), rng.randint(10, 999)) for _ in range(3 * (n_sft + n_train + n_eval))})
+    pairs = list({(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(3 * (n_sft + n_train + n_eval))})
     rng.shuffle(pairs)
     sft, train, held = (pairs[:n_sft], pairs[n_sft:n_sft + n_train],
                         pairs[n_sft + n_train:n_sft + n_train + n_eval])
     prompts = lambda ps: [{"prompt": [{"role": "user", "content": f"{a}+{b}=?"}], "answer": str(a + b)}  # noqa: E731
                           for a, b in ps]
-    files = {"sft_tools": _tool_rows(rng, sft), "grpo_train": prompts(train),
+    direct = [{"messages": [{"role": "user", "content": f"{a}+{b}=?"}, {"role": "assistant", "content": str(a + b)}]}
+              for a, b in sft]
+    files = {"sft_tools": _tool_rows(rng, sft), "sft_direct": direct, "grpo_train": prompts(train),
              "grpo_eval": prompts(held)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

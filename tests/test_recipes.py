@@ -80,7 +80,7 @@ def _data_files(recipe: dict, tmp: Path, task_data: dict) -> dict[str, Path | No
     if name == "dataset_info.json":
         _write(tmp / "custom_data.json", ALPACA)
         return {"train": _write(tmp / name, DATASET_INFO), "eval": None}
-    if recipe["stage"] == "grpo":
+    if recipe["stage"] in ("grpo", "distill"):
         return {"train": _write(tmp / name, MATH), "eval": _write(tmp / Path(data["eval"]).name, MATH)}
     rows = CURRICULUM if recipe.get("curriculum", {}).get("enabled") else ALPACA
     return {"train": _write(tmp / name, rows), "eval": None}

@@ -13,6 +13,10 @@ dummy conversation with and without the tool messages). A round of tool results 
 push the completion past the budget (or the sequence past the engine's ``max_model_len``) is
 rolled back and the rollout ends, as in TRL.
 
+Beyond TRL, a gym-style interaction (``rollout.interaction``) answers each turn that has no tool
+call with ``step(message) -> (observation, reward, done)``: the observation is the next user turn
+(rendered and masked as tool results are), the rewards add up to the rollout's reward from it.
+
 Differs from TRL where noted: a turn cut at the token budget never calls its tools (its text
 may hold a half-written call); a tool call that runs past ``rollout.tool_timeout_s`` fails like
 a raising tool.
@@ -23,16 +27,18 @@ The loop runs on the driver, in a thread (`Agent.start`), against any engines wi
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkit.agent.tools import Environments, call_tools, schema, tool_dict, tool_methods
+from rlkit.agent.tools import Environments, _loop, call_tools, schema, tool_dict, tool_methods
 from rlkit.engine.rollout import Sample, Sampling
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, UserError
 from rlkit.seeding import derive_seed
 
 
@@ -55,20 +61,23 @@ def prepare_tokenizer(tokenizer: Any, key: str = "rollout.tools") -> Any:
     return tokenizer
 
 
-def tool_suffix_ids(tokenizer: Any, tool_messages: Sequence[Mapping[str, Any]]) -> list[int]:
+def suffix_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """The tokens the chat template puts after an assistant turn that ended at EOS and before the
-    next assistant turn: the tool results and the generation prompt."""
-    dummy = [{"role": "user", "content": "dummy"},
-             {"role": "assistant", "content": "",
-              "tool_calls": [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]}]
+    next assistant turn: `messages` (tool results, or an interaction's user turn) and the
+    generation prompt."""
+    if messages[0]["role"] == "tool":  # the real tool name: some templates derive the result header from it
+        call = {"type": "function", "function": {"name": messages[0]["name"], "arguments": {}}}
+        dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    else:
+        dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "dummy"}]
     before = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False)
-    after = tokenizer.apply_chat_template(dummy + list(tool_messages), add_generation_prompt=True, tokenize=True,
+    after = tokenizer.apply_chat_template(dummy + list(messages), add_generation_prompt=True, tokenize=True,
                                           return_dict=False)
     eos = [i for i, t in enumerate(before) if t == tokenizer.eos_token_id]
     if eos:  # "...<|im_end|>\n": the model's turn ends at EOS, the newline belongs to the suffix
         before = before[:eos[-1] + 1]
     if after[:len(before)] != before:
-        raise ValueError("the chat template renders the conversation before the tool results differently with them")
+        raise ValueError("the chat template renders the conversation before the new turns differently with them")
     return after[len(before):]
 
 
@@ -90,12 +99,21 @@ class Episode:
     calls: int = 0
     failures: int = 0
     turns: int = 0
+    tool_rounds: int = 0
     tool_seconds: float = 0.0
+    env_reward: float | None = None  # an interaction's rewards, summed over its steps
 
     def sample(self, text: str) -> Sample:
         return Sample(self.row, self.prompt_ids, self.completion_ids, text, self.logprobs, self.finish,
                       tool_mask=self.tool_mask, messages=self.messages, tool_calls=self.calls,
-                      tool_failures=self.failures, turns=self.turns)
+                      tool_failures=self.failures, turns=self.turns, env_reward=self.env_reward)
+
+    def extend(self, messages: list[dict[str, Any]], ids: list[int]) -> None:
+        """Tokens the model did not sample (tool results, observations): out of the loss."""
+        self.messages += messages
+        self.completion_ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.tool_mask += [0] * len(ids)
 
 
 @dataclass
@@ -124,7 +142,9 @@ class Agent:
     def __init__(self, tokenizer: Any, tools: Sequence[Callable] = (), environments: Environments | None = None,
                  max_tool_calls: int | None = None, timeout_s: float | None = None, max_tokens: int = 256,
                  max_model_len: int | None = None):
-        self.tokenizer = prepare_tokenizer(tokenizer, "rollout.environment" if environments else "rollout.tools")
+        key = "rollout.tools" if tools else "rollout.interaction" if environments and environments.gym else \
+            "rollout.environment"
+        self.tokenizer = prepare_tokenizer(tokenizer, key)
         self.tools, self.environments = list(tools), environments
         self.max_tool_calls, self.timeout_s = max_tool_calls, timeout_s
         self.max_tokens, self.max_model_len = max_tokens, max_model_len
@@ -150,7 +170,7 @@ class Agent:
                 observation = env.reset(**self.environments.reset_kwargs(row))
                 if observation is not None:
                     prompt[-1] = {**prompt[-1], "content": _join(prompt[-1]["content"], observation)}
-                methods = tool_methods(env)
+                methods = [] if self.environments.gym else tool_methods(env)
                 tools += methods
                 schemas += [schema(m, "rollout.environment") for m in methods]
             ids = self.tokenizer.apply_chat_template(prompt, tools=schemas or None, add_generation_prompt=True,
@@ -186,29 +206,52 @@ class Agent:
                 message = parse_response(self.tokenizer, ids, prefix=inputs[i], tools=e.schemas) if ids else {}
                 if message:
                     e.messages.append(message)
-                if message.get("tool_calls") and e.finish == "stop":
+                if e.finish == "stop" and message:
                     calling.append(i)
-            if self.max_tool_calls is not None and rounds >= self.max_tool_calls:
-                break
             active = []
             for i in calling:
                 e = episodes[i]
-                results = call_tools(e.messages[-1]["tool_calls"], e.tools, self.timeout_s)
-                e.calls, e.failures = e.calls + results.calls, e.failures + results.failures
-                e.tool_seconds += results.seconds
-                suffix = tool_suffix_ids(self.tokenizer, results.messages)
+                new = self._answer(e, e.messages[-1])
+                if not new:
+                    continue  # no tool call to run (or none left), the interaction is done
+                suffix = suffix_ids(self.tokenizer, new)
                 total = len(e.prompt_ids) + len(e.completion_ids) + len(suffix)
                 if len(e.completion_ids) + len(suffix) > self.max_tokens or (
                         self.max_model_len is not None and total >= self.max_model_len):
                     continue  # TRL's rollback: the results are dropped, the episode ends as it is
-                e.messages += results.messages
-                e.completion_ids += suffix
-                e.logprobs += [0.0] * len(suffix)
-                e.tool_mask += [0] * len(suffix)
+                e.extend(new, suffix)
                 inputs[i] = e.prompt_ids + e.completion_ids
                 active.append(i)
             rounds += 1
         return episodes
+
+    def _answer(self, e: Episode, message: dict[str, Any]) -> list[dict[str, Any]]:
+        """What answers the model's turn: its tool calls' results (up to `max_tool_calls` rounds),
+        or an interaction's next user turn; [] ends the episode."""
+        if message.get("tool_calls"):
+            if self.max_tool_calls is not None and e.tool_rounds >= self.max_tool_calls:
+                return []
+            results = call_tools(message["tool_calls"], e.tools, self.timeout_s)
+            e.calls, e.failures, e.tool_rounds = e.calls + results.calls, e.failures + results.failures, \
+                e.tool_rounds + 1
+            e.tool_seconds += results.seconds
+            return results.messages
+        if not (self.environments and self.environments.gym):
+            return []
+        try:
+            out = e.environment.step(message)
+            if inspect.isawaitable(out):
+                out = asyncio.run_coroutine_threadsafe(_await(out), _loop()).result()
+            observation, reward, done = out
+        except Exception as exc:  # noqa: BLE001 — the user's environment: one line naming it
+            raise UserError(f"rollout.interaction: {type(e.environment).__name__}.step failed: "
+                            f"{type(exc).__name__}: {exc} (step(message) returns (observation or None, reward or "
+                            "None, done))") from None
+        if reward is not None:
+            e.env_reward = (e.env_reward or 0.0) + float(reward)
+        if done or observation is None:
+            return []
+        return [{"role": "user", "content": observation}]
 
     def generate(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
                  seed: int) -> AgentBatch:
@@ -270,6 +313,10 @@ class _AgentEngines:
     def sync_from(self, learners: Any) -> dict[str, float]:
         self._agent.wait_idle()
         return self._engines.sync_from(learners)
+
+
+async def _await(aw: Any) -> Any:
+    return await aw
 
 
 def _join(content: Any, observation: Any) -> Any:

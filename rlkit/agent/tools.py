@@ -90,6 +90,7 @@ class Environments:
     _pool: dict[str | None, list[Any]] = field(default_factory=dict)
     _lent: set[int] = field(default_factory=set)  # id() of the instances drawn and not yet released
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    gym: bool = False  # a gym-style interaction (`load_interaction`), not TRL's environment_factory
 
     @property
     def multi(self) -> bool:
@@ -165,14 +166,54 @@ def load_environments(ref: str | Mapping[str, str], base_dir: str | None = None,
     return Environments(factories, tools, rewards, pool)
 
 
+def load_interaction(ref: str | Mapping[str, str], base_dir: str | None = None,
+                     key: str = "rollout.interaction") -> Environments:
+    """A gym-style environment factory (rlkit's, beyond TRL: games, dialogue, user simulators):
+    each rollout gets an instance; ``reset(**row)`` starts it (None or text for the user turn),
+    ``step(assistant_message) -> (observation | None, reward | None, done)`` answers each turn of
+    the model; an observation is the next user turn, the rewards of a rollout add up to the
+    reward source named after the class. No tools: its methods are not shown to the model."""
+    refs: dict[str | None, str] = dict(ref) if isinstance(ref, Mapping) else {None: ref}
+    factories, pool, rewards, classes = {}, {}, [], []
+    for name, r in refs.items():
+        k = key if name is None else f"{key}.{name}"
+        factory = _import(r, base_dir, k)
+        try:
+            instance = factory()
+        except Exception as e:  # noqa: BLE001 — the user's factory, called once to probe it
+            raise ConfigError(f"{r}() failed: {type(e).__name__}: {e} (the factory is called with no arguments, "
+                              "once per rollout)", k) from None
+        for method in ("reset", "step"):
+            if not callable(getattr(instance, method, None)):
+                raise ConfigError(f"{type(instance).__name__} has no {method}(): an interaction starts each rollout "
+                                  "with reset(**row) and answers each turn with step(message) -> (observation, "
+                                  "reward, done)", k)
+        factories[name], pool[name] = factory, [instance]
+        if type(instance) not in classes:
+            classes.append(type(instance))
+            rewards.append((type(instance).__name__, _step_rewards(type(instance))))
+    return Environments(factories, {n: [] for n in factories}, rewards, pool, gym=True)
+
+
+def _step_rewards(cls: type) -> Callable[..., list[float | None]]:
+    """An interaction class's reward: the sum of its steps' rewards in each of its rollouts (None
+    when no step gave one, and for rollouts of another class)."""
+    def step_rewards(env_rewards: Sequence[float | None], environments: Sequence[Any],
+                     **kwargs: Any) -> list[float | None]:
+        return [r if type(e) is cls else None for r, e in zip(env_rewards, environments)]
+    step_rewards.__name__ = step_rewards.__qualname__ = cls.__name__
+    return step_rewards
+
+
 def environment_rewards(environments: Environments) -> list[Any]:
     """The environments' `get_reward` as reward sources of the scorer (weight 1, named after the
     class, given ``environments=``), as TRL adds them beside the reward functions."""
     from rlkit.reward.resolve import ResolvedReward
 
-    return [ResolvedReward(RewardSpec(fn=f"rollout.environment:{name}.get_reward", name=name), "rollout.environment",
-                           name, fn, False, frozenset({"environments"}), False)
-            for name, fn in environments.rewards]
+    key, accepts = ("rollout.interaction", {"env_rewards", "environments"}) if environments.gym else (
+        "rollout.environment", {"environments"})
+    return [ResolvedReward(RewardSpec(fn=f"{key}:{name}", name=name), key, name, fn, False, frozenset(accepts),
+                           False) for name, fn in environments.rewards]
 
 
 # ---------------------------------------------------------------------------------- calling

@@ -40,6 +40,21 @@ class LearnerSpec:
     seed: int
     device: str = "auto"
     reference: bool = False  # also hold the frozen starting policy (for KL terms)
+    teacher: ModelConfig | None = None  # also hold a frozen teacher (on-policy distillation)
+
+
+def _whole(load: Callable[[], Any]) -> Any:
+    """`load()` with transformers' ZeRO-3 hook off: under ZeRO-3 the policy is partitioned as it
+    loads (the process-wide HfDeepSpeedConfig), but a frozen copy (reference, teacher) must be
+    whole on each rank: nothing gathers its parameters."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        return load()
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
 
 
 class Learner:
@@ -57,6 +72,7 @@ class Learner:
             configure_cpu_threads()
         self.engine: Any = None
         self.reference: Any = None
+        self.teacher: Any = None
         self.clips = False
         self._ds_hf_config: Any = None  # keeps HfDeepSpeedConfig alive for ZeRO-3 loading
         self._broadcast: Any = None  # BroadcastSync, set up on the first broadcast push (rank 0)
@@ -142,8 +158,13 @@ class Learner:
             self.engine.enable_backward_allreduce = False
         if spec.reference:
             ref_dtype = self.engine.module.dtype if spec.finetuning == "full" else None
-            self.reference = Reference(self.engine.module, spec.finetuning,
-                                       lambda: models.load_model(spec.model, ref_dtype).to(self.engine.device))
+            self.reference = Reference(self.engine.module, spec.finetuning, lambda: _whole(
+                lambda: models.load_model(spec.model, ref_dtype).to(self.engine.device)))
+        if spec.teacher is not None:  # frozen, full weights on this rank, scoring as the reference does
+            teacher_dtype = models.resolve_dtype(spec.teacher.dtype, self.device_info.bf16 and
+                                                 self.device_info.is_accelerator)
+            self.teacher = Reference(self.engine.module, "full", lambda: _whole(
+                lambda: models.load_model(spec.teacher, teacher_dtype).to(self.engine.device)))
         trainable, total = models.trainable_summary(model)
         return {"trainable_params": trainable, "total_params": total, "precision": precision,
                 "device": self.device_info.kind, "zero_stage": spec.deepspeed.zero_stage}
@@ -213,12 +234,15 @@ class Learner:
 
         if model == "reference" and self.reference is None:
             raise RuntimeError("this learner holds no reference policy (LearnerSpec.reference is false)")
+        if model == "teacher" and self.teacher is None:
+            raise RuntimeError("this learner holds no teacher (LearnerSpec.teacher is None)")
         self.engine.eval()
         out = []
         for mb in micro_batches:
             mb = self._to_device(mb)
             where = positions(mb) if positions is not None else None
-            logp = (self.reference.logprobs(mb, temperature, where) if model == "reference"
+            frozen = {"reference": self.reference, "teacher": self.teacher}.get(model)
+            logp = (frozen.logprobs(mb, temperature, where) if frozen is not None
                     else token_logprobs(self.engine, mb, temperature, positions=where)[0])
             out.append(logp.cpu())
         return out

@@ -18,7 +18,7 @@ Steps = list[list[MicroBatch]]  # optimizer steps of one rank, each `grad_accum`
 
 # Per-token logprobs a learner can attach to micro-batches before its first update (`Learner.fit`):
 # key -> the model that scores the batch. Shifted space, [B, L-1], at the objective's temperature.
-LOGPROB_SOURCES = {"ref_logp": "reference", "old_logp": "policy"}
+LOGPROB_SOURCES = {"ref_logp": "reference", "old_logp": "policy", "teacher_logp": "teacher"}
 
 
 class Objective(Protocol):

@@ -56,6 +56,7 @@ class Sample:
     tool_calls: int = 0
     tool_failures: int = 0
     turns: int = 1
+    env_reward: float | None = None  # a gym-style interaction's rewards, summed over its steps
 
 
 @dataclass(frozen=True)

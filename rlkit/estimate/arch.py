@@ -17,6 +17,10 @@ GATED = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "qwe
 # config.json of the hub models the shipped recipes name (from their published config.json), for
 # a host without a hub: the fields the estimate reads.
 PUBLISHED = {
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
+                                                    num_hidden_layers=28, num_attention_heads=28,
+                                                    num_key_value_heads=4, vocab_size=152064,
+                                                    tie_word_embeddings=False),
     "Qwen/Qwen2.5-32B-Instruct": dict(model_type="qwen2", hidden_size=5120, intermediate_size=27648,
                                       num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
                                       vocab_size=152064, tie_word_embeddings=False),

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlkit.errors import UserError
-from rlkit.estimate.arch import Arch
+from rlkit.estimate.arch import Arch, model_config
 
 GIB = 2**30
 CONTEXT = 1.0 * GIB  # CUDA / CANN context and allocator slack per process on an accelerator
@@ -113,13 +113,20 @@ def estimate(cfg: Any, stage: str, arch: Arch, hardware: Hardware | None = None)
     learner = _learner(cfg, arch, width, g.num_learners, g.micro_batch_size * seq, ctx,
                        reference=g.beta > 0 and cfg.finetuning == "full",
                        sync_bytes=0.0 if r.colocate else r.sync_bucket_mib * 2**20)
+    if getattr(cfg, "distill", None) is not None:  # the frozen teacher beside each learner rank, whole
+        teacher = cfg.distill.teacher
+        t_arch = Arch.from_config(*model_config(teacher.path))
+        last = [k for k in learner.parts if k == "context" or k.startswith("runtime")]
+        parts = {k: v for k, v in learner.parts.items() if k not in last}
+        parts["teacher copy"] = t_arch.params * width_bytes(teacher.dtype, hardware)
+        learner = dataclasses.replace(learner, parts={**parts, **{k: learner.parts[k] for k in last}})
     engines = 1 if r.colocate else r.num_engines
     seqs = math.ceil(g.prompts_per_step * g.group_size / (g.num_learners if r.colocate else engines))
     engine = _engine(arch, width, r, seqs, ctx)
     if not r.colocate:
         return [learner, engine]
     resident = {k: v for k, v in learner.parts.items() if k in ("parameters", "gradients", "optimizer state",
-                                                                 "reference copy", "context")}
+                                                                 "reference copy", "teacher copy", "context")}
     training = dict(learner.parts)
     generating = {**{f"learner {k}": v for k, v in resident.items()},
                   **{f"engine {k}": v for k, v in engine.parts.items() if k != "context"}}

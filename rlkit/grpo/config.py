@@ -180,6 +180,21 @@ class GRPOAlgoConfig:
 
 
 @dataclass(frozen=True)
+class DistillConfig:
+    """On-policy distillation (`rlkit distill`): the student samples as in GRPO, a frozen teacher
+    scores the same tokens; its per-token signal log p_teacher - log p_student is the advantage."""
+
+    teacher: ModelConfig  # the frozen teacher (same tokenizer as the student), held beside each learner rank
+    coef: float = 1.0  # weight of the teacher's per-token advantage, log p_teacher - log p_student
+    reward_weight: float = 0.0  # weight of the task rewards' group advantage beside it (0: rewards logged only)
+
+    def __post_init__(self):
+        check(self.coef >= 0, "coef", f"must be >= 0, got {self.coef}")
+        check(self.reward_weight >= 0, "reward_weight", f"must be >= 0, got {self.reward_weight}")
+        check(self.coef > 0 or self.reward_weight > 0, "coef", "coef and reward_weight are both 0: nothing to learn")
+
+
+@dataclass(frozen=True)
 class GRPOConfig:
     model: ModelConfig
     data: DataConfig
@@ -205,6 +220,7 @@ class GRPOConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    distill: DistillConfig | None = None  # on-policy distillation from a teacher (rlkit distill)
 
     # keys by their TRL / verl / OpenRLHF names, for the unknown-key hint
     PEER_NAMES: ClassVar[dict[str, str]] = {
@@ -216,7 +232,8 @@ class GRPOConfig:
         "per_device_train_batch_size": "grpo.micro_batch_size", "num_iterations": "grpo.epochs",
         "init_kl_coef": "grpo.beta", "vllm_num_engines": "rollout.num_engines",
         "vllm_tensor_parallel_size": "rollout.tensor_parallel_size", "finetuning_type": "finetuning",
-        "max_tool_calling_iterations": "rollout.max_tool_calls", "environment_factory": "rollout.environment"}
+        "max_tool_calling_iterations": "rollout.max_tool_calls", "environment_factory": "rollout.environment",
+        "teacher_model_name_or_path": "distill.teacher.path"}
     # what a resumed run may not change from its checkpoint's config (checkpoint.force_resume)
     RESUME_FIXED: ClassVar[tuple[str, ...]] = (
         "stage", "model", "finetuning", "lora", "qlora", "data.train", "data.format", "data.dataset",
@@ -226,7 +243,7 @@ class GRPOConfig:
 
     def __post_init__(self):
         check_finetuning(self)
-        check(len(self.rewards) > 0 or bool(self.rollout.environment), "rewards",
+        check(len(self.rewards) > 0 or bool(self.rollout.environment or self.rollout.interaction), "rewards",
               "name at least one reward function (or an environment with get_reward: rollout.environment)")
         check(self.rollout.max_tokens < self.rollout.max_model_len, "rollout.max_tokens",
               f"must be < rollout.max_model_len ({self.rollout.max_model_len})")

@@ -136,6 +136,7 @@ def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[
     if agent is not None:
         if agent.environments is not None:
             columns["environments"] = agent.environments
+            columns["env_rewards"] = [s.env_reward for s in samples]
         return scorer.score(agent.prompts, [s.messages for s in samples], [s.token_ids for s in samples], columns,
                             prompt_texts=agent.prompt_texts)
     chat = [isinstance(row.get("prompt"), list) for row in rows]

@@ -18,6 +18,7 @@ from typing import Any
 from torch import Tensor
 
 from rlkit.config import RolloutConfig
+from rlkit.distill.loss import reverse_kl_advantages
 from rlkit.engine.logprobs import token_logprobs
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.correction import off_policy_mask, rollout_correction
@@ -42,17 +43,22 @@ class GRPOObjective:
     off_policy_threshold: float | None
     gates: SoftGates
     needs: tuple[str, ...]  # logprobs the learner attaches before the first update
+    distill_coef: float = 0.0  # on-policy distillation: weight of log p_teacher - log p_student per token
+    reward_weight: float = 1.0  # weight of the rewards' group advantage
 
     @classmethod
-    def from_config(cls, algo: GRPOAlgoConfig, rollout: RolloutConfig) -> GRPOObjective:
+    def from_config(cls, algo: GRPOAlgoConfig, rollout: RolloutConfig, distill: Any = None) -> GRPOObjective:
         """Reference logprobs when beta > 0; the old policy's when a rollout batch is reused
-        (epochs > 1 or several mini-batches), else the ratio is taken against the detached policy."""
+        (epochs > 1 or several mini-batches), else the ratio is taken against the detached policy;
+        the teacher's with `distill` (a `DistillConfig`)."""
         reused = algo.epochs > 1 or algo.mini_batches > 1
-        needs = (("ref_logp",) if algo.beta > 0 else ()) + (("old_logp",) if reused else ())
+        needs = (("ref_logp",) if algo.beta > 0 else ()) + (("old_logp",) if reused else ()) + \
+            (("teacher_logp",) if distill is not None and distill.coef > 0 else ())
         gates = SoftGates(**{f.name: getattr(algo, f.name) for f in dataclasses.fields(SoftGates)})
         return cls(rollout.temperature, algo.epsilon_low, algo.epsilon_high, algo.beta, algo.kl, algo.loss_type,
                    algo.importance_sampling_level, rollout.max_tokens, algo.rollout_correction,
-                   algo.correction_clip_min, algo.correction_clip_max, algo.off_policy_mask_threshold, gates, needs)
+                   algo.correction_clip_min, algo.correction_clip_max, algo.off_policy_mask_threshold, gates, needs,
+                   distill.coef if distill else 0.0, distill.reward_weight if distill else 1.0)
 
     def positions(self, batch: dict[str, Tensor]) -> Tensor:
         """The completion tokens (shifted space): the only logprobs the loss reads."""
@@ -69,11 +75,18 @@ class GRPOObjective:
             corr = rollout_correction(logp.detach() if old is None else old, engine, mask, self.correction,
                                       self.clip_min, self.clip_max)
             weights, metrics = corr.weights, corr.metrics
+        advantages = batch["advantages"]
+        teacher = batch.get("teacher_logp")
+        if teacher is not None:  # on-policy distillation: the teacher's per-token signal is the advantage
+            sampled = engine if engine is not None else (logp.detach() if old is None else old)
+            reverse = reverse_kl_advantages(sampled, teacher, mask)
+            advantages = self.reward_weight * advantages[:, None] + self.distill_coef * reverse
+            metrics["distill/reverse_kl"] = -(reverse * mask).sum() / mask.sum().clamp(min=1)
         if self.off_policy_threshold is not None:
             sampler = engine if engine is not None else (logp.detach() if old is None else old)
-            keep = off_policy_mask(batch["advantages"], logp, sampler, mask, self.off_policy_threshold)
+            keep = off_policy_mask(advantages, logp, sampler, mask, self.off_policy_threshold)
             metrics["off_policy/masked_frac"] = 1 - keep.mean()
-        out = policy_loss(logp, old, batch["advantages"], mask, ref_logp=batch.get("ref_logp"), entropies=entropy,
+        out = policy_loss(logp, old, advantages, mask, ref_logp=batch.get("ref_logp"), entropies=entropy,
                           epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, beta=self.beta, kl=self.kl,
                           loss_type=self.loss_type, importance_sampling_level=self.importance_sampling_level,
                           max_completion_length=self.max_completion_length,

@@ -67,7 +67,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         run = RunDir(cfg, "grpo", template=task.template)
         run.announce(_plan(cfg, task, device))
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
-                            reference=g.beta > 0)
+                            reference=g.beta > 0, teacher=cfg.distill and cfg.distill.teacher)
         with run.session(), learner_group(cfg, spec, g.num_learners, device) as learners:
             shipped = ship_by_value(task.scorer.modules())
             if shipped:
@@ -114,7 +114,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
     """The loop, from `step` to `grpo.steps`; `saved`: the generations a checkpoint held in flight."""
     from rlkit.engine.engines import sampling
 
-    g, total, objective = cfg.grpo, cfg.grpo.steps, GRPOObjective.from_config(cfg.grpo, cfg.rollout)
+    g, total, objective = cfg.grpo, cfg.grpo.steps, GRPOObjective.from_config(cfg.grpo, cfg.rollout, cfg.distill)
     sample = sampling(cfg.rollout)
     version = step  # the policy version the engines hold: optimizer steps synced into them
 

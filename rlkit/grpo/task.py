@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlkit.agent.tools import environment_rewards, load_environments, load_tools
+from rlkit.agent.tools import environment_rewards, load_environments, load_interaction, load_tools
 from rlkit.config import DataConfig, ModelConfig, RolloutConfig
 from rlkit.errors import ConfigError
 from rlkit.reward import RewardScorer, RewardSpec
@@ -53,10 +53,10 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     rows = load_prompts(data.train, data.format, data.dataset, data.skip_bad_rows, seed=seed).rows
     eval_rows = load_prompts(data.eval, data.format, data.dataset, seed=seed).rows if data.eval else []
     template = resolve_template(data.template, rows[0], tokenizer, data.train) if rows else data.template
-    agent = _agent(rollout, template, tokenizer, recipe_dir) if rollout and (rollout.tools or rollout.environment) \
-        else None
+    multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction)
+    agent = _agent(rollout, template, tokenizer, recipe_dir) if multi_turn else None
     environments = agent.environments if agent else None
-    columns = (set(rows[0]) | ({"environments"} if environments else set())) if rows else None
+    columns = (set(rows[0]) | ({"environments", "env_rewards"} if environments else set())) if rows else None
     if not rewards and not (environments and environments.rewards):
         raise ConfigError("name at least one reward function (the environment has no get_reward)", "rewards")
     scorer = RewardScorer(list(rewards), recipe_dir, columns=columns, default=reward_default,
@@ -70,12 +70,14 @@ def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: st
     """The run's tools and environments, checked (one line each) before launch."""
     from rlkit.agent.loop import Agent
 
-    key = "rollout.tools" if rollout.tools else "rollout.environment"
+    key = "rollout.tools" if rollout.tools else "rollout.environment" if rollout.environment else \
+        "rollout.interaction"
     if template != "chat":
         raise ConfigError("tool calls need the tokenizer's chat template: set data.template: chat (rows of any "
                           "format become chat messages)", key)
     tools = load_tools(rollout.tools, recipe_dir)
-    environments = load_environments(rollout.environment, recipe_dir) if rollout.environment else None
+    environments = load_environments(rollout.environment, recipe_dir) if rollout.environment else \
+        load_interaction(rollout.interaction, recipe_dir) if rollout.interaction else None
     return Agent(tokenizer, tools, environments, rollout.max_tool_calls, rollout.tool_timeout_s, rollout.max_tokens,
                  rollout.max_model_len)
 

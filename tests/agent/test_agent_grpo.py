@@ -59,7 +59,7 @@ def final_answer(completions, answer, **kwargs):
 
 @pytest.fixture(scope="module")
 def tool_sft_model(tmp_path_factory):
-    """The tiny tool-calling model after 300 SFT steps on calculator transcripts: it writes
+    """The tiny tool-calling model after 150 SFT steps on calculator transcripts: it writes
     well-formed calls of `add` (not yet the right numbers)."""
     from rlkit import stages
     from rlkit.sft.run import run_sft
@@ -71,7 +71,7 @@ def tool_sft_model(tmp_path_factory):
     cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml", [
         f"model.path={model}", "model.build_tiny_if_missing=null", f"data.train={data['sft_tools']}",
         "data.eval=null", "data.build_synthetic_if_missing=null", "data.template=chat", "data.cutoff_len=192",
-        "curriculum.enabled=false", "train.max_steps=300", "eval.every=0", "checkpoint.every=0",
+        "curriculum.enabled=false", "train.max_steps=150", "eval.every=0", "checkpoint.every=0",
         f"output_dir={root / 'sft'}", "logging.progress=none", "logging.tensorboard=false"])
     return run_sft(cfg), data
 

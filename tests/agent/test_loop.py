@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.agent.loop import Agent, rollout_metrics, tool_suffix_ids
+from rlkit.agent.loop import Agent, rollout_metrics, suffix_ids
 from rlkit.agent.tools import load_environments, load_tools
 from rlkit.engine.rollout import Sample
 from rlkit.errors import ConfigError
@@ -72,7 +72,7 @@ def test_two_turns_line_up_tokens_masks_and_logprobs(tok, user_dir):
     (e,), engine = play(agent, [{"prompt": "What is 3+4?"}], [[first, "The answer is 7<|im_end|>"]])
     ids1 = tok(first, add_special_tokens=False)["input_ids"]
     ids2 = tok("The answer is 7<|im_end|>", add_special_tokens=False)["input_ids"]
-    suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "add", "content": "7"}])
+    suffix = suffix_ids(tok, [{"role": "tool", "name": "add", "content": "7"}])
     assert e.completion_ids == ids1 + suffix + ids2
     assert e.tool_mask == [1] * len(ids1) + [0] * len(suffix) + [1] * len(ids2)
     assert e.logprobs == [-1 - j / 100 for j in range(len(ids1))] + [0.0] * len(suffix) + \
@@ -149,3 +149,58 @@ def test_a_template_that_cannot_call_tools_is_one_line(user_dir):
 
     with pytest.raises(ConfigError, match=r"^rollout.tools: the tokenizer's chat template cannot render a tool call"):
         Agent(build_tokenizer(512), load_tools(["my_tools.py:add"], user_dir))
+
+
+GAME = '''
+class Guess:
+    """A gym-style interaction: the model guesses a number, the game says higher or lower."""
+
+    def reset(self, target, **row):
+        self.target, self.guesses = int(target), 0
+        return " Guess my number."
+
+    def step(self, message):
+        self.guesses += 1
+        guess = int(message["content"])
+        if guess == self.target:
+            return None, 1.0, True
+        return ("higher" if guess < self.target else "lower"), -0.1, False
+
+
+class Broken:
+    def reset(self, **row):
+        return None
+
+    def step(self, message):
+        raise KeyError("score")
+'''
+
+
+def test_a_gym_style_interaction_answers_each_turn(tok, tmp_path):
+    from rlkit.agent.tools import environment_rewards, load_interaction
+    from rlkit.errors import UserError
+
+    (tmp_path / "game.py").write_text(GAME)
+    envs = load_interaction("game.py:Guess", str(tmp_path))
+    agent = Agent(tok, environments=envs, max_tokens=200)
+    (e,), engine = play(agent, [{"prompt": "Play.", "target": 7}], [["5<|im_end|>", "9<|im_end|>", "7<|im_end|>"]])
+    assert [m["role"] for m in e.messages] == ["assistant", "user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in e.messages if m["role"] == "user"] == ["higher", "lower"]
+    assert e.prompt[-1]["content"] == "Play. Guess my number."
+    assert e.env_reward == pytest.approx(0.8) and e.turns == 3 and e.calls == 0
+    observation = suffix_ids(tok, [{"role": "user", "content": "higher"}])
+    first = tok("5<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert e.completion_ids[:len(first) + len(observation)] == first + observation
+    assert e.tool_mask[:len(first) + len(observation)] == [1] * len(first) + [0] * len(observation)
+    assert engine.sent[1][1] == e.prompt_ids + first + observation  # the next turn continues the tokens
+    # its reward source: the steps' sum, for this class's rollouts
+    (source,) = environment_rewards(envs)
+    assert source.name == "Guess" and source.fn(env_rewards=[e.env_reward], environments=[e.environment]) == [
+        pytest.approx(0.8)]
+    # a step that raises is the user's bug: one line naming the class
+    broken = Agent(tok, environments=load_interaction("game.py:Broken", str(tmp_path)), max_tokens=50)
+    with pytest.raises(UserError, match=r"^rollout.interaction: Broken.step failed: KeyError: 'score' \(step"):
+        play(broken, [{"prompt": "x"}], [["1<|im_end|>"]])
+    with pytest.raises(ConfigError, match=r"^rollout.interaction: Counter has no step\(\)"):
+        (tmp_path / "my_tools.py").write_text(USER_FILE)
+        load_interaction("my_tools.py:Counter", str(tmp_path))

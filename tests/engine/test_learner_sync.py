@@ -97,3 +97,31 @@ def test_colocated_engines_take_weights_in_process(ray_local, tiny_models):
             assert torch.allclose(a, expected, atol=1e-4), float((a - expected).abs().max())
     finally:
         group.shutdown()
+
+
+def test_zero3_learner_holds_whole_frozen_copies(ray_local, tiny_models):
+    """Under ZeRO-3 the policy loads partitioned (transformers' process-wide DeepSpeed hook); the
+    reference and the distillation teacher are frozen copies nothing gathers, so each rank must
+    hold them whole: their logprobs equal a plain HF forward of their weights."""
+    import ray
+
+    from rlkit.accel import detect
+    from rlkit.config import DeepSpeedConfig, ModelConfig, OptimConfig, RayConfig
+    from rlkit.engine.group import LearnerGroup
+    from rlkit.engine.learner import LearnerSpec
+
+    policy, teacher = tiny_models["tiny"], tiny_models["tiny-untied"]
+    spec = LearnerSpec(ModelConfig(path=str(policy)), "full", None, None, OptimConfig(lr=5e-2, scheduler="constant"),
+                       DeepSpeedConfig(zero_stage=3), micro_batch_size=2, grad_accum=1, total_steps=4, seed=0,
+                       device="cpu", reference=True, teacher=ModelConfig(path=str(teacher), dtype="fp32"))
+    group = LearnerGroup(spec, 1, detect("cpu"), RayConfig())
+    try:
+        seq = torch.randint(4, min(vocab_size(policy), vocab_size(teacher)), (16,),
+                            generator=torch.Generator().manual_seed(0)).tolist()
+        mb = {"input_ids": torch.tensor([seq]), "attention_mask": torch.ones(1, 16, dtype=torch.long)}
+        actor = group.actors[0]
+        ref, teach = (ray.get(actor.logprobs.remote([mb], 1.0, source))[0][0] for source in ("reference", "teacher"))
+        assert torch.allclose(ref, hf_logprobs(load_hf(policy), seq), atol=1e-5)
+        assert torch.allclose(teach, hf_logprobs(load_hf(teacher), seq), atol=1e-5)
+    finally:
+        group.shutdown()

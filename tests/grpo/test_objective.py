@@ -52,3 +52,35 @@ def test_loss_is_the_policy_loss_of_the_token_logprobs(tiny_model):
     assert metrics["ratio_mean"].item() == pytest.approx(1.0)  # on-policy: the ratio is 1
     loss, metrics = objective(model, mb)  # with gradients, as in a train step
     assert loss.requires_grad and not any(v.requires_grad for v in metrics.values())  # metrics go back detached
+
+
+def test_distillation_takes_the_teachers_per_token_signal_as_advantage(tiny_model):
+    """With a teacher (rlkit distill): the learner attaches its logprobs; the advantage of each token
+    is reward_weight x the group advantage + coef x (log p_teacher - log p_student), so the loss
+    is the policy loss with those per-token advantages; the metric is the sampled reverse KL."""
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.config import ModelConfig
+    from rlkit.engine.logprobs import token_logprobs
+    from rlkit.grpo.batch import GRPOBatch, Rollout
+    from rlkit.grpo.config import DistillConfig
+    from rlkit.grpo.loss import policy_loss
+
+    distill = DistillConfig(ModelConfig(path="teacher"), coef=0.5, reward_weight=0.2)
+    objective = GRPOObjective.from_config(GRPOAlgoConfig(), RolloutConfig(temperature=1.0), distill)
+    assert objective.needs == ("teacher_logp",)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    rollouts = [Rollout([5, 6, 7], [8, 9], False), Rollout([5, 6], [10, 11, 12], False)]
+    batch = GRPOBatch.collate(rollouts, torch.tensor([1.0, -0.5]), pad_id=0)
+    mb = {**batch.micro_batch([0, 1]), "num_items_in_batch": torch.tensor(5.0, dtype=torch.float64)}
+    mask = mb["completion_mask"][:, 1:].float()
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, mb, 1.0)
+        teacher = torch.where(mask.bool(), logp + torch.linspace(-1, 1, logp.shape[1]), torch.zeros_like(logp))
+        loss, metrics = objective(model, {**mb, "teacher_logp": teacher})
+        adv = 0.2 * mb["advantages"][:, None] + 0.5 * (teacher - logp) * mask
+        want = policy_loss(logp, None, adv, mask, loss_type="dapo", num_items_in_batch=5.0)
+    torch.testing.assert_close(loss, want.loss)
+    assert metrics["distill/reverse_kl"].item() == pytest.approx(float(((logp - teacher) * mask).sum() / mask.sum()))
+    with pytest.raises(ValueError, match="coef and reward_weight are both 0"):
+        DistillConfig(ModelConfig(path="t"), coef=0.0, reward_weight=0.0)
