@@ -55,13 +55,10 @@ def prepare_inputs(cfg: Any, device: Any) -> None:
     check_model_path(model.path)
     if model.tokenizer:
         check_model_path(model.tokenizer, "model.tokenizer")
-    teacher = getattr(cfg, "distill", None) and cfg.distill.teacher
-    if teacher:  # on-policy distillation: the teacher scores the student's token ids
-        from rlkit.distill.teacher import check_same_tokenizer
+    if getattr(cfg, "distill", None):  # on-policy distillation: the teacher scores the student's token ids
+        from rlkit.distill.teacher import check_teacher
 
-        check_precision(teacher.dtype, device, "distill.teacher.dtype")
-        check_model_path(teacher.path, "distill.teacher.path")
-        check_same_tokenizer(model.tokenizer or model.path, teacher.tokenizer or teacher.path)
+        check_teacher(cfg.distill.teacher, model.tokenizer or model.path, device)
     from rlkit.estimate import check_before_launch
 
     too_big = check_before_launch(cfg, "grpo" if hasattr(cfg, "grpo") else "sft", device)

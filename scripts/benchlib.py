@@ -1,13 +1,26 @@
-"""What the benchmark scripts share: spread statistics over timed steps, the machine line, and
-running a phase in a fresh process."""
+"""What the benchmark scripts share: spread statistics over timed steps, the machine line,
+running a phase in a fresh process, and running an `rlkit` command."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import statistics
+import subprocess
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+
+def rlkit(*args: str, cwd: Path) -> str:
+    """`rlkit ARGS` in `cwd` with this Python (one OpenMP thread unless set); its stdout. A failure
+    ends the script with the command's last stderr."""
+    out = subprocess.run([sys.executable, "-m", "rlkit.cli", *args], cwd=cwd, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    if out.returncode:
+        sys.exit(f"rlkit {' '.join(args[:2])} failed:\n{out.stderr[-3000:]}")
+    return out.stdout
 
 
 def spread(xs: list[float]) -> dict[str, float]:

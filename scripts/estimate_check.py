@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-
-def rlkit(*args: str, cwd: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "rlkit.cli", *args], cwd=cwd, capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-    if out.returncode:
-        sys.exit(f"rlkit {' '.join(args[:2])} failed:\n{out.stderr[-2000:]}")
+from benchlib import rlkit  # noqa: E402
 
 
 def measured(run: Path) -> dict[str, float]:

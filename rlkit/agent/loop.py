@@ -149,6 +149,7 @@ class Agent:
         self.max_tool_calls, self.timeout_s = max_tool_calls, timeout_s
         self.max_tokens, self.max_model_len = max_tokens, max_model_len
         self._schemas = [schema(t, "rollout.tools") for t in self.tools]
+        self._env_schemas: dict[type, list[dict[str, Any]]] = {}  # an environment class's tool schemas, once
         self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlkit-agent")
         self._running: set[Future] = set()
         self._lock = threading.Lock()
@@ -172,7 +173,9 @@ class Agent:
                     prompt[-1] = {**prompt[-1], "content": _join(prompt[-1]["content"], observation)}
                 methods = [] if self.environments.gym else tool_methods(env)
                 tools += methods
-                schemas += [schema(m, "rollout.environment") for m in methods]
+                if type(env) not in self._env_schemas:
+                    self._env_schemas[type(env)] = [schema(m, "rollout.environment") for m in methods]
+                schemas += self._env_schemas[type(env)]
             ids = self.tokenizer.apply_chat_template(prompt, tools=schemas or None, add_generation_prompt=True,
                                                      tokenize=True, return_dict=False)
             out.append(Episode(i // n, prompt, tool_dict(tools), schemas, list(ids), env))

@@ -139,12 +139,12 @@ def _reward_of(cls: type) -> Callable[..., list[float | None]]:
     return get_reward
 
 
-def load_environments(ref: str | Mapping[str, str], base_dir: str | None = None,
-                      key: str = "rollout.environment") -> Environments:
+def _probe(ref: str | Mapping[str, str], base_dir: str | None, key: str):
+    """(name, key, factory, instance) for each factory `ref` names ({None: ref} for one), each
+    called once to probe it (the instance seeds the pool)."""
     refs: dict[str | None, str] = dict(ref) if isinstance(ref, Mapping) else {None: ref}
     if not refs:
         raise ConfigError("the mapping is empty; name at least one environment factory", key)
-    factories, tools, pool, rewards, classes = {}, {}, {}, [], []
     for name, r in refs.items():
         k = key if name is None else f"{key}.{name}"
         factory = _import(r, base_dir, k)
@@ -153,6 +153,13 @@ def load_environments(ref: str | Mapping[str, str], base_dir: str | None = None,
         except Exception as e:  # noqa: BLE001 — the user's factory, called once to probe it
             raise ConfigError(f"{r}() failed: {type(e).__name__}: {e} (the factory is called with no arguments, "
                               "once per rollout)", k) from None
+        yield name, k, factory, instance
+
+
+def load_environments(ref: str | Mapping[str, str], base_dir: str | None = None,
+                      key: str = "rollout.environment") -> Environments:
+    factories, tools, pool, rewards, classes = {}, {}, {}, [], []
+    for name, k, factory, instance in _probe(ref, base_dir, key):
         if not callable(getattr(instance, "reset", None)):
             raise ConfigError(f"{type(instance).__name__} has no reset(): an environment starts each rollout with "
                               "reset(**row) and returns None or text to add to the last user message", k)
@@ -173,16 +180,8 @@ def load_interaction(ref: str | Mapping[str, str], base_dir: str | None = None,
     ``step(assistant_message) -> (observation | None, reward | None, done)`` answers each turn of
     the model; an observation is the next user turn, the rewards of a rollout add up to the
     reward source named after the class. No tools: its methods are not shown to the model."""
-    refs: dict[str | None, str] = dict(ref) if isinstance(ref, Mapping) else {None: ref}
     factories, pool, rewards, classes = {}, {}, [], []
-    for name, r in refs.items():
-        k = key if name is None else f"{key}.{name}"
-        factory = _import(r, base_dir, k)
-        try:
-            instance = factory()
-        except Exception as e:  # noqa: BLE001 — the user's factory, called once to probe it
-            raise ConfigError(f"{r}() failed: {type(e).__name__}: {e} (the factory is called with no arguments, "
-                              "once per rollout)", k) from None
+    for name, k, factory, instance in _probe(ref, base_dir, key):
         for method in ("reset", "step"):
             if not callable(getattr(instance, method, None)):
                 raise ConfigError(f"{type(instance).__name__} has no {method}(): an interaction starts each rollout "

@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rlkit.errors import ConfigError
+
+
+def check_teacher(teacher: Any, student_tokenizer: str, device: Any) -> None:
+    """Before launch: the teacher's precision on this device, its path, and its tokenizer (the
+    student's, `student_tokenizer`)."""
+    from rlkit.accel import check_precision
+    from rlkit.models import check_model_path
+
+    check_precision(teacher.dtype, device, "distill.teacher.dtype")
+    check_model_path(teacher.path, "distill.teacher.path")
+    check_same_tokenizer(student_tokenizer, teacher.tokenizer or teacher.path)
 
 
 def check_same_tokenizer(student: str | Path, teacher: str | Path, key: str = "distill.teacher") -> None:
