@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlkit.data.curriculum import DEFAULT_LEVELS as LEVELS  # the seeds' three difficulty levels
 
@@ -173,6 +175,28 @@ def subtract(a: int, b: int) -> int:
         b: The second integer.
     """
     return a - b
+
+
+def calculator_steps(completions: list, prompts: list, **kwargs: Any) -> list[float]:
+    """A shaped reward for the calculator task, each step of the right procedure worth a share:
+    1/3 for each argument of the first `add` call that copies the question's numbers (in order),
+    1/3 for a final answer that repeats the last tool result. An exact answer scores 1 through
+    this path too; a direct answer without a call scores 0 here (exact match rewards it)."""
+    out = []
+    for completion, prompt in zip(completions, prompts):
+        question = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+        numbers = [int(x) for x in re.findall(r"\d+", question)[:2]]
+        calls = [c["function"] for m in completion if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+        results = [m["content"] for m in completion if m.get("role") == "tool"]
+        score = 0.0
+        if calls and calls[0].get("name") == "add" and isinstance(calls[0].get("arguments"), dict):
+            args = calls[0]["arguments"]
+            score += sum(args.get(k) == n for k, n in zip(("a", "b"), numbers)) / 3
+        final = completion[-1] if completion and completion[-1].get("role") == "assistant" else None
+        if results and final is not None and not final.get("tool_calls"):
+            score += (str(final.get("content") or "").strip() == str(results[-1]).strip()) / 3
+        out.append(score)
+    return out
 
 
 def _tool_rows(rng: random.Random, pairs: list[tuple[int, int]]) -> list[dict]:

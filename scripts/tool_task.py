@@ -1,12 +1,15 @@
 """The calculator task end to end: does GRPO with a tool beat the no-tool baseline?
 
     OMP_NUM_THREADS=1 python scripts/tool_task.py --work /tmp/tool-task [--sft-steps 400] [--grpo-steps 30]
+        [--lr 2e-4] [--shaped 0.5] [--reuse] [grpo.beta=0 ...]
 
 On the tiny tool-calling model (rlkit/tiny.py, `write_tool_task`: sums of two 2-digit numbers,
 held-out pairs never seen in training):
 1. SFT without the tool (`sft_direct.jsonl`: question -> answer) and SFT on tool-use transcripts
    (`sft_tools.jsonl`: question -> a call of `add` -> its result -> the answer), same steps;
-2. GRPO from the tool SFT model with `rollout.tools: [rlkit.tiny:add]` and an exact-answer reward;
+2. GRPO from the tool SFT model with `rollout.tools: [rlkit.tiny:add]` and an exact-answer reward
+   (with `--shaped W`, also `rlkit.tiny:calculator_steps` at weight W: credit for the call's
+   arguments and for repeating the tool's result);
 3. held-out exact accuracy (greedy, the final assistant message) of each: the no-tool SFT model,
    the tool SFT model (GRPO's step-0 eval), the GRPO policy. Prints the table and the tool
    metrics of the GRPO run. Run nothing else meanwhile (2 cores).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,6 +50,11 @@ def main() -> None:
     ap.add_argument("--grpo-steps", type=int, default=30)
     ap.add_argument("--lr", type=float, default=2e-4, help="GRPO learning rate")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shaped", type=float, default=0.0,
+                    help="weight of rlkit.tiny:calculator_steps (credit for copying the numbers into the call and "
+                         "the tool's result into the answer) beside the exact-answer reward; 0: exact answer only")
+    ap.add_argument("--reuse", action="store_true", help="keep the SFT models of an earlier run in --work")
+    ap.add_argument("overrides", nargs="*", help="more GRPO recipe overrides (key.sub=value)")
     args = ap.parse_args()
 
     from rlkit.tiny import build_tiny_model, write_tool_task
@@ -55,18 +64,25 @@ def main() -> None:
     model = build_tiny_model(work / "model", "tiny", seed=args.seed, tools=True)
     data = write_tool_task(work / "data", seed=args.seed)
     t0 = time.perf_counter()
-    direct = sft(model, data["sft_direct"], work / "sft-direct", args.sft_steps, work)
-    tools = sft(model, data["sft_tools"], work / "sft-tools", args.sft_steps, work)
+    direct, tools = work / "sft-direct" / "final", work / "sft-tools" / "final"
+    if not (args.reuse and direct.is_dir()):
+        direct = sft(model, data["sft_direct"], work / "sft-direct", args.sft_steps, work)
+    if not (args.reuse and tools.is_dir()):
+        tools = sft(model, data["sft_tools"], work / "sft-tools", args.sft_steps, work)
     t1 = time.perf_counter()
     baseline = json.loads(rlkit("eval", str(direct), "--data", str(data["grpo_eval"]), "--rewards",
                                 "rewards.exact:exact_match", "--template", "chat", "--max-tokens", "16", cwd=work))
     run = work / "grpo"
+    shutil.rmtree(run, ignore_errors=True)
+    rewards = "rewards=[{fn: 'rewards.exact:exact_match'}" + (
+        f", {{fn: 'rlkit.tiny:calculator_steps', weight: {args.shaped}}}]" if args.shaped else "]")
     rlkit("grpo", str(ROOT / "recipes" / "tiny-grpo.yaml"), f"model.path={tools}", f"data.train={data['grpo_train']}",
           f"data.eval={data['grpo_eval']}", "data.build_synthetic_if_missing=null", "data.template=chat",
-          "curriculum.enabled=false", "rewards=[{fn: 'rewards.exact:exact_match'}]", "rollout.tools=['rlkit.tiny:add']",
+          "curriculum.enabled=false", rewards, "rollout.tools=['rlkit.tiny:add']",
           "rollout.max_tool_calls=2", "rollout.max_tokens=200", "rollout.max_model_len=512",
           f"grpo.steps={args.grpo_steps}", f"optim.lr={args.lr}", f"eval.every={args.grpo_steps}", "checkpoint.every=0",
-          f"output_dir={run}", "logging.progress=none", "logging.tensorboard=false", f"seed={args.seed}", cwd=work)
+          f"output_dir={run}", "logging.progress=none", "logging.tensorboard=false", f"seed={args.seed}",
+          *args.overrides, cwd=work)
     t2 = time.perf_counter()
     rows = metrics(run)
     evals = [r for r in rows if "eval/exact_match" in r]

@@ -86,3 +86,22 @@ def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog
     assert (tmp_path / "m" / "config.json").exists() and (tmp_path / "d" / "sft_train.jsonl").exists()
     assert f"model.path {tmp_path / 'm'} was missing: built an untrained 'tiny' tiny model there" in caplog.text
     assert "wrote the synthetic arithmetic task there (data.build_synthetic_if_missing)" in caplog.text
+
+
+def test_calculator_steps_credits_each_step_of_the_procedure():
+    """A third for each argument copied from the question (in order), a third for repeating the
+    tool's result; a direct answer or a malformed call earns nothing here."""
+    from rlkit.tiny import calculator_steps
+
+    prompt = [{"role": "user", "content": "87+85=?"}]
+
+    def call(name, args, result, answer):
+        return [{"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                     "function": {"name": name, "arguments": args}}]},
+                {"role": "tool", "name": name, "content": result}, {"role": "assistant", "content": answer}]
+
+    completions = [call("add", {"a": 87, "b": 85}, "172", "172"), call("add", {"a": 87, "b": 66}, "153", "153"),
+                   call("add", {"a": 85, "b": 87}, "172", "170"), call("multiply", {"a": 87, "b": 85}, "7395", "7395"),
+                   [{"role": "assistant", "content": "172"}]]
+    scores = calculator_steps(completions, [prompt] * len(completions))
+    assert scores == pytest.approx([1.0, 2 / 3, 0.0, 1 / 3, 0.0])

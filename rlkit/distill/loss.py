@@ -56,28 +56,45 @@ def _divergence(s_logits: Tensor, t_logits: Tensor, beta: float, temperature: fl
     return jsd, entropy
 
 
-def _chunk(h_s: Tensor, w_s: Tensor, b_s: Tensor | None, h_t: Tensor, w_t: Tensor, b_t: Tensor | None,
-           beta: float, temperature: float) -> tuple[Tensor, Tensor]:
-    s_logits = torch.nn.functional.linear(h_s, w_s, b_s)
+def _project(h: Tensor, head: Tensor | torch.nn.Module, bias: Tensor | None, vocab: int) -> Tensor:
+    logits = head(h) if isinstance(head, torch.nn.Module) else torch.nn.functional.linear(h, head, bias)
+    return logits[..., :vocab]
+
+
+def _rows(head: Tensor | torch.nn.Module) -> int:
+    """The vocabulary rows of a head (a ZeRO-3 partitioned weight keeps its full shape in `ds_shape`)."""
+    if not isinstance(head, torch.nn.Module):
+        return head.shape[0]
+    return getattr(head.weight, "ds_shape", head.weight.shape)[0]
+
+
+def _chunk(h_s: Tensor, head_s: Tensor | torch.nn.Module, b_s: Tensor | None, h_t: Tensor,
+           head_t: Tensor | torch.nn.Module, b_t: Tensor | None, vocab: int, beta: float,
+           temperature: float) -> tuple[Tensor, Tensor]:
+    s_logits = _project(h_s, head_s, b_s, vocab)
     with torch.no_grad():
-        t_logits = torch.nn.functional.linear(h_t, w_t, b_t)
+        t_logits = _project(h_t, head_t, b_t, vocab)
     return _divergence(s_logits, t_logits, beta, temperature)
 
 
-def generalized_jsd(student_hidden: Tensor, teacher_hidden: Tensor, student_head: Tensor, teacher_head: Tensor,
-                    mask: Tensor, *, beta: float = 0.5, temperature: float = 1.0,
-                    student_bias: Tensor | None = None, teacher_bias: Tensor | None = None,
-                    num_items_in_batch: int | Tensor | None = None,
-                    chunk_tokens: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def generalized_jsd(student_hidden: Tensor, teacher_hidden: Tensor, student_head: Tensor | torch.nn.Module,
+                    teacher_head: Tensor | torch.nn.Module, mask: Tensor, *, beta: float = 0.5,
+                    temperature: float = 1.0, student_bias: Tensor | None = None, teacher_bias: Tensor | None = None,
+                    num_items_in_batch: int | float | Tensor | None = None, chunk_tokens: int | None = None,
+                    vocab: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """TRL's distillation loss over the completion positions, chunked.
 
     student_hidden [B, T, H_s] and teacher_hidden [B, T, H_t]: the last hidden states aligned to
-    the completion tokens (position t predicts token t); student_head [V, H_s], teacher_head
-    [V, H_t]: the ``lm_head`` weights (one vocabulary; the widths may differ). mask [B, T]: 1 on
-    the positions that count. Returns (loss, the sum of the student's entropy over those
-    positions, their number); the loss is their divergences' sum over ``num_items_in_batch``
-    (gradient-accumulation-correct, as TRL) or, without it, their mean. ``chunk_tokens``: the
-    positions projected at once (default: the learner's logits chunk, 2**26 elements, over V).
+    the completion tokens (position t predicts token t); student_head and teacher_head: the
+    ``lm_head`` weights [V, H] (with the optional biases), or the ``lm_head`` modules themselves
+    (a module call, so that ZeRO-3 gathers a partitioned head inside the chunk). mask [B, T]: 1 on
+    the positions that count. ``vocab``: compare the first ``vocab`` logits only (a family pads
+    its ``lm_head`` to other sizes past the tokenizer's tokens, e.g. Qwen2.5 1.5B 151936 and 7B
+    152064 rows); without it the two heads must have one vocabulary. Returns (loss, the sum of
+    the student's entropy over those positions, their number); the loss is their divergences'
+    sum over ``num_items_in_batch`` (gradient-accumulation-correct, as TRL) or, without it, their
+    mean. ``chunk_tokens``: the positions projected at once (default: the learner's logits chunk,
+    2**26 elements, over V).
     """
     from rlkit.engine.logprobs import CHUNK_ELEMENTS
 
@@ -85,23 +102,24 @@ def generalized_jsd(student_hidden: Tensor, teacher_hidden: Tensor, student_head
         raise ValueError(f"beta must be in [0, 1] (0: forward KL, 1: reverse KL), got {beta}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if student_head.shape[0] != teacher_head.shape[0]:
-        raise ValueError(f"student and teacher vocabularies differ ({student_head.shape[0]} vs "
-                         f"{teacher_head.shape[0]} rows of lm_head): distillation needs one tokenizer")
+    rows_s, rows_t = _rows(student_head), _rows(teacher_head)
+    if vocab is None and rows_s != rows_t:
+        raise ValueError(f"student and teacher vocabularies differ ({rows_s} vs {rows_t} rows of lm_head): "
+                         "distillation needs one tokenizer")
+    vocab = min(vocab or rows_s, rows_s, rows_t)
     valid = mask.reshape(-1) != 0
     h_s = student_hidden.reshape(-1, student_hidden.shape[-1])[valid]
     h_t = teacher_hidden.reshape(-1, teacher_hidden.shape[-1])[valid].detach()
-    w_t = teacher_head.detach()
+    head_t = teacher_head if isinstance(teacher_head, torch.nn.Module) else teacher_head.detach()
     b_t = teacher_bias.detach() if teacher_bias is not None else None
-    chunk_tokens = chunk_tokens or max(1, CHUNK_ELEMENTS // student_head.shape[0])
+    chunk_tokens = chunk_tokens or max(1, CHUNK_ELEMENTS // vocab)
+    grad = torch.is_grad_enabled() and (h_s.requires_grad or (
+        student_head.weight.requires_grad if isinstance(student_head, torch.nn.Module) else student_head.requires_grad))
     divergences, entropies = [], []
     for start in range(0, h_s.shape[0], chunk_tokens):
         end = start + chunk_tokens
-        args = (h_s[start:end], student_head, student_bias, h_t[start:end], w_t, b_t, beta, temperature)
-        if torch.is_grad_enabled() and (h_s.requires_grad or student_head.requires_grad):
-            d, e = checkpoint(_chunk, *args, use_reentrant=False)
-        else:
-            d, e = _chunk(*args)
+        args = (h_s[start:end], student_head, student_bias, h_t[start:end], head_t, b_t, vocab, beta, temperature)
+        d, e = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
         divergences.append(d)
         entropies.append(e)
     n = valid.sum()

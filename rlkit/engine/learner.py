@@ -188,7 +188,7 @@ class Learner:
         norm = None
         k = len(micro_batches)
         for i, mb in enumerate(micro_batches):
-            loss, metrics = objective(self.engine, self._to_device(mb))
+            loss, metrics = objective(self.engine, self._to_device(mb), **self._frozen(objective))
             self.engine.set_gradient_accumulation_boundary(i == k - 1)  # the optimizer steps after the k-th
             self.engine.backward(loss / k, scale_wrt_gas=False)
             if i == k - 1:
@@ -220,7 +220,7 @@ class Learner:
         self.engine.eval()
         sums: dict[str, float] = {}
         for mb in micro_batches:
-            _, metrics = objective(self.engine, self._to_device(mb))
+            _, metrics = objective(self.engine, self._to_device(mb), **self._frozen(objective))
             for key, value in metrics.items():
                 accumulate(sums, key, float(value))
         return sums
@@ -256,6 +256,10 @@ class Learner:
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
         logp = self.logprobs([{"input_ids": ids, "attention_mask": mask}])[0]
         return [row[:len(s) - 1].tolist() for row, s in zip(logp, sequences)]
+
+    def _frozen(self, objective: Objective) -> dict[str, Any]:
+        """The frozen models the objective reads in its call (`objective.uses`: "teacher"), by name."""
+        return {name: getattr(self, name).copy for name in getattr(objective, "uses", ())}
 
     def _to_device(self, batch: MicroBatch) -> MicroBatch:
         return {k: v.to(self.engine.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -82,6 +82,28 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
     return logp, entropy
 
 
+def completion_states(model: Any, batch: dict[str, Tensor], positions: Tensor) -> tuple[Tensor, Any]:
+    """The final hidden states [N, H] that score the tokens after `positions` (bool [B, L-1], in
+    the order of `positions.nonzero()`; padded or padding-free batches alike), and the model's
+    lm_head module: what a full-vocabulary loss projects chunk by chunk (`rlkit/distill/loss.py`).
+    One forward, through `model` (gradients flow when enabled)."""
+    hf = _hf_model(model)
+    head = hf.get_output_embeddings()
+    rows = positions.nonzero(as_tuple=True)
+    if "unpack" in batch:
+        hidden, last = _last_hidden(model, hf, {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]})
+        states = hidden[0, batch["unpack"][:, :-1][rows]]
+    else:
+        hidden, last = _last_hidden(model, hf, batch)
+        states = hidden[:, :-1][rows]
+    if _HEAD_ONLY.get(hf) is None:
+        _HEAD_ONLY[hf] = _same_logits(head(hidden[:, -1:]), last)
+    if not _HEAD_ONLY[hf]:
+        raise ValueError(f"{type(hf).__name__} changes its logits after the lm_head (soft-capping or a scale): the "
+                         "full-vocabulary distillation loss projects hidden states through the lm_head alone")
+    return states, head
+
+
 def _packed_logprobs(model: Any, batch: dict[str, Tensor], temperature: float, with_entropy: bool,
                      positions: Tensor | None, chunk_elements: int) -> tuple[Tensor, Tensor | None]:
     """`token_logprobs` of a padding-free micro-batch (`GRPOBatch.packed_micro_batch`): the model

@@ -32,12 +32,14 @@ class Objective(Protocol):
     ending in `_max` / `_min`, which it reduces with max / min (see `accumulate`).
     `positions(batch)`: bool [B, L-1], the (shifted) positions whose logprobs the objective reads;
     the logprobs of `needs` are computed there only.
+    `uses` (optional): names of frozen models the objective reads inside its call ("teacher": a
+    full-vocabulary distillation loss); the learner passes them as keyword arguments.
     """
 
     temperature: float
     needs: tuple[str, ...]
 
-    def __call__(self, model: Any, batch: MicroBatch) -> tuple[Tensor, dict[str, Any]]: ...
+    def __call__(self, model: Any, batch: MicroBatch, **frozen: Any) -> tuple[Tensor, dict[str, Any]]: ...
 
     def positions(self, batch: MicroBatch) -> Tensor: ...
 

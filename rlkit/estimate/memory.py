@@ -16,6 +16,8 @@ section 3: 2 + 2 + 12 bytes per parameter in mixed precision):
   `engine/logprobs.py` scores 2**26 logits elements at a time), x (bytes(dtype) + 12): the chunk's
   logits, their fp32 copy, the scaled copy and the fp32 gradient;
 - GRPO with beta > 0 and full fine-tuning: a frozen reference copy in the model dtype (not sharded);
+- distillation: the frozen teacher, whole, and with `loss: jsd` its chunk of logits (model dtype
+  + the fp32 log-softmax and its exp, no gradient);
 - a fixed 1 GiB for the CUDA / CANN context and the allocator's slack.
 Per rollout engine (tensor parallel t): the weights / t; the KV cache for its share of the step's
 sequences at max_model_len (2 x layers x kv_heads x head_dim x bytes per token, / t); a runtime
@@ -119,6 +121,9 @@ def estimate(cfg: Any, stage: str, arch: Arch, hardware: Hardware | None = None)
         last = [k for k in learner.parts if k == "context" or k.startswith("runtime")]
         parts = {k: v for k, v in learner.parts.items() if k not in last}
         parts["teacher copy"] = t_arch.params * width_bytes(teacher.dtype, hardware)
+        if cfg.distill.loss == "jsd":  # the teacher's chunk of logits beside the student's, fp32 (no grad)
+            parts["teacher logits"] = min(g.micro_batch_size * seq * t_arch.vocab, LOGITS_CHUNK) * \
+                (width_bytes(teacher.dtype, hardware) + 8)
         learner = dataclasses.replace(learner, parts={**parts, **{k: learner.parts[k] for k in last}})
     engines = 1 if r.colocate else r.num_engines
     seqs = math.ceil(g.prompts_per_step * g.group_size / (g.num_learners if r.colocate else engines))

@@ -182,16 +182,24 @@ class GRPOAlgoConfig:
 @dataclass(frozen=True)
 class DistillConfig:
     """On-policy distillation (`rlkit distill`): the student samples as in GRPO, a frozen teacher
-    scores the same tokens; its per-token signal log p_teacher - log p_student is the advantage."""
+    scores the same tokens. `loss: reverse_kl`: each sampled token's log p_teacher - log p_student
+    is its advantage in the policy loss (Thinking Machines, prime-rl opd); `loss: jsd`: TRL's
+    DistillationTrainer loss, the generalized JSD between the two next-token distributions over the
+    whole vocabulary at every completion position (`beta` 0: forward KL, 1: reverse KL)."""
 
     teacher: ModelConfig  # the frozen teacher (same tokenizer as the student), held beside each learner rank
-    coef: float = 1.0  # weight of the teacher's per-token advantage, log p_teacher - log p_student
-    reward_weight: float = 0.0  # weight of the task rewards' group advantage beside it (0: rewards logged only)
+    loss: Literal["reverse_kl", "jsd"] = "reverse_kl"  # the sampled per-token advantage, or the full-vocabulary JSD
+    beta: float = 1.0  # jsd only: TRL's interpolation (0 forward KL(teacher||student), 0.5 JSD, 1 reverse KL)
+    coef: float = 1.0  # weight of the teacher's signal (the per-token advantage, or the JSD term of the loss)
+    reward_weight: float = 0.0  # weight of the task rewards (their group advantage / policy loss; 0: logged only)
 
     def __post_init__(self):
         check(self.coef >= 0, "coef", f"must be >= 0, got {self.coef}")
         check(self.reward_weight >= 0, "reward_weight", f"must be >= 0, got {self.reward_weight}")
         check(self.coef > 0 or self.reward_weight > 0, "coef", "coef and reward_weight are both 0: nothing to learn")
+        check(0.0 <= self.beta <= 1.0, "beta", f"must be in [0, 1] (0: forward KL, 1: reverse KL), got {self.beta}")
+        check(self.loss == "jsd" or self.beta == 1.0, "beta", "applies to loss: jsd only (reverse_kl samples the "
+              "reverse KL); set loss: jsd or drop beta")
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def test_no_tokens_by_vocabulary_tensor_is_kept_for_the_backward():
     valid = mask.reshape(-1) != 0
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         distill_loss._chunk(h_s.reshape(-1, h_s.shape[-1])[valid], w_s, None, h_t.reshape(-1, h_t.shape[-1])[valid],
-                            w_t, None, 0.5, 1.0)
+                            w_t, None, vocab, 0.5, 1.0)
     assert rows and max(rows) == int(n)
 
 

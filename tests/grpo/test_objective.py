@@ -84,3 +84,62 @@ def test_distillation_takes_the_teachers_per_token_signal_as_advantage(tiny_mode
     assert metrics["distill/reverse_kl"].item() == pytest.approx(float(((logp - teacher) * mask).sum() / mask.sum()))
     with pytest.raises(ValueError, match="coef and reward_weight are both 0"):
         DistillConfig(ModelConfig(path="t"), coef=0.0, reward_weight=0.0)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_jsd_distillation_is_trls_loss_on_the_two_models_logits(tiny_model, packed):
+    """`distill.loss: jsd`: the objective asks for the teacher itself (not its logprobs) and its loss
+    is coef x TRL's generalized JSD of the two models' full next-token distributions at the
+    completion positions, padded or padding-free, past a teacher head padded to more rows (a
+    family's larger model); with reward_weight > 0 the policy loss is added."""
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.distillation_trainer import _chunked_divergence_loss
+
+    from rlkit.config import ModelConfig
+    from rlkit.engine.logprobs import token_logprobs
+    from rlkit.grpo.batch import GRPOBatch, Rollout
+    from rlkit.grpo.config import DistillConfig
+    from rlkit.grpo.loss import policy_loss
+
+    student = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    vocab = teacher.get_output_embeddings().out_features
+    teacher.resize_token_embeddings(vocab + 8, mean_resizing=False)  # lm_head rows past the tokenizer
+    distill = DistillConfig(ModelConfig(path="teacher"), loss="jsd", beta=0.5, coef=2.0)
+    objective = GRPOObjective.from_config(GRPOAlgoConfig(beta=0.1, epochs=2), RolloutConfig(temperature=0.8), distill)
+    assert objective.needs == () and objective.uses == ("teacher",)  # no policy loss: no logprobs to attach
+
+    rollouts = [Rollout([5, 6, 7], [8, 9, 4], False), Rollout([5, 6], [10, 11, 12, 13], False)]
+    batch = GRPOBatch.collate(rollouts, torch.tensor([1.0, -0.5]), pad_id=0)
+    padded = {**batch.micro_batch([0, 1]), "num_items_in_batch": torch.tensor(5.0, dtype=torch.float64)}
+    mb = {**batch.packed_micro_batch([0, 1]), "num_items_in_batch": padded["num_items_in_batch"]} if packed else padded
+    loss, metrics = objective(student, mb, teacher=teacher)
+    loss.backward()
+    assert student.get_output_embeddings().weight.grad.abs().sum() > 0  # the student learns; the teacher is frozen
+    assert all(p.grad is None for p in teacher.parameters())
+
+    with torch.no_grad():  # TRL's loss on the full logits (hidden states = logits, heads = the identity)
+        inputs = {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"]}
+        s_logits = student(**inputs).logits[:, :-1]
+        t_logits = teacher(**inputs).logits[:, :-1, :vocab]
+        mask = padded["completion_mask"][:, 1:]
+        eye = torch.eye(vocab)
+        want = _chunked_divergence_loss(s_logits, t_logits, eye, eye, mask, 0.5, num_items_in_batch=5.0,
+                                        temperature=0.8)[0]
+    torch.testing.assert_close(loss.detach(), 2.0 * want, rtol=1e-5, atol=1e-6)
+    assert metrics["distill/jsd"].item() == pytest.approx(float(want) * 5.0 / int(mask.sum()), rel=1e-5)
+
+    mixed = GRPOObjective.from_config(GRPOAlgoConfig(), RolloutConfig(temperature=0.8), DistillConfig(
+        ModelConfig(path="teacher"), loss="jsd", beta=0.5, coef=2.0, reward_weight=0.3))
+    with torch.no_grad():
+        both, metrics = mixed(student, mb, teacher=teacher)
+        logp, _ = token_logprobs(student, padded, 0.8)
+        policy = policy_loss(logp, None, padded["advantages"], mask.float(), loss_type="dapo", num_items_in_batch=5.0)
+    torch.testing.assert_close(both, 0.3 * policy.loss + 2.0 * want, rtol=1e-5, atol=1e-6)
+    assert {"distill/jsd", "clip_frac", "ratio_mean"} <= set(metrics)
+    with pytest.raises(ValueError, match="applies to loss: jsd only"):
+        DistillConfig(ModelConfig(path="t"), beta=0.5)
