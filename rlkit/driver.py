@@ -340,6 +340,7 @@ def _size(n: int) -> str:
 def learner_group(cfg: Any, spec: Any, num: int, device: Any) -> Iterator[Any]:
     """Start (or join, `ray.address`) Ray and `num` learners; on exit stop the learners and the
     Ray instance if this call started it."""
+    from rlkit.distill.teacher import check_teacher_node
     from rlkit.engine.cluster import check_resources
     from rlkit.engine.group import LearnerGroup
     from rlkit.engine.placement import start_ray
@@ -348,6 +349,7 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any) -> Iterator[Any]:
     group = None
     try:
         check_resources(demands(cfg, num, device))
+        check_teacher_node(getattr(cfg, "distill", None))
         group = LearnerGroup(spec, num, device, cfg.ray, Path(cfg.output_dir))
         yield group
     finally:
@@ -372,6 +374,8 @@ def demands(cfg: Any, num_learners: int, device: Any) -> list[Any]:
         tp = rollout.tensor_parallel_size
         out.append(Demand("engine", rollout.num_engines, bundle(device, engine_cpus(device, cfg.ray, tp), tp),
                           cfg.ray.placement, "rollout.num_engines"))
+    if getattr(getattr(cfg, "distill", None), "placement", None) == "actor":  # the teacher's own actor
+        out.append(Demand("teacher", 1, bundle(device, cfg.ray.cpus_per_actor), "pack", "distill.placement"))
     return out
 
 

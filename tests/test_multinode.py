@@ -273,3 +273,33 @@ def test_a_lost_node_ends_the_run_in_one_line_and_the_run_resumes_when_it_is_bac
     steps = [r["step"] for r in _rows(out) if "reward/mean" in r]
     assert steps == list(range(1, 13)), steps  # the records after the checkpoint were dropped and done again
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_a_distillation_teacher_on_the_other_host_scores_as_the_copy_beside_the_learner(hosts, tiny_model, sft_model,
+                                                                                        task_data, tmp_path):
+    """`distill.placement: actor` with `distill.node` = host B: the teacher's own actor runs there and
+    the driver attaches its logprobs to the batch; from the same samples the first step's sampled
+    KL equals that of the teacher copy held beside the learner. A node the cluster lacks is one
+    line before launch."""
+    def distill(out: Path, *extra: str) -> subprocess.CompletedProcess:
+        return _rlkit(hosts, "distill", str(ROOT / "recipes" / "tiny-distill.yaml"), f"model.path={tiny_model}",
+                      f"distill.teacher.path={sft_model}", f"data.train={task_data['sft_train']}", "data.eval=null",
+                      "data.build_synthetic_if_missing=null", f"output_dir={out}", "logging.progress=none",
+                      "logging.tensorboard=false", "distill.loss=reverse_kl", "distill.beta=1.0", "grpo.steps=1",
+                      "grpo.prompts_per_step=8", "grpo.micro_batch_size=16", "eval.every=0", "checkpoint.every=0",
+                      "ray.cpus_per_actor=0.5", *extra, timeout=600)
+
+    kl = {}
+    for placement, extra in (("learner", []), ("actor", [f"distill.node={hosts.addresses[1]}"])):
+        out = tmp_path / placement
+        res = distill(out, f"distill.placement={placement}", *extra)
+        assert res.returncode == 0, res.stderr[-3000:]
+        (row,) = [r for r in _rows(out) if "train/distill/reverse_kl" in r]
+        kl[placement] = row["train/distill/reverse_kl"]
+        assert ("time/teacher" in row) == (placement == "actor")
+    log = (tmp_path / "actor" / "rlkit.log").read_text()
+    assert f"the teacher runs in its own actor on node {hosts.addresses[1]}" in log
+    assert kl["actor"] == pytest.approx(kl["learner"], rel=1e-4) and kl["actor"] > 0.1, kl
+    line = _one_line(distill(tmp_path / "nowhere", "distill.placement=actor", "distill.node=10.213.7.9"))
+    assert line == (f"rlkit: error: distill.node: 10.213.7.9 is not a node of this Ray cluster (its nodes: "
+                    f"{', '.join(hosts.addresses)}): give one of those addresses, or null to let Ray place the teacher")

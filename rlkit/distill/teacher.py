@@ -19,6 +19,18 @@ def check_teacher(teacher: Any, student_tokenizer: str, device: Any) -> None:
     check_same_tokenizer(student_tokenizer, teacher.tokenizer or teacher.path)
 
 
+def check_teacher_node(distill: Any) -> None:
+    """Once Ray is up: the node `distill.node` names is one of the cluster's (one line otherwise)."""
+    from rlkit.engine.cluster import cluster_nodes
+
+    if distill is None or not distill.node:
+        return
+    nodes = [name.rstrip("'") for name in cluster_nodes()]
+    if distill.node not in nodes:
+        raise ConfigError(f"{distill.node} is not a node of this Ray cluster (its nodes: {', '.join(nodes)}): give "
+                          "one of those addresses, or null to let Ray place the teacher", "distill.node")
+
+
 def check_same_tokenizer(student: str | Path, teacher: str | Path, key: str = "distill.teacher") -> None:
     """One line unless the two model directories tokenize alike: the same vocabulary (every token
     at the same id) and the same special tokens. The teacher scores the student's token ids, so
@@ -37,3 +49,86 @@ def check_same_tokenizer(student: str | Path, teacher: str | Path, key: str = "d
         if getattr(s, name) != getattr(t, name):
             raise ConfigError(f"the teacher {teacher} and the student {student} differ in {name} ({getattr(t, name)} "
                               f"vs {getattr(s, name)}): on-policy distillation needs one tokenizer", key)
+
+
+class TeacherWorker:
+    """The teacher in a Ray actor of its own (`distill.placement: actor`): one device, or CPUs,
+    on any node or `distill.node`. It scores each step's samples once; the driver puts the
+    logprobs into the batch (`GRPOBatch.teacher_logp`) before the learners train."""
+
+    def __init__(self, model: Any, device: str):
+        from rlkit import models
+        from rlkit.accel import apply_env, configure_cpu_threads, detect
+        from rlkit.console import name_worker_log
+
+        name_worker_log("teacher")
+        info = detect(device)
+        apply_env(info)
+        if not info.is_accelerator:
+            configure_cpu_threads()
+        dtype = models.resolve_dtype(model.dtype, info.bf16 and info.is_accelerator)
+        self.device = info.torch_device
+        self.model = models.load_model(model, dtype).to(self.device).eval()
+        self.model.requires_grad_(False)
+
+    def ready(self) -> str:
+        """The node this teacher runs on (its address), once its model is loaded."""
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def logprobs(self, micro_batches: list[dict[str, Any]], temperature: float) -> list[Any]:
+        """Token logprobs [b, l-1] (CPU) at each micro-batch's completion positions."""
+        import torch
+
+        from rlkit.engine.logprobs import token_logprobs
+
+        out = []
+        with torch.no_grad():
+            for mb in micro_batches:
+                mb = {k: v.to(self.device) for k, v in mb.items()}
+                where = mb["completion_mask"][:, 1:].bool()
+                out.append(token_logprobs(self.model, mb, temperature, positions=where)[0].cpu())
+        return out
+
+
+class TeacherActor:
+    """The driver's handle on a `TeacherWorker`: `score(batch)` returns the batch with the teacher's
+    logprobs attached."""
+
+    def __init__(self, distill: Any, device: Any, ray_cfg: Any, rows_per_call: int):
+        import ray
+
+        from rlkit.engine.calls import name_actor, wait_all
+        from rlkit.engine.placement import actor_resources, worker_env
+
+        opts = actor_resources(device, ray_cfg.cpus_per_actor)
+        if distill.node:  # Ray's per-node resource pins the actor to that node
+            opts["resources"] = {**opts.get("resources", {}), f"node:{distill.node}": 0.001}
+        self.actor = ray.remote(TeacherWorker).options(**opts, runtime_env={"env_vars": worker_env(device)}).remote(
+            distill.teacher, device.kind)
+        name_actor(self.actor, "the teacher")
+        self.rows = rows_per_call
+        self.node = wait_all([self.actor.ready.remote()], ["the teacher"], "its start")[0]
+
+    def score(self, batch: Any, temperature: float) -> Any:
+        """`batch` (a `GRPOBatch`) with `teacher_logp` [B, L-1]."""
+        import dataclasses
+
+        import torch
+
+        from rlkit.engine.calls import wait_all
+
+        spans = [range(i, min(i + self.rows, len(batch))) for i in range(0, len(batch), self.rows)]
+        chunks = [{k: v for k, v in batch.micro_batch(list(rows)).items()
+                   if k in ("input_ids", "attention_mask", "completion_mask")} for rows in spans]
+        scored = wait_all([self.actor.logprobs.remote(chunks, temperature)], ["the teacher"], "scoring")[0]
+        logp = torch.zeros(batch.input_ids.shape[0], batch.input_ids.shape[1] - 1)
+        for rows, part in zip(spans, scored):
+            logp[rows.start:rows.stop, :part.shape[1]] = part
+        return dataclasses.replace(batch, teacher_logp=logp)
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.kill(self.actor)

@@ -115,21 +115,25 @@ def estimate(cfg: Any, stage: str, arch: Arch, hardware: Hardware | None = None)
     learner = _learner(cfg, arch, width, g.num_learners, g.micro_batch_size * seq, ctx,
                        reference=g.beta > 0 and cfg.finetuning == "full",
                        sync_bytes=0.0 if r.colocate else r.sync_bucket_mib * 2**20)
-    if getattr(cfg, "distill", None) is not None:  # the frozen teacher beside each learner rank, whole
-        teacher = cfg.distill.teacher
-        t_arch = Arch.from_config(*model_config(teacher.path))
-        last = [k for k in learner.parts if k == "context" or k.startswith("runtime")]
-        parts = {k: v for k, v in learner.parts.items() if k not in last}
-        parts["teacher copy"] = t_arch.params * width_bytes(teacher.dtype, hardware)
-        if cfg.distill.loss == "jsd":  # the teacher's chunk of logits beside the student's, fp32 (no grad)
-            parts["teacher logits"] = min(g.micro_batch_size * seq * t_arch.vocab, LOGITS_CHUNK) * \
-                (width_bytes(teacher.dtype, hardware) + 8)
-        learner = dataclasses.replace(learner, parts={**parts, **{k: learner.parts[k] for k in last}})
+    teacher = None
+    if getattr(cfg, "distill", None) is not None:  # the frozen teacher, whole
+        d = cfg.distill
+        t_arch, t_width = Arch.from_config(*model_config(d.teacher.path)), width_bytes(d.teacher.dtype, hardware)
+        logits = min(g.micro_batch_size * seq * t_arch.vocab, LOGITS_CHUNK) * (t_width + 8)  # no gradient
+        if d.placement == "actor":  # its own process: weights, one chunk of logits, the context
+            teacher = Process("teacher", 1, {"parameters": t_arch.params * t_width, "logits": logits, "context": ctx})
+        else:  # beside each learner rank
+            last = [k for k in learner.parts if k == "context" or k.startswith("runtime")]
+            parts = {k: v for k, v in learner.parts.items() if k not in last}
+            parts["teacher copy"] = t_arch.params * t_width
+            if d.loss == "jsd":  # the teacher's chunk of logits beside the student's
+                parts["teacher logits"] = logits
+            learner = dataclasses.replace(learner, parts={**parts, **{k: learner.parts[k] for k in last}})
     engines = 1 if r.colocate else r.num_engines
     seqs = math.ceil(g.prompts_per_step * g.group_size / (g.num_learners if r.colocate else engines))
     engine = _engine(arch, width, r, seqs, ctx)
     if not r.colocate:
-        return [learner, engine]
+        return [learner, engine] + ([teacher] if teacher is not None else [])
     resident = {k: v for k, v in learner.parts.items() if k in ("parameters", "gradients", "optimizer state",
                                                                  "reference copy", "teacher copy", "context")}
     training = dict(learner.parts)
@@ -141,7 +145,8 @@ def estimate(cfg: Any, stage: str, arch: Arch, hardware: Hardware | None = None)
     when = "training" if peak is training else "generating"
     return [Process("colocated learner + engine", g.num_learners, peak, learner.host,
                     note=f"peak while {when}; the other phase: "
-                         f"{gib(sum((generating if peak is training else training).values()))}")]
+                         f"{gib(sum((generating if peak is training else training).values()))}")] + \
+        ([teacher] if teacher is not None else [])
 
 
 def width_bytes(dtype: str, hardware: Hardware | None) -> int:
@@ -233,8 +238,9 @@ def _engine(arch: Arch, width: int, r: Any, seqs: int, ctx: float) -> Process:
 def devices_needed(cfg: Any, stage: str) -> int:
     if stage == "sft":
         return cfg.train.num_learners
-    r = cfg.rollout
-    return cfg.grpo.num_learners + (0 if r.colocate else r.num_engines * r.tensor_parallel_size)
+    r, distill = cfg.rollout, getattr(cfg, "distill", None)
+    teacher = 1 if distill is not None and distill.placement == "actor" else 0  # the teacher's own device
+    return cfg.grpo.num_learners + (0 if r.colocate else r.num_engines * r.tensor_parallel_size) + teacher
 
 
 def verdicts(processes: list[Process], hardware: Hardware) -> list[tuple[Process, bool, float]]:

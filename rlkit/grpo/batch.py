@@ -42,6 +42,7 @@ class GRPOBatch:
     completion_mask: Tensor  # long [B, L]
     advantages: Tensor  # float [B]
     engine_logp: Tensor | None = None  # float [B, L-1]
+    teacher_logp: Tensor | None = None  # float [B, L-1]: a distillation teacher's actor's, when it has its own
 
     @classmethod
     def collate(cls, rollouts: Sequence[Rollout], advantages: Tensor, pad_id: int,
@@ -79,8 +80,9 @@ class GRPOBatch:
         length = int(self.attention_mask[idx].sum(1).max())
         out = {"input_ids": self.input_ids[idx, :length], "attention_mask": self.attention_mask[idx, :length],
                "completion_mask": self.completion_mask[idx, :length], "advantages": self.advantages[idx]}
-        if self.engine_logp is not None:
-            out["engine_logp"] = self.engine_logp[idx, :length - 1]
+        for key in ("engine_logp", "teacher_logp"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)[idx, :length - 1]
         return out
 
     def packed_micro_batch(self, rows: Sequence[int]) -> dict[str, Tensor]:

@@ -192,6 +192,10 @@ class DistillConfig:
     beta: float = 1.0  # jsd only: TRL's interpolation (0 forward KL(teacher||student), 0.5 JSD, 1 reverse KL)
     coef: float = 1.0  # weight of the teacher's signal (the per-token advantage, or the JSD term of the loss)
     reward_weight: float = 0.0  # weight of the task rewards (their group advantage / policy loss; 0: logged only)
+    # learner: a copy beside each learner rank; actor: one Ray actor of its own (a device, or CPUs), which
+    # scores each step's samples before the learners train (reverse_kl only: it sends one logprob per token)
+    placement: Literal["learner", "actor"] = "learner"
+    node: str | None = None  # placement actor: the Ray node (its IP address) to run the teacher on (None: any)
 
     def __post_init__(self):
         check(self.coef >= 0, "coef", f"must be >= 0, got {self.coef}")
@@ -200,6 +204,11 @@ class DistillConfig:
         check(0.0 <= self.beta <= 1.0, "beta", f"must be in [0, 1] (0: forward KL, 1: reverse KL), got {self.beta}")
         check(self.loss == "jsd" or self.beta == 1.0, "beta", "applies to loss: jsd only (reverse_kl samples the "
               "reverse KL); set loss: jsd or drop beta")
+        check(self.placement == "learner" or self.loss == "reverse_kl", "placement",
+              "actor needs loss: reverse_kl (the full-vocabulary jsd projects the teacher's hidden states beside the "
+              "student's, in the learner); use placement: learner for jsd")
+        check(self.node is None or self.placement == "actor", "node", "places the teacher's own actor: set "
+              "placement: actor (placement: learner puts a copy beside each learner rank)")
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ class GRPOObjective:
         jsd = distill is not None and distill.loss == "jsd"
         policy = not jsd or distill.reward_weight > 0  # the policy loss (and what it needs) is computed
         needs = (("ref_logp",) if algo.beta > 0 and policy else ()) + (("old_logp",) if reused and policy else ()) + \
-            (("teacher_logp",) if distill is not None and not jsd and distill.coef > 0 else ())
+            (("teacher_logp",) if distill is not None and not jsd and distill.coef > 0 and
+             distill.placement == "learner" else ())  # placement actor: the teacher's actor attaches them
         gates = SoftGates(**{f.name: getattr(algo, f.name) for f in dataclasses.fields(SoftGates)})
         return cls(rollout.temperature, algo.epsilon_low, algo.epsilon_high, algo.beta, algo.kl, algo.loss_type,
                    algo.importance_sampling_level, rollout.max_tokens, algo.rollout_correction,

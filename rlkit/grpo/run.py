@@ -66,8 +66,9 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                                      cfg.data.train, row_filter=online)
         run = RunDir(cfg, "grpo", template=task.template)
         run.announce(_plan(cfg, task, device))
+        beside = cfg.distill is not None and cfg.distill.placement == "learner"  # a teacher copy per learner rank
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
-                            reference=g.beta > 0, teacher=cfg.distill and cfg.distill.teacher)
+                            reference=g.beta > 0, teacher=cfg.distill.teacher if beside else None)
         with run.session(), learner_group(cfg, spec, g.num_learners, device) as learners:
             shipped = ship_by_value(task.scorer.modules())
             if shipped:
@@ -75,6 +76,12 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                              f"there): {', '.join(shipped)}")
             adapter = AdapterServing(cfg.lora.r) if cfg.rollout.lora_sync == "adapter" else None
             engines = start_engines(cfg.rollout, cfg.model, device, cfg.ray, learners, cfg.seed, adapter)
+            teacher = None
+            if cfg.distill is not None and not beside:  # the teacher in its own actor
+                from rlkit.distill.teacher import TeacherActor
+
+                teacher = TeacherActor(cfg.distill, device, cfg.ray, g.micro_batch_size)
+                run.announce(f"rlkit distill: the teacher runs in its own actor on node {teacher.node}")
             if task.agent is not None:  # multi-turn: a weight sync waits for the turn loops in flight
                 engines = task.agent.bind(engines)
             try:
@@ -83,10 +90,12 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                     engines.sync_from(learners)  # engines start from model.path: give them the resumed policy
                 saved = (run.resume_payload() or {}).get("generations", [])
                 with closing(run.logger(cfg.logging, g.steps, step)) as logger, run.stop_on_signals():
-                    _train(cfg, task, sampler, run, learners, engines, logger, step, saved)
+                    _train(cfg, task, sampler, run, learners, engines, logger, step, saved, teacher)
                 return run.save_final(learners, cfg.model.tokenizer or cfg.model.path, dir_bytes(cfg.model.path))
             finally:
                 engines.shutdown()
+                if teacher is not None:
+                    teacher.shutdown()
 
 
 def _plan(cfg: GRPOConfig, task: Task, device: Any) -> str:
@@ -110,8 +119,9 @@ def eval_sampling(cfg: GRPOConfig) -> Any:
 
 
 def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any, engines: Any, logger: Any,
-           step: int, saved: list[dict]) -> None:
-    """The loop, from `step` to `grpo.steps`; `saved`: the generations a checkpoint held in flight."""
+           step: int, saved: list[dict], teacher: Any = None) -> None:
+    """The loop, from `step` to `grpo.steps`; `saved`: the generations a checkpoint held in flight;
+    `teacher`: a distillation teacher's own actor (`TeacherActor`), which scores each batch."""
     from rlkit.engine.engines import sampling
 
     g, total, objective = cfg.grpo, cfg.grpo.steps, GRPOObjective.from_config(cfg.grpo, cfg.rollout, cfg.distill)
@@ -137,6 +147,10 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         seen = _observe(sampler.row_filter, exp)                                  # online difficulty, when on
         adv, adv_metrics = advantages(exp, g)
         batch = GRPOBatch.collate(exp.rollouts, adv, task.pad_id, g.mask_truncated)
+        t_teacher = time.perf_counter()
+        if teacher is not None:                                                   # the teacher's logprobs
+            batch = teacher.score(batch, cfg.rollout.temperature)
+        t_teacher = time.perf_counter() - t_teacher
         ahead.fill(step + 1)                                                      # generates during training
         t1 = time.perf_counter()
         shards = _shards(batch, g, derive_seed(cfg.seed, "plan", step))          # micro-batches per rank
@@ -146,7 +160,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         step, version = step + 1, version + 1
         metrics = {**exp.metrics, **adv_metrics, **seen,
                    **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2, exp.engine_seconds, len(engines.names)),
-                   **engines.recovery(),
+                   **({"time/teacher": t_teacher} if teacher is not None else {}), **engines.recovery(),
                    **_sync_check(cfg, task, engines, learners, step)}                # parity probe, when due
         if task.eval_rows and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
             metrics.update(held_out())

@@ -2,7 +2,7 @@
 (the tiny model after 150 SFT steps) samples, the teacher (the tiny SFT model, 600 steps) gives its
 next-token distribution, the student minimises TRL's generalized JSD (forward KL). On held-out
 prompts, the exact per-token KL from the student to the teacher falls and the student's accuracy
-moves toward the teacher's."""
+moves toward the teacher's (a teacher in its own actor: tests/test_multinode.py)."""
 
 from __future__ import annotations
 
@@ -40,20 +40,32 @@ def held_out(model_dir, teacher, rows, tokenizer) -> tuple[float, float]:
     return kl / tokens, right / len(rows)
 
 
-def test_the_student_moves_toward_the_teacher(sft_model, tiny_model, task_data, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+@pytest.fixture(scope="module")
+def student(tiny_model, task_data, tmp_path_factory):
     from rlkit import stages
-    from rlkit.grpo.run import run_grpo
     from rlkit.sft.run import run_sft
 
-    student = run_sft(stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml", sft_overrides(
-        tiny_model, task_data, tmp_path / "student", "train.max_steps=150", "eval.every=0", "checkpoint.every=0")))
-    recipe, out = ROOT / "recipes" / "tiny-distill.yaml", tmp_path / "distill"
-    final = run_grpo(stages.load("distill", recipe, [
-        f"model.path={student}", f"distill.teacher.path={sft_model}", f"data.train={task_data['sft_train']}",
+    return run_sft(stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml", sft_overrides(
+        tiny_model, task_data, tmp_path_factory.mktemp("student"), "train.max_steps=150", "eval.every=0",
+        "checkpoint.every=0")))
+
+
+def distill(student, teacher, task_data, out, *extra: str):
+    from rlkit import stages
+    from rlkit.grpo.run import run_grpo
+
+    recipe = ROOT / "recipes" / "tiny-distill.yaml"
+    return run_grpo(stages.load("distill", recipe, [
+        f"model.path={student}", f"distill.teacher.path={teacher}", f"data.train={task_data['sft_train']}",
         f"data.eval={task_data['grpo_eval']}", f"output_dir={out}", "logging.progress=none",
-        "logging.tensorboard=false", "checkpoint.every=0"]), recipe)
+        "logging.tensorboard=false", "checkpoint.every=0", *extra]), recipe)
+
+
+def test_the_student_moves_toward_the_teacher(sft_model, student, task_data, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "distill"
+    final = distill(student, sft_model, task_data, out)
     rows = read_metrics(out)
     jsd = [r["train/distill/jsd"] for r in rows if "train/distill/jsd" in r]
     evals = [r["eval/number_match"] for r in rows if "eval/number_match" in r]
@@ -71,3 +83,4 @@ def test_the_student_moves_toward_the_teacher(sft_model, tiny_model, task_data, 
     assert kl_after < 0.7 * kl_before
     assert before + 0.08 <= after < target
     assert evals[-1] > evals[0]  # the run's own held-out eval (vLLM, greedy) agrees
+

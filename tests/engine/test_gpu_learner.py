@@ -389,3 +389,22 @@ def test_bf16_jsd_distillation_pulls_the_student_to_the_teacher(learners, model_
     values = [learner.fit([[dict(mb)]], objective).steps[0].mean("distill/jsd") for _ in range(8)]
     print(f"\nZeRO-{zero} bf16 JSD on a fixed batch, 8 steps: " + " ".join(f"{v:.4f}" for v in values))
     assert all(math.isfinite(v) for v in values) and values[-1] < 0.7 * values[0], values
+
+
+def test_teacher_actor_body_scores_in_bf16_like_fp32(model_dir):
+    """`distill.placement: actor`: the teacher's worker (here without Ray) loads whole in bf16 on
+    CUDA and scores the completion positions like an fp32 HF forward; the prompt's are 0."""
+    from rlkit.config import ModelConfig
+    from rlkit.distill.teacher import TeacherWorker
+
+    worker = TeacherWorker(ModelConfig(path=str(model_dir), dtype="bf16"), "cuda")
+    assert {p.dtype for p in worker.model.parameters()} == {torch.bfloat16}
+    seq = torch.randint(4, vocab_size(model_dir), (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    completion = torch.tensor([[0] * 16 + [1] * 24])
+    mb = {"input_ids": torch.tensor([seq]), "attention_mask": torch.ones(1, 40, dtype=torch.long),
+          "completion_mask": completion}
+    got = worker.logprobs([mb], 0.8)[0][0]
+    want = hf_logprobs(load_hf(model_dir), seq, 0.8)
+    diff = (got[15:] - want[15:]).abs()
+    print(f"\nteacher actor bf16 vs fp32 HF: max abs diff {diff.max():.4f}, mean {diff.mean():.4f}")
+    assert torch.equal(got[:15], torch.zeros(15)) and diff.mean() < 0.02 and diff.max() < 0.1
