@@ -6,38 +6,11 @@ moves toward the teacher's (a teacher in its own actor: tests/test_multinode.py)
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 
 from tests.sft.conftest import ROOT, read_metrics, sft_overrides
 
 pytestmark = pytest.mark.slow
-
-
-def held_out(model_dir, teacher, rows, tokenizer) -> tuple[float, float]:
-    """(mean per-token KL(student || teacher) over the vocabulary on the student's own greedy
-    completions, the share of those completions with the right number) on `rows` (HF, fp32)."""
-    from transformers import AutoModelForCausalLM
-
-    from rewards.exact import parse_number
-    from rlkit.data.templates import render_prompt
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    kl, tokens, right = 0.0, 0, 0
-    with torch.no_grad():
-        for row in rows:
-            ids = tokenizer(render_prompt(row, "alpaca", tokenizer), return_tensors="pt").input_ids
-            seq = model.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-            start = ids.shape[1]
-            right += parse_number(tokenizer.decode(seq[0, start:], skip_special_tokens=True)) == \
-                parse_number(row["output"])
-            log_s = torch.log_softmax(model(seq).logits[0, start - 1:-1], -1)
-            log_t = torch.log_softmax(teacher(seq).logits[0, start - 1:-1], -1)
-            kl += float((log_s.exp() * (log_s - log_t)).sum())
-            tokens += seq.shape[1] - start
-    return kl / tokens, right / len(rows)
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +35,6 @@ def distill(student, teacher, task_data, out, *extra: str):
 
 
 def test_the_student_moves_toward_the_teacher(sft_model, student, task_data, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     out = tmp_path / "distill"
     final = distill(student, sft_model, task_data, out)
     rows = read_metrics(out)
@@ -71,16 +42,16 @@ def test_the_student_moves_toward_the_teacher(sft_model, student, task_data, tmp
     evals = [r["eval/number_match"] for r in rows if "eval/number_match" in r]
     assert len(jsd) == 150 and len(evals) == 4
 
-    tokenizer = AutoTokenizer.from_pretrained(sft_model)
-    teacher = AutoModelForCausalLM.from_pretrained(sft_model, dtype=torch.float32).eval()
-    held = [json.loads(x) for x in task_data["grpo_eval"].read_text().splitlines()]
-    kl_before, before = held_out(student, teacher, held, tokenizer)
-    kl_after, after = held_out(final, teacher, held, tokenizer)
-    _, target = held_out(sft_model, teacher, held, tokenizer)
-    print(f"\nheld-out KL(student || teacher) per token {kl_before:.3f} -> {kl_after:.3f}; right number "
-          f"{before:.3f} -> {after:.3f} (teacher {target:.3f}); run's eval/number_match {evals}; "
-          f"train/distill/jsd first 10 steps {sum(jsd[:10]) / 10:.3f}, last 10 {sum(jsd[-10:]) / 10:.3f}")
-    assert kl_after < 0.7 * kl_before
-    assert before + 0.08 <= after < target
-    assert evals[-1] > evals[0]  # the run's own held-out eval (vLLM, greedy) agrees
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location("distill_task", ROOT / "scripts" / "distill_task.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    m = script.measure(student, final, sft_model, task_data["grpo_eval"])  # the held-out figures it prints
+    print(f"\nheld-out KL(student || teacher) per token {m['kl_before']:.3f} -> {m['kl_after']:.3f}; right number "
+          f"{m['right_before']:.3f} -> {m['right_after']:.3f} (teacher {m['right_teacher']:.3f}); run's "
+          f"eval/number_match {evals}; train/distill/jsd first 10 steps {sum(jsd[:10]) / 10:.3f}, last 10 "
+          f"{sum(jsd[-10:]) / 10:.3f}")
+    assert m["kl_after"] < 0.7 * m["kl_before"]
+    assert m["right_before"] + 0.08 <= m["right_after"] < m["right_teacher"]
+    assert evals[-1] > evals[0]  # the run's own held-out eval (vLLM, greedy) agrees
