@@ -1,7 +1,7 @@
 """The calculator task end to end: does GRPO with a tool beat the no-tool baseline?
 
     OMP_NUM_THREADS=1 python scripts/tool_task.py --work /tmp/tool-task [--sft-steps 400] [--grpo-steps 30]
-        [--lr 2e-4] [--shaped 0.5] [--reuse] [grpo.beta=0 ...]
+        [--lr 2e-4] [--shaped 0.5] [--distill-student 320] [--distill-steps 120] [--reuse] [grpo.beta=0 ...]
 
 On the tiny tool-calling model (rlkit/tiny.py, `write_tool_task`: sums of two 2-digit numbers,
 held-out pairs never seen in training):
@@ -12,7 +12,11 @@ held-out pairs never seen in training):
    arguments and for repeating the tool's result);
 3. held-out exact accuracy (greedy, the final assistant message) of each: the no-tool SFT model,
    the tool SFT model (GRPO's step-0 eval), the GRPO policy. Prints the table and the tool
-   metrics of the GRPO run. Run nothing else meanwhile (2 cores).
+   metrics of the GRPO run;
+4. with `--distill-student N`: a student after N tool SFT steps distils from the tool SFT model
+   with the tool in its rollouts (rlkit distill, TRL's JSD) for `--distill-steps`, and its
+   held-out accuracy along the way.
+Run nothing else meanwhile (2 cores).
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ def main() -> None:
                     help="weight of rlkit.tiny:calculator_steps (credit for copying the numbers into the call and "
                          "the tool's result into the answer) beside the exact-answer reward; 0: exact answer only")
     ap.add_argument("--reuse", action="store_true", help="keep the SFT models of an earlier run in --work")
+    ap.add_argument("--distill-student", type=int, default=0, metavar="STEPS",
+                    help="also: a student with STEPS tool SFT steps distils from the tool SFT model (rlkit distill, "
+                         "recipes/tiny-distill.yaml with the tools; 0: skip)")
+    ap.add_argument("--distill-steps", type=int, default=120)
     ap.add_argument("overrides", nargs="*", help="more GRPO recipe overrides (key.sub=value)")
     args = ap.parse_args()
 
@@ -98,6 +106,33 @@ def main() -> None:
                  "reward/exact_match/mean"):
         print(f"  {name:<34} first 5 steps {mean(first, name):.3f}, last 5 steps {mean(last, name):.3f}")
     print(f"  time: SFT x2 {t1 - t0:.0f} s, eval + GRPO {t2 - t1:.0f} s")
+    if args.distill_student:
+        distill(args, data, tools, work)
+
+
+def distill(args: argparse.Namespace, data: dict[str, Path], teacher: Path, work: Path) -> None:
+    """On-policy distillation with the tool: a student after fewer tool SFT steps samples (calls
+    `add`, reads the result), the tool SFT model is the teacher (TRL's JSD, forward KL)."""
+    student = work / "sft-student" / "final"
+    if not (args.reuse and student.is_dir()):
+        student = sft(work / "model", data["sft_tools"], work / "sft-student", args.distill_student, work)
+    run = work / "distill"
+    shutil.rmtree(run, ignore_errors=True)
+    t0 = time.perf_counter()
+    rlkit("distill", str(ROOT / "recipes" / "tiny-distill.yaml"), f"model.path={student}",
+          f"distill.teacher.path={teacher}", f"data.train={data['grpo_train']}", f"data.eval={data['grpo_eval']}",
+          "data.build_synthetic_if_missing=null", "data.template=chat", "rewards=[{fn: 'rewards.exact:exact_match'}]",
+          "rollout.tools=['rlkit.tiny:add']", "rollout.max_tool_calls=2", "rollout.max_tokens=200",
+          "rollout.max_model_len=512", f"grpo.steps={args.distill_steps}", "grpo.prompts_per_step=16",
+          "grpo.micro_batch_size=64", f"eval.every={max(1, args.distill_steps // 4)}", "checkpoint.every=0",
+          f"output_dir={run}", "logging.progress=none", "logging.tensorboard=false", f"seed={args.seed}", cwd=work)
+    rows = metrics(run)
+    evals = [f"{r['eval/exact_match']:.3f}" for r in rows if "eval/exact_match" in r]
+    jsd = [r["train/distill/jsd"] for r in rows if "train/distill/jsd" in r]
+    k = max(1, len(jsd) // 10)
+    print(f"  tool, {args.distill_student} SFT steps, distilled from the tool SFT model ({args.distill_steps} steps, "
+          f"{time.perf_counter() - t0:.0f} s): held-out exact {' -> '.join(evals)}")
+    print(f"  {'train/distill/jsd':<34} first {k} steps {sum(jsd[:k]) / k:.3f}, last {k} steps {sum(jsd[-k:]) / k:.3f}")
 
 
 if __name__ == "__main__":

@@ -90,8 +90,8 @@ def test_distillation_takes_the_teachers_per_token_signal_as_advantage(tiny_mode
 def test_jsd_distillation_is_trls_loss_on_the_two_models_logits(tiny_model, packed):
     """`distill.loss: jsd`: the objective asks for the teacher itself (not its logprobs) and its loss
     is coef x TRL's generalized JSD of the two models' full next-token distributions at the
-    completion positions, padded or padding-free, past a teacher head padded to more rows (a
-    family's larger model); with reward_weight > 0 the policy loss is added."""
+    completion positions (not a tool's result), padded or padding-free, past a teacher head padded
+    to more rows (a family's larger model); with reward_weight > 0 the policy loss is added."""
     from transformers import AutoModelForCausalLM
     from trl.trainer.distillation_trainer import _chunked_divergence_loss
 
@@ -113,9 +113,12 @@ def test_jsd_distillation_is_trls_loss_on_the_two_models_logits(tiny_model, pack
     objective = GRPOObjective.from_config(GRPOAlgoConfig(beta=0.1, epochs=2), RolloutConfig(temperature=0.8), distill)
     assert objective.needs == () and objective.uses == ("teacher",)  # no policy loss: no logprobs to attach
 
-    rollouts = [Rollout([5, 6, 7], [8, 9, 4], False), Rollout([5, 6], [10, 11, 12, 13], False)]
+    # the second rollout's middle tokens are a tool's result (tool_mask 0): out of the loss
+    rollouts = [Rollout([5, 6, 7], [8, 9, 4], False), Rollout([5, 6], [10, 11, 12, 13, 14, 15], False,
+                                                             tool_mask=[1, 0, 0, 1, 1, 1])]
     batch = GRPOBatch.collate(rollouts, torch.tensor([1.0, -0.5]), pad_id=0)
     padded = {**batch.micro_batch([0, 1]), "num_items_in_batch": torch.tensor(5.0, dtype=torch.float64)}
+    assert padded["completion_mask"][1].tolist() == [0, 0, 1, 0, 0, 1, 1, 1]
     mb = {**batch.packed_micro_batch([0, 1]), "num_items_in_batch": padded["num_items_in_batch"]} if packed else padded
     loss, metrics = objective(student, mb, teacher=teacher)
     loss.backward()
