@@ -60,6 +60,7 @@ class TeacherWorker:
         from rlkit import models
         from rlkit.accel import apply_env, configure_cpu_threads, detect
         from rlkit.console import name_worker_log
+        from rlkit.engine.logprobs import Reference
 
         name_worker_log("teacher")
         info = detect(device)
@@ -68,8 +69,8 @@ class TeacherWorker:
             configure_cpu_threads()
         dtype = models.resolve_dtype(model.dtype, info.bf16 and info.is_accelerator)
         self.device = info.torch_device
-        self.model = models.load_model(model, dtype).to(self.device).eval()
-        self.model.requires_grad_(False)
+        # frozen and scored as the learner's reference and teacher copies are
+        self.teacher = Reference(None, "full", lambda: models.load_model(model, dtype).to(self.device))
 
     def ready(self) -> str:
         """The node this teacher runs on (its address), once its model is loaded."""
@@ -79,16 +80,10 @@ class TeacherWorker:
 
     def logprobs(self, micro_batches: list[dict[str, Any]], temperature: float) -> list[Any]:
         """Token logprobs [b, l-1] (CPU) at each micro-batch's completion positions."""
-        import torch
-
-        from rlkit.engine.logprobs import token_logprobs
-
         out = []
-        with torch.no_grad():
-            for mb in micro_batches:
-                mb = {k: v.to(self.device) for k, v in mb.items()}
-                where = mb["completion_mask"][:, 1:].bool()
-                out.append(token_logprobs(self.model, mb, temperature, positions=where)[0].cpu())
+        for mb in micro_batches:
+            mb = {k: v.to(self.device) for k, v in mb.items()}
+            out.append(self.teacher.logprobs(mb, temperature, mb["completion_mask"][:, 1:].bool()).cpu())
         return out
 
 

@@ -92,21 +92,20 @@ class GRPOObjective:
                                        positions=self.positions(batch))
         mask = batch["completion_mask"][:, 1:].float()
         old, engine = batch.get("old_logp"), batch.get("engine_logp")
+        before = logp.detach() if old is None else old  # the policy before this step's updates
+        sampler = engine if engine is not None else before  # the policy that sampled the tokens
         weights = keep = None
         if engine is not None:
-            corr = rollout_correction(logp.detach() if old is None else old, engine, mask, self.correction,
-                                      self.clip_min, self.clip_max)
+            corr = rollout_correction(before, engine, mask, self.correction, self.clip_min, self.clip_max)
             weights = corr.weights
             metrics.update(corr.metrics)
         advantages = batch["advantages"]
         teacher_logp = batch.get("teacher_logp")
         if teacher_logp is not None:  # on-policy distillation: the teacher's per-token signal is the advantage
-            sampled = engine if engine is not None else (logp.detach() if old is None else old)
-            reverse = reverse_kl_advantages(sampled, teacher_logp, mask)
+            reverse = reverse_kl_advantages(sampler, teacher_logp, mask)
             advantages = self.reward_weight * advantages[:, None] + self.distill_coef * reverse
             metrics["distill/reverse_kl"] = -(reverse * mask).sum() / mask.sum().clamp(min=1)
         if self.off_policy_threshold is not None:
-            sampler = engine if engine is not None else (logp.detach() if old is None else old)
             keep = off_policy_mask(advantages, logp, sampler, mask, self.off_policy_threshold)
             metrics["off_policy/masked_frac"] = 1 - keep.mean()
         out = policy_loss(logp, old, advantages, mask, ref_logp=batch.get("ref_logp"), entropies=entropy,

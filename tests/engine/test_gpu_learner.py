@@ -398,7 +398,7 @@ def test_teacher_actor_body_scores_in_bf16_like_fp32(model_dir):
     from rlkit.distill.teacher import TeacherWorker
 
     worker = TeacherWorker(ModelConfig(path=str(model_dir), dtype="bf16"), "cuda")
-    assert {p.dtype for p in worker.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in worker.teacher.copy.parameters()} == {torch.bfloat16}
     seq = torch.randint(4, vocab_size(model_dir), (40,), generator=torch.Generator().manual_seed(4)).tolist()
     completion = torch.tensor([[0] * 16 + [1] * 24])
     mb = {"input_ids": torch.tensor([seq]), "attention_mask": torch.ones(1, 40, dtype=torch.long),
