@@ -219,12 +219,15 @@ def _tool_rows(rng: random.Random, pairs: list[tuple[int, int]]) -> list[dict]:
 
 
 def write_tool_task(out_dir: str | Path, seed: int = 0, n_sft: int = 512, n_train: int = 256,
-                    n_eval: int = 64) -> dict[str, Path]:
+                    n_eval: int = 64, tool_share: float = 0.3) -> dict[str, Path]:
     """The calculator task: sums of two 2-digit numbers (8100 of them, too many to memorise from a
     few hundred transcripts), so the model must call `add` (this module's; a recipe names it
     `rlkit.tiny:add`). Writes
     `sft_tools.jsonl` (transcripts in TRL's conversational tool format, with a `tools` column),
     `sft_direct.jsonl` (the same questions answered without a tool: the no-tool baseline),
+    `sft_mixed.jsonl` (the same questions, tools offered in every row, a `tool_share` of them
+    answered through `add` and the rest directly: a few steps on them after the transcripts give a
+    model that can use the tool but seldom calls it),
     `grpo_train.jsonl` and `grpo_eval.jsonl` (chat prompts with the bare `answer`); SFT, GRPO
     and held-out rows draw disjoint pairs. Deterministic for `seed`."""
     rng = random.Random(seed)
@@ -236,7 +239,11 @@ def write_tool_task(out_dir: str | Path, seed: int = 0, n_sft: int = 512, n_trai
                           for a, b in ps]
     direct = [{"messages": [{"role": "user", "content": f"{a}+{b}=?"}, {"role": "assistant", "content": str(a + b)}]}
               for a, b in sft]
-    files = {"sft_tools": _tool_rows(rng, sft), "sft_direct": direct, "grpo_train": prompts(train),
+    transcripts = _tool_rows(rng, sft)
+    pick = random.Random(f"{seed}-mixed")  # its own stream: the other files stay as they were
+    mixed = [row if pick.random() < tool_share else
+             {"messages": [row["messages"][0], row["messages"][-1]], "tools": row["tools"]} for row in transcripts]
+    files = {"sft_tools": transcripts, "sft_direct": direct, "sft_mixed": mixed, "grpo_train": prompts(train),
              "grpo_eval": prompts(held)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,6 @@ import json
 import pytest
 
 from tests.grpo.conftest import GRPO_RECIPE
-from tests.sft.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -57,30 +56,11 @@ def final_answer(completions, answer, **kwargs):
 '''
 
 
-@pytest.fixture(scope="module")
-def tool_sft_model(tmp_path_factory):
-    """The tiny tool-calling model after 150 SFT steps on calculator transcripts: it writes
-    well-formed calls of `add` (not yet the right numbers)."""
-    from rlkit import stages
-    from rlkit.sft.run import run_sft
-    from rlkit.tiny import build_tiny_model, write_tool_task
-
-    root = tmp_path_factory.mktemp("tool-task")
-    model = build_tiny_model(root / "model", "tiny", tools=True)
-    data = write_tool_task(root / "data", n_eval=16)
-    cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml", [
-        f"model.path={model}", "model.build_tiny_if_missing=null", f"data.train={data['sft_tools']}",
-        "data.eval=null", "data.build_synthetic_if_missing=null", "data.template=chat", "data.cutoff_len=192",
-        "curriculum.enabled=false", "train.max_steps=150", "eval.every=0", "checkpoint.every=0",
-        f"output_dir={root / 'sft'}", "logging.progress=none", "logging.tensorboard=false"])
-    return run_sft(cfg), data
-
-
-def test_a_trl_users_tools_and_environment_run_through_grpo_unchanged(tool_sft_model, tmp_path):
+def test_a_trl_users_tools_and_environment_run_through_grpo_unchanged(tool_task, tmp_path):
     from rlkit import stages
     from rlkit.grpo.run import run_grpo
 
-    model, data = tool_sft_model
+    model, data = tool_task["tools"], tool_task
     (tmp_path / "my_tools.py").write_text(TRL_USER_FILE)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(GRPO_RECIPE.read_text())

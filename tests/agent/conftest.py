@@ -1,0 +1,32 @@
+"""The calculator task's tool-calling model, shared by the multi-turn GRPO tests."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.sft.conftest import ROOT
+
+
+def tool_task_script() -> ModuleType:
+    """scripts/tool_task.py as a module: the tests run the task through it."""
+    spec = importlib.util.spec_from_file_location("tool_task", ROOT / "scripts" / "tool_task.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.fixture(scope="session")
+def tool_task(tmp_path_factory) -> dict[str, Path]:
+    """The tiny tool-calling model, the calculator task's data (`write_tool_task`) and the model
+    after 400 SFT steps on its tool-use transcripts (it calls `add` with the question's numbers)."""
+    from rlkit.tiny import build_tiny_model, write_tool_task
+
+    root = tmp_path_factory.mktemp("tool-task")
+    model = build_tiny_model(root / "model", "tiny", tools=True)
+    data = write_tool_task(root / "data")
+    tools = tool_task_script().sft(model, data["sft_tools"], root / "sft-tools", 400, root)
+    return {"root": root, "model": model, "tools": tools, **data}
