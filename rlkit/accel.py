@@ -58,7 +58,13 @@ class DeviceInfo:
 # Environment advice taken from the seed guides; applied with setdefault (the user wins).
 ROCM_ENV = {"PYTORCH_HIP_ALLOC_CONF": "max_split_size_mb:128", "HIP_FORCE_DEV_KERNARG": "1"}
 NPU_ENV = {"HCCL_CONNECT_TIMEOUT": "1800"}
-CPU_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# CPU processes also keep the memory they free: glibc's malloc hands freed heap memory back to the
+# kernel once more than 64 MiB lie free at its top, so every micro-batch's activations were page
+# faults again (two times the faults of a plain torch loop, ~80k a step on the 25M bench model), and
+# while an engine generates on the other core those faults made the learner's step 9% slower
+# (scripts/bench_grpo.py). Allocations up to 32 MiB (glibc's largest threshold) come from the heap.
+CPU_MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(2**40), "MALLOC_MMAP_THRESHOLD_": str(2**25)}
+CPU_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **CPU_MALLOC_ENV}
 
 
 def describe(probe: Probe) -> DeviceInfo:

@@ -83,7 +83,7 @@ class DataConfig:
 
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {
         "cutoff_len": "SFT only: GRPO prompts are not cut, completions end at rollout.max_tokens",
-        "packing": "SFT only: GRPO learner batches are not packed",
+        "packing": "SFT only: GRPO packs its micro-batches with grpo.max_tokens_per_micro_batch",
         "mask_history": "SFT only: GRPO trains on its own completions, not on the data's turns"}
 
 

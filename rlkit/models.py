@@ -90,6 +90,8 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None =
     """A `AutoModelForCausalLM` in `dtype`; 4-bit bitsandbytes weights when `quant` is given."""
     from transformers import AutoModelForCausalLM
 
+    from rlkit.engine.attention import use_packed_attention
+
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
@@ -100,6 +102,7 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None =
             load_in_4bit=True, bnb_4bit_quant_type=quant.quant_type,
             bnb_4bit_use_double_quant=quant.double_quant, bnb_4bit_compute_dtype=DTYPES[quant.compute_dtype])
     model = AutoModelForCausalLM.from_pretrained(cfg.path, **kwargs)
+    use_packed_attention(model)  # sdpa, but packed rows attend per sequence (engine/attention.py)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False

@@ -24,7 +24,8 @@ What is compared
           samples, so rows are sized to carry the same tokens per step as rlkit's
           micro-batch: `bs = max(1, micro * mean_len // cutoff)` rows of
           `max_length = max(cutoff, ceil(micro * mean_len / bs))` tokens.  rlkit packs each
-          micro-batch into rows of at most `cutoff` tokens (block-diagonal 4D mask).
+          micro-batch into one padding-free row (position_ids restart per sample; its models
+          attend one sample at a time, rlkit/engine/attention.py).
   optim   AdamW, same lr, weight decay 0, grad clip 1.0, cosine schedule with the same warm-up.
 
 How tokens/s is counted (the same on both sides)
@@ -169,15 +170,10 @@ def rlkit_schedule(n_rows: int, steps: int, micro: int, seed: int) -> list[list[
     return [sampler.next_batch() for _ in range(steps)]
 
 
-def padded_tokens(batch: list[dict], packing: bool, cutoff: int) -> int:
-    """Tokens rlkit's collate feeds the model for one micro-batch, padding included."""
-    from rlkit.data.collate import pack_bins
-
+def padded_tokens(batch: list[dict], packing: bool) -> int:
+    """Tokens rlkit's collate feeds the model for one micro-batch, padding included (packed: none)."""
     lens = [len(s["input_ids"]) for s in batch]
-    if not packing:
-        return len(lens) * max(lens)
-    bins = pack_bins(lens, cutoff)
-    return len(bins) * max(sum(lens[i] for i in b) for b in bins)
+    return sum(lens) if packing else len(lens) * max(lens)
 
 
 def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list[list[int]],
@@ -206,7 +202,7 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list
         if rec["step"] <= args.warmup:
             continue
         batch = [samples[i] for i in rows]
-        steps.append((sum(len(s["input_ids"]) for s in batch), padded_tokens(batch, packing, args.cutoff),
+        steps.append((sum(len(s["input_ids"]) for s in batch), padded_tokens(batch, packing),
                       sum(label_tokens(s) for s in batch) / rec["train/tokens_per_s"]))
     return Result(steps)
 

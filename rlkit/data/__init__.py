@@ -11,8 +11,7 @@ from rlkit.data.formats import LoadedRows, load_prompts, load_rows
 from rlkit.data.templates import TEMPLATES, render_alpaca, render_prompt, render_sft
 from rlkit.errors import DataError
 
-_COLLATE = ("IGNORE_INDEX", "block_causal_mask", "encode_sft", "pack_bins", "pack_collate",
-            "pad_collate", "truncate_lengths")
+_COLLATE = ("IGNORE_INDEX", "encode_sft", "pack_bins", "pack_collate", "pad_collate", "truncate_lengths")
 
 __all__ = [
     "DEFAULT_LEVELS", "DEFAULT_PHASES", "TEMPLATES", "CurriculumSampler", "DataError",

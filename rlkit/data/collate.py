@@ -1,12 +1,11 @@
 """Tokenise SFT rows (loss on the response only), pad or pack them into batches.
 
-Packing: samples are binned first-fit-decreasing into rows of at most ``max_len`` tokens.
-``position_ids`` restart at 0 for every sample and ``attention_mask`` is an explicit
-block-diagonal causal mask, additive float, shape [B, 1, T, T] (0 = attend, dtype min =
-blocked). In transformers 5.x a 4D mask is passed through as-is by ``create_causal_mask``,
-so the ``eager`` and ``sdpa`` attention paths both honour it (tested against per-sample
-runs). For flash-attention, drop ``attention_mask`` and pass ``position_ids`` only: the
-flash path detects packed sequences from the position restarts.
+Packing is padding-free: a micro-batch's samples lie one after another in a single row, with
+``position_ids`` restarting at 0 for every sample and no attention mask. transformers keeps each
+sample's attention to itself from the restarts (a block-diagonal mask for sdpa and eager, the
+sequence bounds for flash-attention), and the learner's models attend one sample at a time
+(``rlkit/engine/attention.py``): no padding and no [T, T] mask. ``pack_bins`` (first-fit
+decreasing) splits GRPO's completions into micro-batches under a token budget.
 """
 
 from __future__ import annotations
@@ -141,55 +140,17 @@ def _first_fit_decreasing(lengths: Sequence[int], max_len: int) -> list[list[int
     return [sorted(b) for b in bins]
 
 
-def block_causal_mask(seq_lens: Sequence[Sequence[int]], T: int,
-                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Additive mask [B, 1, T, T]: token q sees token k iff same sample and k <= q.
-
-    Padding after the samples forms its own causal block (so no row is fully blocked,
-    which would give NaN in softmax); its labels are -100 anyway.
-    """
-    seg = torch.full((len(seq_lens), T), -1, dtype=torch.long)
-    for b, lens in enumerate(seq_lens):
-        start = 0
-        for j, n in enumerate(lens):
-            seg[b, start:start + n] = j
-            start += n
-    same = seg[:, :, None] == seg[:, None, :]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    allowed = same & causal
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
-
-
-def pack_collate(samples: Sequence[dict[str, list[int]]], max_len: int, pad_id: int,
-                 dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    """Pack samples into rows of <= max_len tokens (see pack_bins), right-padded to the
-    longest row T.
-
-    Returns input_ids, labels, position_ids (long [B, T]), attention_mask (``dtype``
-    [B, 1, T, T], block_causal_mask), seq_lens (list per row of sample lengths) and bins
-    (list per row of sample indices). The first label of every sample is -100, so no
-    token is trained to predict the next sample's first token.
-    """
+def pack_collate(samples: Sequence[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+    """The samples one after another in one padding-free row: long tensors [1, T], T = their total
+    length: input_ids, labels and position_ids (0.. for every sample). The first label of every
+    sample is -100, so no token is trained to predict the next sample's first token."""
     if not samples:
         raise ValueError("pack_collate got no samples")
-    bins = pack_bins([len(s["input_ids"]) for s in samples], max_len)
-    seq_lens = [[len(samples[i]["input_ids"]) for i in b] for b in bins]
-    T = max(sum(lens) for lens in seq_lens)
-    B = len(bins)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
-    pos = torch.zeros((B, T), dtype=torch.long)
-    for r, b in enumerate(bins):
-        start = 0
-        for i in b:
-            s, n = samples[i], len(samples[i]["input_ids"])
-            ids[r, start:start + n] = torch.tensor(s["input_ids"])
-            labels[r, start:start + n] = torch.tensor(s["labels"])
-            labels[r, start] = IGNORE_INDEX
-            pos[r, start:start + n] = torch.arange(n)
-            start += n
-    return {"input_ids": ids, "labels": labels, "position_ids": pos,
-            "attention_mask": block_causal_mask(seq_lens, T, dtype),
-            "seq_lens": seq_lens, "bins": bins}
+    ids, labels, positions = [], [], []
+    for s in samples:
+        n = len(s["input_ids"])
+        ids += s["input_ids"]
+        labels += [IGNORE_INDEX] + list(s["labels"][1:n])
+        positions += range(n)
+    return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]),
+            "position_ids": torch.tensor([positions])}

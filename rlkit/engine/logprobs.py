@@ -1,7 +1,8 @@
 """Token log-probabilities of a causal LM, and the frozen reference policy (torch only).
 
-A batch is a dict of tensors: `input_ids` [B, L] (right-padded, or packed rows with
-`position_ids`), `attention_mask` [B, L] (or a 4D additive mask for packed rows). Logprobs are in
+A batch is a dict of tensors: `input_ids` [B, L] right-padded with `attention_mask` [B, L], or a
+padding-free row [1, T] with `position_ids` restarting per sequence and no mask (each sequence
+attends within itself, `engine/attention.py`). Logprobs are in
 shifted space: position t scores token t+1 from the logits at t, so they are [B, L-1]; a stage
 picks its positions with its own mask (GRPO: `completion_mask[:, 1:]`) and may pass them as
 `positions`, so that only those are scored. With `temperature` the logits are divided by it
@@ -27,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+
+from rlkit.engine.attention import sequence_bounds
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +137,12 @@ def _hf_model(model: Any) -> Any:
     return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
-def _model_inputs(batch: dict[str, Tensor]) -> dict[str, Any]:
+def _model_inputs(hf: Any, batch: dict[str, Tensor]) -> dict[str, Any]:
     kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask"), "use_cache": False}
     if "position_ids" in batch:  # packed rows: positions restart per sequence
         kwargs["position_ids"] = batch["position_ids"]
+        if kwargs["attention_mask"] is None:  # padding-free: where each sequence starts, for its attention
+            kwargs.update(sequence_bounds(hf, batch["position_ids"]))
     return kwargs
 
 
@@ -147,13 +152,13 @@ def _last_hidden(model: Any, hf: Any, batch: dict[str, Tensor]) -> tuple[Tensor,
     forward: its backward hooks see the hidden states). Without gradients a hook on the decoder
     takes its output, so the layers' outputs are not all kept."""
     if torch.is_grad_enabled():
-        out = model(**_model_inputs(batch), output_hidden_states=True, logits_to_keep=1)
+        out = model(**_model_inputs(hf, batch), output_hidden_states=True, logits_to_keep=1)
         return out.hidden_states[-1], out.logits
     taken: list[Tensor] = []
     hook = hf.get_decoder().register_forward_hook(
         lambda _m, _i, o: taken.append(o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
     try:
-        out = model(**_model_inputs(batch), logits_to_keep=1)
+        out = model(**_model_inputs(hf, batch), logits_to_keep=1)
     finally:
         hook.remove()
     return taken[-1], out.logits
@@ -166,7 +171,7 @@ def _same_logits(head_logits: Tensor, model_logits: Tensor) -> bool:
 def _full_logits_path(model: Any, batch: dict[str, Tensor], temperature: float, with_entropy: bool,
                       positions: Tensor) -> tuple[Tensor, Tensor | None]:
     """The model's own [B, L, V] logits (for models whose logits are not their lm_head's output)."""
-    logits = _upcast(model(**_model_inputs(batch)).logits[:, :-1]) / temperature
+    logits = _upcast(model(**_model_inputs(_hf_model(model), batch)).logits[:, :-1]) / temperature
     keep = positions.float()
     logp = selective_log_softmax(logits, batch["input_ids"][:, 1:]) * keep
     return logp, entropy_from_logits(logits.detach()) * keep if with_entropy else None

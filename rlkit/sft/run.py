@@ -87,30 +87,26 @@ def report_truncation(source: str, lengths: list[int], cutoff_len: int) -> str |
     return None
 
 
-def micro_batches(samples: list[dict], per_micro: int, packing: bool, max_len: int, pad_id: int) -> list[dict]:
-    """Collate consecutive groups of `per_micro` samples; packed rows keep attention per sample."""
+def micro_batches(samples: list[dict], per_micro: int, packing: bool, pad_id: int) -> list[dict]:
+    """Collate consecutive groups of `per_micro` samples, padded or packed padding-free into one
+    row (attention stays per sample)."""
     from rlkit.data.collate import pack_collate, pad_collate
 
-    out = []
-    for i in range(0, len(samples), per_micro):
-        chunk = samples[i:i + per_micro]
-        batch = pack_collate(chunk, max_len, pad_id) if packing else pad_collate(chunk, pad_id)
-        out.append({k: v for k, v in batch.items() if hasattr(v, "shape")})
-    return out
+    return [pack_collate(chunk) if packing else pad_collate(chunk, pad_id)
+            for chunk in (samples[i:i + per_micro] for i in range(0, len(samples), per_micro))]
 
 
-def shard_step(samples: list[dict], world: int, grad_accum: int, mbs: int, packing: bool, max_len: int,
+def shard_step(samples: list[dict], world: int, grad_accum: int, mbs: int, packing: bool,
                pad_id: int) -> list[list[dict]]:
     """Split one global batch into `world` lists of `grad_accum` micro-batches."""
     per_rank = grad_accum * mbs
-    return [micro_batches(samples[r * per_rank:(r + 1) * per_rank], mbs, packing, max_len, pad_id)
-            for r in range(world)]
+    return [micro_batches(samples[r * per_rank:(r + 1) * per_rank], mbs, packing, pad_id) for r in range(world)]
 
 
 def eval_loss(learners: Any, samples: list[dict], mbs: int, pad_id: int, max_batches: int | None) -> float:
     """Token-mean NLL over `samples`, split across the learners."""
     world = learners.size
-    batches = micro_batches(samples, mbs, False, 0, pad_id)
+    batches = micro_batches(samples, mbs, False, pad_id)
     if max_batches:
         batches = batches[:max_batches]
     # Every rank must run the same number of forwards (ZeRO-3 gathers are collective).
@@ -193,8 +189,7 @@ def _train(cfg: SFTConfig, run: RunDir, learners: Any, sampler: Any, data: SFTDa
     while step < total:
         t0 = time.time()
         batch = [data.train[i] for i in sampler.next_batch()]
-        shards = shard_step(batch, learners.size, t.grad_accum, t.micro_batch_size, cfg.data.packing,
-                            cfg.data.cutoff_len, data.pad_id)
+        shards = shard_step(batch, learners.size, t.grad_accum, t.micro_batch_size, cfg.data.packing, data.pad_id)
         results = learners.train_step(shards, objective)
         step += 1
         metrics = _step_metrics(results, batch, time.time() - t0, sampler.phase_mix(step - 1))

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from rlkit.data.collate import (
     IGNORE_INDEX,
-    block_causal_mask,
     encode_sft,
     pack_bins,
     pack_collate,
@@ -98,22 +96,13 @@ def test_pack_collate_exact():
     a = {"input_ids": [11, 12, 13], "labels": [-100, 12, 13]}
     b = {"input_ids": [14, 15], "labels": [14, 15]}
     c = {"input_ids": [16, 17, 18, 19], "labels": [-100, -100, 18, 19]}
-    out = pack_collate([a, b, c], max_len=5, pad_id=0)
-    assert out["bins"] == [[2], [0, 1]] and out["seq_lens"] == [[4], [3, 2]]  # longest first
-    assert out["input_ids"].tolist() == [[16, 17, 18, 19, 0], [11, 12, 13, 14, 15]]
-    assert out["labels"].tolist() == [[-100, -100, 18, 19, -100], [-100, 12, 13, -100, 15]]
-    assert out["position_ids"].tolist() == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1]]
-    allowed = (out["attention_mask"] == 0)[:, 0].int().tolist()
-    assert allowed[1] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0],
-                          [0, 0, 0, 1, 0], [0, 0, 0, 1, 1]]
-    assert allowed[0][4] == [0, 0, 0, 0, 1]  # padding sees only itself
-    assert out["attention_mask"].shape == (2, 1, 5, 5)
-    assert out["attention_mask"].dtype == torch.float32
-
-
-def test_block_causal_mask_values():
-    m = block_causal_mask([[2]], 2)
-    assert m[0, 0, 0, 0] == 0 and m[0, 0, 0, 1] == torch.finfo(torch.float32).min
+    out = pack_collate([a, b, c])
+    assert sorted(out) == ["input_ids", "labels", "position_ids"]  # padding-free: no attention mask
+    assert out["input_ids"].tolist() == [[11, 12, 13, 14, 15, 16, 17, 18, 19]]
+    assert out["labels"].tolist() == [[-100, 12, 13, -100, 15, -100, -100, 18, 19]]  # no sample predicts the next
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="no samples"):
+        pack_collate([])
 
 
 def test_truncated_rows_are_counted_before_training(tmp_path, tokenizer, caplog):

@@ -1,4 +1,6 @@
-"""Packed rows give the same logits as each sample run alone (tiny random Qwen2)."""
+"""A packed, padding-free row gives the same logits as each sample run alone (tiny random Qwen2),
+with transformers' eager and sdpa attention (a block-diagonal mask from the position restarts)
+and with rlkit's per-sequence sdpa (the sequences' bounds, no mask)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import pytest
 import torch
 
 from rlkit.data.collate import pack_collate
+from rlkit.engine.attention import PACKED_SDPA, sequence_bounds, use_packed_attention
 
 
 @pytest.fixture(scope="module")
@@ -14,14 +17,18 @@ def qwen_factory(tokenizer):
 
     def make(attn: str):
         torch.manual_seed(0)
-        cfg = Qwen2Config(attn_implementation=attn, vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=128)
-        return Qwen2ForCausalLM(cfg).eval()
+        cfg = Qwen2Config(attn_implementation="sdpa" if attn == PACKED_SDPA else attn, vocab_size=len(tokenizer),
+                          hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=128)
+        model = Qwen2ForCausalLM(cfg).eval()
+        if attn == PACKED_SDPA:
+            assert use_packed_attention(model)
+        assert model.config._attn_implementation == attn
+        return model
     return make
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa", PACKED_SDPA])
 def test_packed_logits_equal_single(qwen_factory, tokenizer, attn):
     model = qwen_factory(attn)
     g = torch.Generator().manual_seed(1)
@@ -29,16 +36,18 @@ def test_packed_logits_equal_single(qwen_factory, tokenizer, attn):
     for n in (7, 5, 9, 3, 12):
         ids = torch.randint(5, len(tokenizer), (n,), generator=g).tolist()
         samples.append({"input_ids": ids, "labels": ids})
-    batch = pack_collate(samples, max_len=16, pad_id=tokenizer.pad_token_id)
-    assert len(batch["bins"]) < len(samples)  # something was actually packed
+    batch = pack_collate(samples)
+    bounds = sequence_bounds(model, batch["position_ids"])
+    want = [0, 7, 12, 21, 24, 36] if attn == PACKED_SDPA else None  # the others find them from the positions
+    assert (bounds["cu_seq_lens_q"].tolist() if bounds else None) == want
     with torch.no_grad():
-        packed = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"]).logits
-        for r, b in enumerate(batch["bins"]):
-            start = 0
-            for i in b:
-                ids = torch.tensor([samples[i]["input_ids"]])
-                alone = model(input_ids=ids).logits[0]
-                n = ids.shape[1]
-                torch.testing.assert_close(packed[r, start:start + n], alone, atol=1e-5, rtol=1e-5)
-                start += n
+        # no cache: transformers looks for the position restarts only without one (as the learner calls it)
+        packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False,
+                       **bounds).logits[0]
+        start = 0
+        for s in samples:
+            ids = torch.tensor([s["input_ids"]])
+            alone = model(input_ids=ids).logits[0]
+            n = ids.shape[1]
+            torch.testing.assert_close(packed[start:start + n], alone, atol=1e-5, rtol=1e-5)
+            start += n
