@@ -245,13 +245,14 @@ def phase_bare_generate(args: argparse.Namespace, model_dir: str, data: str, sam
 
 def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str,
                      barrier: str | None = None) -> dict[str, Any]:
-    """Time plain-torch GRPO optimizer steps (no Ray, no DeepSpeed) on the bare completions (after
-    `meet` at `barrier`)."""
+    """Time plain-torch GRPO optimizer steps (no Ray, no DeepSpeed; the learner's attention) on the
+    bare completions (after `meet` at `barrier`)."""
     from contextlib import nullcontext
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlkit.engine.attention import use_packed_attention
     from rlkit.engine.logprobs import token_logprobs
     from rlkit.grpo.batch import GRPOBatch, Rollout, plan_micro_batches, plan_token_micro_batches
     from rlkit.grpo.loss import policy_loss
@@ -260,6 +261,7 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str,
     torch.manual_seed(args.seed)
     pad = AutoTokenizer.from_pretrained(model_dir).pad_token_id
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    use_packed_attention(model)  # the learner's attention: per sequence in packed rows, sdpa when padded
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)  # as the learner
     batches = json.loads(Path(samples_in).read_text())
@@ -481,7 +483,8 @@ def report(args: argparse.Namespace, model_dir: Path, ours: dict | None, bare: d
             "max(bare generate, bare train) (overlapped)"
         print(f"limit {how} = {limit:.3f} s; rlkit step {ours['spread']['median']:.3f} s = "
               f"{100 * out['of_limit']:.0f}% of it")
-        if "train_together" in bare:  # what this machine gives when both run at once
+        if "train_together" in bare and bare["train_together"]["n"] and bare["generate_together"]["n"]:
+            # what this machine gives when both run at once (no figure when no step lay inside the overlap)
             shared = max(bare["generate_together"]["median"], bare["train_together"]["median"])
             out["shared_limit"], out["of_shared_limit"] = shared, ours["spread"]["median"] / shared
             print(f"limit with both at once, max(bare generate, bare train) = {shared:.3f} s; rlkit step = "
