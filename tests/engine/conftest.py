@@ -48,3 +48,14 @@ def vocab_size(path: Path) -> int:
     import json
 
     return json.loads((Path(path) / "config.json").read_text())["vocab_size"]
+
+
+def assert_packed_as_padded(results: list[tuple], grads: list[dict[str, torch.Tensor]], dtype: torch.dtype,
+                            tol: float) -> None:
+    """The runs [padded, packed] of the same rows: their outputs (`results`, tuples of tensors) agree
+    within `tol`, and in fp64 their gradients (`grads`, by parameter name) within 1e-12."""
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, atol=tol, rtol=0)
+    if dtype == torch.float64:
+        for name in grads[0]:
+            torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-12, rtol=0, msg=name)

@@ -11,6 +11,7 @@ import torch
 
 from rlkit.engine.attention import PACKED_SDPA, packed_sdpa, sequence_bounds, use_packed_attention
 from rlkit.engine.logprobs import token_logprobs
+from tests.engine.conftest import assert_packed_as_padded
 
 
 def _model(tiny_model, dtype=torch.float32, attn="sdpa"):
@@ -59,11 +60,7 @@ def test_a_packed_row_scores_and_trains_as_the_padded_batch(tiny_model):
             results.append((logp.detach(), entropy))
             grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
             model.zero_grad()
-        for got, want in zip(results[1], results[0]):
-            torch.testing.assert_close(got, want, atol=tol, rtol=0)
-        if dtype == torch.float64:
-            for name in grads[0]:
-                torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-12, rtol=0, msg=name)
+        assert_packed_as_padded(results, grads, dtype, tol)
 
 
 def test_sequence_bounds_and_a_windowed_layer_keeps_its_mask(tiny_model):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlkit.engine.logprobs import entropy_from_logits, selective_log_softmax, token_logprobs
+from tests.engine.conftest import assert_packed_as_padded
 
 D = torch.float64
 
@@ -133,11 +134,7 @@ def test_packed_micro_batches_score_as_the_padded_ones(tiny_model):
             grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
             model.zero_grad()
             results.append((logp.detach(), entropy, loss.detach()))
-        for got, want in zip(results[1], results[0]):
-            torch.testing.assert_close(got, want, atol=tol, rtol=0)
-        if dtype == torch.float64:
-            for name in grads[0]:
-                torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-12, rtol=0, msg=name)
+        assert_packed_as_padded(results, grads, dtype, tol)
 
 
 def test_a_model_that_changes_its_logits_after_the_lm_head_takes_the_full_path(caplog):
