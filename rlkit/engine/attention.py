@@ -65,9 +65,12 @@ def sequence_bounds(model: Any, position_ids: Tensor) -> dict[str, Any]:
     """The keyword arguments that tell `model`'s attention where the sequences of a packed row
     (`position_ids` [1, T], restarting at 0) begin and end, in transformers' flash-attention names;
     none when its attention does not read them (it finds them from `position_ids` itself)."""
-    if getattr(model.config, "_attn_implementation", None) not in _READS_BOUNDS:
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in _READS_BOUNDS:
         return {}
     starts = (position_ids[0] == 0).nonzero().flatten()
     bounds = torch.cat([starts, starts.new_tensor([position_ids.shape[1]])]).to(torch.int32)
     longest = int((bounds[1:] - bounds[:-1]).max())
+    if implementation == PACKED_SDPA:  # every layer reads them as ints: on the host, not a device sync per layer
+        bounds = bounds.cpu()
     return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
