@@ -190,8 +190,7 @@ def test_sft_zero_on_two_hosts_stopped_and_resumed_matches_one_host(hosts, tiny_
     """Two ZeRO-3 learners on two hosts (each writes its parameter and optimizer shards from its own
     host), stopped by SIGTERM after step 4 and resumed (`resume: auto`), give the loss curve of two
     learners on one host run without a stop. (ZeRO-2 on two hosts resumes in the lost-node test.)"""
-    stage = 3
-    keys = ["train.num_learners=2", f"deepspeed.zero_stage={stage}", "train.max_steps=10", "train.micro_batch_size=8",
+    keys = ["train.num_learners=2", "deepspeed.zero_stage=3", "train.max_steps=10", "train.micro_batch_size=8",
             "optim.scheduler=constant", "eval.every=0", "checkpoint.every=2", "logging.every=1"]
     one = tmp_path / "one-host"
     res = subprocess.run([*RLKIT, "sft", str(SFT_RECIPE), *sft_overrides(tiny_model, task_data, one, *keys)],

@@ -52,14 +52,14 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
     hf = _hf_model(model)
     head = hf.get_output_embeddings()
     if _HEAD_ONLY.get(hf) is False:
-        return _full_logits_path(model, batch, temperature, with_entropy, positions)
+        return _full_logits_path(model, hf, batch, temperature, with_entropy, positions)
     hidden, last_logits = _last_hidden(model, hf, batch)
     if _HEAD_ONLY.get(hf) is None:  # the first call: are the model's logits its lm_head's output?
         _HEAD_ONLY[hf] = _same_logits(head(hidden[:, -1:]), last_logits)
         if not _HEAD_ONLY[hf]:
             log.warning("%s changes its logits after the lm_head: token logprobs take the full-logits path",
                         type(hf).__name__)
-            return _full_logits_path(model, batch, temperature, with_entropy, positions)
+            return _full_logits_path(model, hf, batch, temperature, with_entropy, positions)
     rows = positions.nonzero(as_tuple=True)
     states, targets = hidden[:, :-1][rows], ids[:, 1:][rows]  # [N, H], [N]
     step = max(1, chunk_elements // head.out_features)
@@ -168,10 +168,11 @@ def _same_logits(head_logits: Tensor, model_logits: Tensor) -> bool:
     return bool(torch.allclose(head_logits.float(), model_logits.float(), rtol=1e-3, atol=1e-3))
 
 
-def _full_logits_path(model: Any, batch: dict[str, Tensor], temperature: float, with_entropy: bool,
+def _full_logits_path(model: Any, hf: Any, batch: dict[str, Tensor], temperature: float, with_entropy: bool,
                       positions: Tensor) -> tuple[Tensor, Tensor | None]:
-    """The model's own [B, L, V] logits (for models whose logits are not their lm_head's output)."""
-    logits = _upcast(model(**_model_inputs(_hf_model(model), batch)).logits[:, :-1]) / temperature
+    """The model's own [B, L, V] logits (for models whose logits are not their lm_head's output;
+    `hf` is its transformers model, `_hf_model(model)`)."""
+    logits = _upcast(model(**_model_inputs(hf, batch)).logits[:, :-1]) / temperature
     keep = positions.float()
     logp = selective_log_softmax(logits, batch["input_ids"][:, 1:]) * keep
     return logp, entropy_from_logits(logits.detach()) * keep if with_entropy else None
