@@ -1,8 +1,12 @@
-"""Engine test fixtures: tiny tied/untied Qwen2 models built once per session, HF reference logprobs."""
+"""Engine test fixtures: tiny tied/untied Qwen2 models built once per session, HF reference logprobs;
+for the CUDA tests, a one-rank NCCL group and learners built and released per test."""
 
 from __future__ import annotations
 
+import datetime
+import gc
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -59,3 +63,77 @@ def assert_packed_as_padded(results: list[tuple], grads: list[dict[str, torch.Te
     if dtype == torch.float64:
         for name in grads[0]:
             torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-12, rtol=0, msg=name)
+
+
+# ------------------------------------------------------------------ CUDA learners (tests marked gpu)
+
+
+def deepspeed_problem() -> str | None:
+    """Why DeepSpeed cannot be used here (None: it imports)."""
+    try:
+        import deepspeed  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - an import that fails in any way means the same here
+        return f"DeepSpeed does not import here ({type(e).__name__}: {str(e)[:200]})"
+    return None
+
+
+@pytest.fixture(scope="session")
+def process_group():
+    """One NCCL group of one rank for the session (DeepSpeed keeps the groups it derives from the
+    first one: a second group in the same process is unknown to them), as `Learner.init_process_group` joins it in an
+    actor (that method asks Ray for the node's address; here the environment is set directly)."""
+    import deepspeed
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    deepspeed.init_distributed(dist_backend="nccl", auto_mpi_discovery=False,
+                               timeout=datetime.timedelta(seconds=120))
+    try:
+        assert torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl"
+        t = torch.full((4,), 3.0, device="cuda")
+        torch.distributed.all_reduce(t)  # the group works (one rank: the sum is the tensor)
+        assert t.tolist() == [3.0] * 4
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture()
+def learners(process_group):
+    """`make(model_dir, zero, ...)` builds a bf16 full fine-tuning learner on CUDA; all are released
+    after the test (ZeRO-3's HF config is process-wide: a learner left alive would make the next
+    test's model load partitioned)."""
+    built = []
+
+    def make(model_dir: Path, zero: int, *, lr: float = 2e-3, micro: int = 4, total_steps: int = 10, **frozen):
+        from rlkit.config import DeepSpeedConfig, ModelConfig, OptimConfig
+        from rlkit.engine.learner import Learner, LearnerSpec
+
+        spec = LearnerSpec(ModelConfig(path=str(model_dir), dtype="bf16"), "full", None, None,
+                           OptimConfig(lr=lr, scheduler="constant", max_grad_norm=1.0),
+                           DeepSpeedConfig(zero_stage=zero), micro_batch_size=micro, grad_accum=1,
+                           total_steps=total_steps, seed=0, device="cuda", **frozen)
+        learner = Learner(spec, rank=0, world_size=1)
+        built.append(learner)
+        return learner, learner.build()
+
+    yield make
+    for learner in built:
+        if learner.engine is not None and hasattr(learner.engine, "destroy"):
+            learner.engine.destroy()
+        learner.engine = learner.reference = learner.teacher = learner._ds_hf_config = None
+    built.clear()
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -1,7 +1,7 @@
 """The learner on a CUDA device, without Ray or vLLM (skipped without CUDA or DeepSpeed).
 
-One NCCL process group of one rank for the module (what `Learner.init_process_group` does in an
-actor), then `Learner` directly: bf16 DeepSpeed training at ZeRO 0, 2 and 3 (the SFT NLL falls on a
+One NCCL process group of one rank (`process_group` in conftest.py), then `Learner`
+directly: bf16 DeepSpeed training at ZeRO 0, 2 and 3 (the SFT NLL falls on a
 fixed batch; a GRPO step stays finite), the bf16 logprob path against an fp32 HF forward on the
 same weights, the distillation JSD in bf16 against fp32, and `rlkit estimate`'s learner figure
 against the memory the learner allocates.
@@ -9,34 +9,22 @@ against the memory the learner allocates.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import gc
 import math
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.engine.conftest import hf_logprobs, load_hf, vocab_size
+from tests.engine.conftest import deepspeed_problem, hf_logprobs, load_hf, vocab_size
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZE = "25m"  # the largest tiny model (~26M parameters): big enough that bf16 rounding and memory show
 
 
-def _deepspeed_problem() -> str | None:
-    """Why DeepSpeed cannot be used here (None: it imports). Checked only where CUDA is present."""
-    try:
-        import deepspeed  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - an import that fails in any way means the same here
-        return f"DeepSpeed does not import here ({type(e).__name__}: {str(e)[:200]})"
-    return None
-
-
 _CUDA = torch.cuda.is_available()
-_DS_PROBLEM = _deepspeed_problem() if _CUDA else None
+_DS_PROBLEM = deepspeed_problem() if _CUDA else None
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,70 +37,10 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def process_group():
-    """One NCCL group of one rank for the module, as `Learner.init_process_group` joins it in an
-    actor (that method asks Ray for the node's address; here the environment is set directly)."""
-    import deepspeed
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    deepspeed.init_distributed(dist_backend="nccl", auto_mpi_discovery=False,
-                               timeout=datetime.timedelta(seconds=120))
-    try:
-        assert torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl"
-        t = torch.full((4,), 3.0, device="cuda")
-        torch.distributed.all_reduce(t)  # the group works (one rank: the sum is the tensor)
-        assert t.tolist() == [3.0] * 4
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     from rlkit.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("gpu-learner") / SIZE, SIZE)
-
-
-@pytest.fixture()
-def learners(process_group):
-    """Builds learners for a test and releases them after it (ZeRO-3's HF config is process-wide:
-    a learner left alive would make the next test's model load partitioned)."""
-    built = []
-
-    def make(model_dir: Path, zero: int, *, lr: float = 2e-3, micro: int = 4, total_steps: int = 10, **frozen):
-        from rlkit.config import DeepSpeedConfig, ModelConfig, OptimConfig
-        from rlkit.engine.learner import Learner, LearnerSpec
-
-        spec = LearnerSpec(ModelConfig(path=str(model_dir), dtype="bf16"), "full", None, None,
-                           OptimConfig(lr=lr, scheduler="constant", max_grad_norm=1.0),
-                           DeepSpeedConfig(zero_stage=zero), micro_batch_size=micro, grad_accum=1,
-                           total_steps=total_steps, seed=0, device="cuda", **frozen)
-        learner = Learner(spec, rank=0, world_size=1)
-        built.append(learner)
-        return learner, learner.build()
-
-    yield make
-    for learner in built:
-        if learner.engine is not None and hasattr(learner.engine, "destroy"):
-            learner.engine.destroy()
-        learner.engine = learner.reference = learner.teacher = learner._ds_hf_config = None
-    built.clear()
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-    unset_hf_deepspeed_config()
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def _counting_batch(model_dir: Path, rows: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
