@@ -43,6 +43,16 @@ class LearnerSpec:
     teacher: ModelConfig | None = None  # also hold a frozen teacher (on-policy distillation)
 
 
+def skip_shm_comm_op() -> None:
+    """Keep DeepSpeed from building its shared-memory CPU op when it starts torch.distributed: the
+    op serves only `inference_all_reduce`, which training never calls, and it is a C++ build at
+    the first start on a machine (about 90 s here, and a compiler it needs). DeepSpeed keeps its
+    table of compatible ops in one dict for such edits."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def _whole(load: Callable[[], Any]) -> Any:
     """`load()` with transformers' ZeRO-3 hook off: under ZeRO-3 the policy is partitioned as it
     loads (the process-wide HfDeepSpeedConfig), but a frozen copy (reference, teacher) must be
@@ -101,6 +111,8 @@ class Learner:
         print(f"rlkit: learner rank {self.rank} of {self.world_size} on node {ray.util.get_node_ip_address()}: "
               f"{backend} process group at {master_addr}:{master_port}" + (f", gloo on {gloo}" if gloo else ""),
               flush=True)  # to the actor's log
+        if not self.device_info.is_accelerator:
+            skip_shm_comm_op()
         try:
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
                                        timeout=datetime.timedelta(seconds=self.spec.deepspeed.dist_timeout_s))
