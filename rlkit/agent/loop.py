@@ -313,9 +313,9 @@ class _AgentEngines:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engines, name)
 
-    def sync_from(self, learners: Any) -> dict[str, float]:
+    def sync_from(self, learners: Any, defer: bool = False) -> dict[str, float]:
         self._agent.wait_idle()
-        return self._engines.sync_from(learners)
+        return self._engines.sync_from(learners, defer)
 
 
 async def _await(aw: Any) -> Any:

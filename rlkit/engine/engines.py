@@ -13,6 +13,7 @@ Prompts are split contiguously over the engines; samples come back prompt-major.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,7 +40,7 @@ class RolloutEngines(Protocol):
     def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]: ...
     def gather(self, futures: list[Any]) -> list[Sample]: ...
     def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]: ...
-    def sync_from(self, learners: LearnerGroup) -> dict[str, float]: ...
+    def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]: ...
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]: ...
     def recovery(self) -> dict[str, float]: ...
     def memory(self) -> list[dict[str, dict[str, int]]]: ...
@@ -189,6 +190,8 @@ class SeparateEngines:
         self._started(range(rollout.num_engines), "its start")
         self.synced = False  # whether the engines hold a pushed policy (else model.path's)
         self.restarts, self.recovery_s = [0] * rollout.num_engines, 0.0
+        self._pending: dict[str, list[Any]] | None = None  # a deferred sync's loads (`sync_from`)
+        self._settling = threading.Lock()  # multi-turn rollouts start generations from several threads
 
     def _create(self, i: int) -> Any:
         """Engine `i`'s actor, in bundle `i` (starting; see `_started`)."""
@@ -215,6 +218,7 @@ class SeparateEngines:
 
     def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
         """Start generating; returns at once (calls for `gather`)."""
+        self._settle()
         return _generate_async(self.handles, prompts, n, sampling, seed)
 
     def gather(self, futures: list[Any]) -> list[Sample]:
@@ -226,21 +230,49 @@ class SeparateEngines:
         """`n` samples per prompt, prompt-major, reproducible for `seed`."""
         return self.gather(self.generate_async(prompts, n, sampling, seed))
 
-    def sync_from(self, learners: LearnerGroup) -> dict[str, float]:
+    def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]:
         """The learners' current policy into every engine, in place (no restart). An engine that
         dies or hangs meanwhile is restarted, and the sync starts over (the others may hold part
-        of it)."""
+        of it). With `defer` (object store, a policy within its in-flight buckets) this returns
+        once the learner has put the policy in the store: the engines load it while the learners
+        go on, and the next call that uses the engines waits for the loads first (`_settle`)."""
+        self._settle()
         self.learners = learners
         while True:
             try:
-                stats = self._push(range(len(self.handles)), "the weight sync")
+                stats = self._push(range(len(self.handles)), "the weight sync", defer)
                 self.synced = True
+                self._pending = stats.pop("pending", None)
                 return stats
             except ActorFault as fault:
                 self._recover(fault, push=False)
 
-    def _push(self, indices: Any, phase: str) -> dict[str, float]:
-        """The current policy (or adapter) into engines `indices`; the push's stats."""
+    def _settle(self) -> None:
+        """Wait for the loads of a deferred sync. An engine that died or hung in them is restarted
+        and loads the same buckets (the learners may have trained on since)."""
+        with self._settling:
+            pending, self._pending = self._pending, None
+            if pending is None:
+                return
+            futures, owners, buckets = pending["futures"], pending["owners"], pending["buckets"]
+            while True:
+                try:
+                    wait_all(futures, owners, "the weight sync", self.timeout)
+                    return
+                except ActorFault as fault:
+                    self._recover(fault, push=False)
+                    bad = [i for i, name in enumerate(self.names) if name in fault.who]
+                    futures, owners = ([f for f, o in zip(futures, owners) if o not in fault.who],
+                                       [o for o in owners if o not in fault.who])
+                    for i in bad:
+                        h = self.handles[i]
+                        futures += [h.update_weights.remote(b, reset_cache=False) for b in buckets]
+                        futures.append(h.reset_prefix_cache.remote())
+                        owners += [self.names[i]] * (len(buckets) + 1)
+
+    def _push(self, indices: Any, phase: str, defer: bool = False) -> dict[str, Any]:
+        """The current policy (or adapter) into engines `indices`; the push's stats (with `defer`,
+        maybe the loads left running: `pending`)."""
         import time
 
         import ray
@@ -249,7 +281,7 @@ class SeparateEngines:
         handles, names = [self.handles[i] for i in indices], [self.names[i] for i in indices]
         if self.adapter is None:
             return self.learners.push_weights(handles, self.rollout.sync_bucket_mib, self.strategy, self.timeout,
-                                              names)[0]
+                                              names, defer and self.strategy == "object_store")[0]
         t0 = time.perf_counter()  # only the LoRA adapter, from learner rank 0 through the object store
         files = ray.put(self.learners.adapter_files(self.timeout))
         sizes = wait_all([h.load_adapter.remote(files) for h in handles], names, phase, self.timeout)
@@ -257,6 +289,7 @@ class SeparateEngines:
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
         """Each engine's `RolloutWorker.sequence_logprobs` (the sync check)."""
+        self._settle()
         calls = [_Call(i, "sequence_logprobs", (sequences,), {}).send(h) for i, h in enumerate(self.handles)]
         return self._results(calls, "the sync check")
 
@@ -302,6 +335,11 @@ class SeparateEngines:
                 self._started(bad, "its restart")
                 if push and self.synced:
                     self._push(bad, "the weight sync")
+                    if self._pending is not None:  # a deferred sync's loads into the replaced engines: superseded
+                        gone = {self.names[i] for i in bad}
+                        kept = [j for j, o in enumerate(self._pending["owners"]) if o not in gone]
+                        self._pending.update(futures=[self._pending["futures"][j] for j in kept],
+                                             owners=[self._pending["owners"][j] for j in kept])
                 break
             except ActorFault as again:  # it died or hung again before it was back
                 fault = again
@@ -322,6 +360,7 @@ class SeparateEngines:
         """Each engine's process memory before its engine was built and now."""
         import ray
 
+        self._settle()
         return ray.get([h.memory.remote() for h in self.handles], timeout=60)
 
     def idle(self) -> None:
@@ -360,8 +399,9 @@ class ColocatedEngines:
     def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         return self.gather(self.generate_async(prompts, n, sampling, seed))
 
-    def sync_from(self, learners: LearnerGroup) -> dict[str, float]:
-        """Every rank loads its own engine by reference; rank 0's stats."""
+    def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]:
+        """Every rank loads its own engine by reference (in the learner's process: nothing to
+        defer); rank 0's stats."""
         return learners.push_weights_in_process(self.timeout)[0]
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:

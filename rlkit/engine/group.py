@@ -6,7 +6,7 @@ for all ranks, or one argument per rank where each rank has its own shard (`per_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,13 @@ class LearnerGroup:
 
     def fit(self, per_rank: Sequence[list[list[MicroBatch]]], objective: Objective, epochs: int = 1) -> list[FitResult]:
         """`Learner.fit` on every rank with its own optimizer steps."""
-        return self._each("fit", [(steps, objective, epochs) for steps in per_rank], phase="the training step")
+        return self.fit_async(per_rank, objective, epochs)()
+
+    def fit_async(self, per_rank: Sequence[list[list[MicroBatch]]], objective: Objective,
+                  epochs: int = 1) -> Callable[[], list[FitResult]]:
+        """`fit`, started: returns at once with the call that waits for its results."""
+        futures = self._send("fit", [(steps, objective, epochs) for steps in per_rank])
+        return lambda: wait_all(futures, self.owners, "the training step")
 
     def evaluate(self, per_rank: Sequence[list[MicroBatch]], objective: Objective) -> dict[str, float]:
         """Metric sums of `Learner.evaluate` over all ranks."""
@@ -74,13 +80,14 @@ class LearnerGroup:
     # ------------------------------------------------------------------ weights
 
     def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store",
-                     timeout_s: float | None = None, names: list[str] | None = None) -> list[dict[str, float] | None]:
+                     timeout_s: float | None = None, names: list[str] | None = None,
+                     defer: bool = False) -> list[dict[str, Any] | None]:
         """Current policy -> separate rollout engines. Rank 0 sends and returns its `SyncStats` as a
         dict; the other ranks only take part in ZeRO-3 gathers (None). Each engine call may take
         `timeout_s` (a `FaultError` naming the engine); the learners get `SLACK_S` more, so a hung
-        engine is named before its learner."""
+        engine is named before its learner. `defer`: see `Learner.push_weights`."""
         return self._timed("push_weights", "the weight sync", timeout_s and timeout_s + SLACK_S,
-                           engines, bucket_mib, strategy, timeout_s, names)
+                           engines, bucket_mib, strategy, timeout_s, names, defer)
 
     def adapter_files(self, timeout_s: float | None = None) -> dict[str, bytes]:
         """Rank 0's `Learner.adapter_files` (all ranks take part, for ZeRO-3)."""
@@ -150,10 +157,12 @@ class LearnerGroup:
 
     def _each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float | None = None,
               phase: str | None = None, knob: str = "rollout.sync_timeout_s") -> list[Any]:
+        return wait_all(self._send(method, per_rank_args), self.owners, phase or method, timeout_s, knob)
+
+    def _send(self, method: str, per_rank_args: Sequence[tuple]) -> list[Any]:
         if len(per_rank_args) != len(self.actors):
             raise ValueError(f"{method}: {len(per_rank_args)} shards for {len(self.actors)} learners")
-        futures = [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
-        return wait_all(futures, self.owners, phase or method, timeout_s, knob)
+        return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
 
     @property
     def owners(self) -> list[str]:

@@ -294,14 +294,17 @@ class Learner:
                                   lora_merge=self.spec.finetuning != "full", all_ranks=all_ranks)
 
     def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store",
-                     timeout_s: float | None = None, names: list[str] | None = None) -> dict | None:
+                     timeout_s: float | None = None, names: list[str] | None = None,
+                     defer: bool = False) -> dict | None:
         """Send the current policy (LoRA merged) to separate rollout engines (`names`: theirs in
         errors): through the Ray object store, or by NCCL/HCCL broadcast (`strategy="broadcast"`,
         accelerators; the group is set up on first use). Every rank must call (ZeRO-3 gathers
         layer by layer); rank 0 sends and returns the `SyncStats` as a dict. An engine call over
         `timeout_s`, or an engine that died, is an `ActorFault` naming the engine, raised after
         rank 0 has gone through the remaining gathers, so the other ranks are not left waiting in
-        one and the push can be retried."""
+        one and the push can be retried. With `defer` (object store) the engines' loads of a
+        policy that fits the store's in-flight buckets are left running: the stats then carry
+        `pending` (`ObjectStoreSync.pending`), for the driver to wait on."""
         from rlkit.engine.weight_sync import BroadcastSync, ObjectStoreSync
 
         named = self._named_weights()
@@ -311,7 +314,9 @@ class Learner:
             return None
         try:
             if strategy != "broadcast":
-                return asdict(ObjectStoreSync(engines, bucket_mib, timeout_s=timeout_s, names=names).push(named))
+                sync = ObjectStoreSync(engines, bucket_mib, timeout_s=timeout_s, names=names)
+                stats = asdict(sync.push(named, defer))
+                return {**stats, "pending": sync.pending} if sync.pending else stats
             if self._broadcast is None:
                 self._broadcast = BroadcastSync.connect(engines, self.engine.device,
                                                         self.device_info.weight_sync_backend, bucket_mib, timeout_s)

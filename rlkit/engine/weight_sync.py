@@ -238,6 +238,11 @@ class ObjectStoreSync(_Engines):
     Each bucket is `ray.put` once (on CPU, optionally cast to `dtype`) and loaded by all
     engines; at most `max_inflight` buckets live in the store at a time. Each engine call may
     take `timeout_s` seconds at most (None: no limit).
+
+    `push(named, defer=True)`: a policy of at most `max_inflight` buckets is put and its loads
+    (then the engines' prefix-cache resets) are sent, but not waited for; `pending` then holds
+    their futures and the buckets, for the caller to wait on (and to load again into an engine
+    restarted meanwhile). A larger policy is waited for as without `defer`.
     """
 
     def __init__(self, engines: list[Any], bucket_mib: float = 256.0,
@@ -248,22 +253,33 @@ class ObjectStoreSync(_Engines):
         super().__init__(engines, timeout_s, names)
         self.bucket_mib, self.dtype = bucket_mib, dtype
         self.max_inflight = max(1, max_inflight)
+        self.pending: dict[str, list[Any]] | None = None
 
-    def push(self, named: Iterable[NamedTensor]) -> SyncStats:
+    def push(self, named: Iterable[NamedTensor], defer: bool = False) -> SyncStats:
         import ray
 
         start, counter, buckets = time.perf_counter(), _Counter(named), 0
         pending: list[list[Any]] = []
+        kept: list[Any] | None = [] if defer else None  # the buckets, while the loads may be left running
         for bucket in bucketize(counter, self.bucket_mib):
             ref = ray.put([(n, self._to_host(t)) for n, t in bucket])
             pending.append([e.update_weights.remote(ref, reset_cache=False) for e in self.engines])
+            if kept is not None:
+                kept.append(ref)
+                if len(kept) > self.max_inflight:  # too large to leave in the store: wait as usual
+                    kept = None
             del ref
             buckets += 1
-            while len(pending) >= self.max_inflight:
+            while len(pending) >= self.max_inflight + (kept is not None):
                 self.wait(pending.pop(0))
-        for futures in pending:
-            self.wait(futures)
-        self.reset_prefix_cache()
+        if kept is not None:  # each engine resets its cache after its loads (one caller: in order)
+            resets = [e.reset_prefix_cache.remote() for e in self.engines]
+            futures = [f for group in pending for f in group] + resets
+            self.pending = {"futures": futures, "owners": list(self.owners) * (len(pending) + 1), "buckets": kept}
+        else:
+            for futures in pending:
+                self.wait(futures)
+            self.reset_prefix_cache()
         return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,10 @@ With `grpo.max_staleness: K` (K >= 1) the engines generate steps k+1 .. k+K whil
 train step k (a batch is up to K policy versions old; each rollout carries the version that made
 it, and the rollout correction weighs it by pi_learner / pi_engine). Ray runs an engine's calls in
 order, so the weight sync after step k waits for the generations queued before it and never
-lands mid-generation. A checkpoint waits for the generations in flight and keeps their samples,
-so a resumed run trains on exactly what the uninterrupted one would have.
+lands mid-generation. The learners go on to step k+1 once the policy is in the object store; the
+engines load it meanwhile, and the next generation is sent once they have. A checkpoint waits
+for the generations in flight and keeps their samples, so a resumed run trains on exactly what
+the uninterrupted one would have.
 
 With `online_difficulty` every scored group tells the sampler whether its prompt was all solved
 or all failed; such prompts are drawn less (`grpo/difficulty.py`), and that state is in the
@@ -151,12 +153,13 @@ def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any
         if teacher is not None:                                                   # the teacher's logprobs
             batch = teacher.score(batch, cfg.rollout.temperature)
         t_teacher = time.perf_counter() - t_teacher
-        ahead.fill(step + 1)                                                      # generates during training
         t1 = time.perf_counter()
         shards = _shards(batch, g, derive_seed(cfg.seed, "plan", step))          # micro-batches per rank
-        fits = learners.fit(shards, objective, g.epochs)                         # ref/old logprobs, PG loss + KL
+        training = learners.fit_async(shards, objective, g.epochs)               # ref/old logprobs, PG loss + KL
+        ahead.fill(step + 1)                                                      # generates during training
+        fits = training()
         t2 = time.perf_counter()
-        sync = engines.sync_from(learners)                                        # learner -> vLLM, no restart
+        sync = engines.sync_from(learners, defer=g.max_staleness > 0)            # learner -> vLLM, no restart
         step, version = step + 1, version + 1
         metrics = {**exp.metrics, **adv_metrics, **seen,
                    **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2, exp.engine_seconds, len(engines.names)),
@@ -253,11 +256,12 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: Any, learners: Any, step: 
 def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: float, t1: float, t2: float,
                   engine_seconds: dict[int, float], engines: int) -> dict[str, float]:
     """Training metrics (means over ranks and optimizer steps) and the step's timings. The sync
-    time is the driver's wait: with max_staleness >= 1 it includes the generations queued before
-    the sync on the engines. `rollout/busy_fraction`: the seconds each engine spent generating
-    this step's samples over the step's wall time (at most 1), the mean over engines (`_min`: the
-    least busy one); with max_staleness >= 1 those samples were generated while the previous step
-    trained, and an engine that keeps up with training is near 1."""
+    time is the driver's wait: with max_staleness >= 1 the learner's put of the policy in the object
+    store (the engines' loads overlap the next step, whose train time holds any wait for them).
+    `rollout/busy_fraction`: the seconds each engine spent generating this step's samples over the
+    step's wall time (at most 1), the mean over engines (`_min`: the least busy one); with
+    max_staleness >= 1 those samples were generated while the previous step trained, and an engine
+    that keeps up with training is near 1."""
     t3 = time.perf_counter()
     steps = [s for fit in fits for s in fit.steps]
     train = {**mean_metrics(steps), "micro_batches": sum(s.micro_batches for s in steps) / max(1, len(steps))}

@@ -204,6 +204,28 @@ def test_faults_stop_the_run_with_one_line(sft_model, task_data, tmp_path, fault
     assert not left_running(tmp_path.name)
 
 
+def test_an_engine_lost_while_it_loads_a_deferred_sync_is_restarted_with_that_policy(sft_model, task_data,
+                                                                                     tmp_path):
+    """Async (max_staleness 1): the learners train on while the engines load the policy, so engine
+    1 dying (-9) in its third load is found only when the engines are next used; it is restarted
+    and loads the same buckets, and the parity probe after every step (learner vs each engine)
+    passes: the restarted engine holds the policy of that step, not model.path's or a later one."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlkit.cli", "grpo", str(GRPO_RECIPE),
+           *grpo_overrides(sft_model, task_data, out, "rollout.num_engines=2", "grpo.steps=4", "eval.every=0",
+                           "grpo.max_staleness=1", "rollout.sync_check_every=1", "rollout.sync_check_tol=1e-3")]
+    res = subprocess.run(cmd, env=marked_env(tmp_path.name, RLKIT_FAULT="die:weight_sync:engine1:2"),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"^rlkit: engine 1 died during the weight sync \(pid \d+, .*\); restarted in [\d.]+ s; the "
+                     r"weight sync starts over \(restart 1 of rollout.max_restarts \d+\)$", res.stderr, re.M), \
+        res.stderr[-3000:]
+    steps = _steps(out)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and steps[-1]["rollout/restarts"] == 1
+    assert all(r["sync/check_abs_diff_max"] <= 1e-3 for r in steps), [r["sync/check_abs_diff_max"] for r in steps]
+    assert not left_running(tmp_path.name)
+
+
 def test_errors_before_launch_are_one_line(task_data, tmp_path):
     base = [sys.executable, "-m", "rlkit.cli", "grpo", str(GRPO_RECIPE)]
     missing = subprocess.run(base + grpo_overrides(tmp_path / "nope" / "final", task_data, tmp_path / "o"),
