@@ -24,6 +24,7 @@ from rlkit.config import ModelConfig, RayConfig, RolloutConfig
 from rlkit.engine.calls import ActorFault, name_actor, unwatch_nodes, wait_all, watch_nodes
 from rlkit.engine.group import LearnerGroup
 from rlkit.engine.rollout import Sample, Sampling
+from rlkit.engine.weight_sync import PendingLoads
 from rlkit.errors import FaultError, UserError
 from rlkit.seeding import derive_seed
 
@@ -190,7 +191,7 @@ class SeparateEngines:
         self._started(range(rollout.num_engines), "its start")
         self.synced = False  # whether the engines hold a pushed policy (else model.path's)
         self.restarts, self.recovery_s = [0] * rollout.num_engines, 0.0
-        self._pending: dict[str, list[Any]] | None = None  # a deferred sync's loads (`sync_from`)
+        self._pending: PendingLoads | None = None  # a deferred sync's loads (`sync_from`)
         self._settling = threading.Lock()  # multi-turn rollouts start generations from several threads
 
     def _create(self, i: int) -> Any:
@@ -254,21 +255,16 @@ class SeparateEngines:
             pending, self._pending = self._pending, None
             if pending is None:
                 return
-            futures, owners, buckets = pending["futures"], pending["owners"], pending["buckets"]
             while True:
                 try:
-                    wait_all(futures, owners, "the weight sync", self.timeout)
+                    wait_all(pending.futures, pending.owners, "the weight sync", self.timeout)
                     return
                 except ActorFault as fault:
                     self._recover(fault, push=False)
-                    bad = [i for i, name in enumerate(self.names) if name in fault.who]
-                    futures, owners = ([f for f, o in zip(futures, owners) if o not in fault.who],
-                                       [o for o in owners if o not in fault.who])
-                    for i in bad:
-                        h = self.handles[i]
-                        futures += [h.update_weights.remote(b, reset_cache=False) for b in buckets]
-                        futures.append(h.reset_prefix_cache.remote())
-                        owners += [self.names[i]] * (len(buckets) + 1)
+                    pending.without(fault.who)
+                    for handle, name in zip(self.handles, self.names):
+                        if name in fault.who:
+                            pending.load_into(handle, name)
 
     def _push(self, indices: Any, phase: str, defer: bool = False) -> dict[str, Any]:
         """The current policy (or adapter) into engines `indices`; the push's stats (with `defer`,
@@ -336,10 +332,7 @@ class SeparateEngines:
                 if push and self.synced:
                     self._push(bad, "the weight sync")
                     if self._pending is not None:  # a deferred sync's loads into the replaced engines: superseded
-                        gone = {self.names[i] for i in bad}
-                        kept = [j for j, o in enumerate(self._pending["owners"]) if o not in gone]
-                        self._pending.update(futures=[self._pending["futures"][j] for j in kept],
-                                             owners=[self._pending["owners"][j] for j in kept])
+                        self._pending.without(self.names[i] for i in bad)
                 break
             except ActorFault as again:  # it died or hung again before it was back
                 fault = again

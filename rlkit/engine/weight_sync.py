@@ -206,6 +206,29 @@ class SyncStats:
     seconds: float
 
 
+@dataclass
+class PendingLoads:
+    """The engines' loads of a deferred push (`ObjectStoreSync.push(defer=True)`), then their cache
+    resets: the futures, the engine that runs each (`owners`), and the buckets, to load again into
+    an engine restarted before they finished."""
+
+    futures: list[Any]
+    owners: list[str]
+    buckets: list[Any]
+
+    def without(self, engines: Iterable[str]) -> None:
+        """Forget the loads of `engines` (restarted: theirs are lost)."""
+        gone = set(engines)
+        kept = [i for i, owner in enumerate(self.owners) if owner not in gone]
+        self.futures, self.owners = [self.futures[i] for i in kept], [self.owners[i] for i in kept]
+
+    def load_into(self, engine: Any, name: str) -> None:
+        """Send the buckets and a cache reset to `engine` (actor handle, named `name`) as well."""
+        self.futures += [engine.update_weights.remote(b, reset_cache=False) for b in self.buckets]
+        self.futures.append(engine.reset_prefix_cache.remote())
+        self.owners += [name] * (len(self.buckets) + 1)
+
+
 class _Counter:
     def __init__(self, named: Iterable[NamedTensor]):
         self.named, self.tensors, self.bytes = named, 0, 0
@@ -253,7 +276,7 @@ class ObjectStoreSync(_Engines):
         super().__init__(engines, timeout_s, names)
         self.bucket_mib, self.dtype = bucket_mib, dtype
         self.max_inflight = max(1, max_inflight)
-        self.pending: dict[str, list[Any]] | None = None
+        self.pending: PendingLoads | None = None
 
     def push(self, named: Iterable[NamedTensor], defer: bool = False) -> SyncStats:
         import ray
@@ -275,7 +298,7 @@ class ObjectStoreSync(_Engines):
         if kept is not None:  # each engine resets its cache after its loads (one caller: in order)
             resets = [e.reset_prefix_cache.remote() for e in self.engines]
             futures = [f for group in pending for f in group] + resets
-            self.pending = {"futures": futures, "owners": list(self.owners) * (len(pending) + 1), "buckets": kept}
+            self.pending = PendingLoads(futures, list(self.owners) * (len(pending) + 1), kept)
         else:
             for futures in pending:
                 self.wait(futures)
