@@ -1,4 +1,5 @@
-"""Format rewards for R1-style ``<think>…</think><answer>…</answer>`` completions.
+"""Format rewards for R1-style ``<think>…</think><answer>…</answer>`` completions, and for
+GSM8K's ``#### N`` final-answer line.
 
 When a prompt ends with ``<think>`` (e.g. the DeepSeek-R1-Distill chat template opens the
 think block in the generation prompt), the completion is scored as if it started with it.
@@ -15,6 +16,7 @@ from rlkit.reward.contract import completion_text, prompt_text
 
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _STRUCTURE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_HASH_LINE = re.compile(r"####[ \t]*-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?")
 _STEP = re.compile(
     r"(?:Step\s*\d+\s*[:.]"            # Step 1:  / Step 2.
     r"|^\s*\d+[.)]\s"                  # 1. / 2)  at a line start
@@ -92,3 +94,15 @@ def reasoning_steps(completions: list, min_steps: int = 3, **kwargs: Any) -> lis
     if min_steps < 1:
         raise ValueError(f"min_steps must be >= 1, got {min_steps}")
     return [min(1.0, len(_STEP.findall(completion_text(c))) / min_steps) for c in completions]
+
+
+def hash_answer(completions: list, **kwargs: Any) -> list[float]:
+    """1.0 when the completion ends with GSM8K's answer line, ``#### N`` with N a number
+    (``-``, ``$``, ``%``, a decimal part and thousands commas allowed: ``#### $1,200.50``), and
+    ``####`` occurs nowhere else; else 0.0. Only whitespace may follow the line."""
+    out = []
+    for c in completions:
+        text = completion_text(c).rstrip()
+        last = text.rsplit("\n", 1)[-1].strip()
+        out.append(1.0 if _HASH_LINE.fullmatch(last) and text.count("####") == 1 else 0.0)
+    return out

@@ -1,7 +1,8 @@
 """Math accuracy with ``math-verify``: LaTeX, ``\\boxed{}``, fractions, plain numbers.
 
 The prediction is taken from the last ``<answer>…</answer>`` if there is one, else from
-the last ``\\boxed{}``, else the whole completion as math-verify reads it, else the last number.
+the last ``\\boxed{}``, else from the last ``#### N`` line (GSM8K's ending; ``$``, ``%`` and
+thousands commas dropped), else the whole completion as math-verify reads it, else the last number.
 
 A gold that is words, not math (``forty two``, ``Paris``, ``巴黎``: a run of three or more
 letters that is not a LaTeX command or a function name such as ``sin``/``log``/``sqrt``, or
@@ -23,6 +24,8 @@ from typing import Any
 from rlkit.reward.contract import completion_text
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_HASH_ANSWER = re.compile(r"^[ \t]*####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 _LAST_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
 _LETTERS = re.compile(r"[^\W\d_]+")
@@ -83,13 +86,22 @@ def _plain(text: str) -> str:
 
 def final_answer(completion: Any) -> str | None:
     """The text of the last ``<answer>…</answer>``, else of the last ``\\boxed{…}`` (without the
-    box), else None."""
+    box), else of the last ``#### …`` line, else None."""
     text = completion_text(completion)
     tagged = _ANSWER.findall(text)
     if tagged:
         return tagged[-1]
     boxed = last_boxed(text)
-    return boxed[len("\\boxed{"):-1] if boxed else None
+    return boxed[len("\\boxed{"):-1] if boxed else hash_final(text)
+
+
+def hash_final(text: str) -> str | None:
+    """What follows the last ``####`` at a line start (GSM8K's final answer), with ``$``, ``%``
+    and thousands commas dropped (``#### $1,200`` -> ``1200``); None when there is none."""
+    found = _HASH_ANSWER.findall(text)
+    if not found:
+        return None
+    return _THOUSANDS.sub("", found[-1]).replace("$", "").replace("%", "").strip()
 
 
 def after_reasoning(completion: Any, delimiters: list[str]) -> str | None:
@@ -125,12 +137,10 @@ def parse_prediction(completion: Any) -> list:
     """The model's final answer as math-verify expressions ([] when none is found)."""
     text = unicodedata.normalize("NFKC", completion_text(completion))
     tagged = _ANSWER.findall(text)
-    if tagged:
-        text = tagged[-1].strip()
-    else:
-        text = last_boxed(text) or text
+    marked = tagged[-1].strip() if tagged else last_boxed(text) or hash_final(text)
+    text = marked or text
     got = _parse(text)
-    if not got and tagged and "$" not in text:
+    if not got and marked and "$" not in text:
         got = _parse(f"${text}$")
     if not got:
         nums = _LAST_NUMBER.findall(text)
@@ -175,4 +185,39 @@ def accuracy(completions: list, answer: list, reasoning_delimiters: list[str] | 
             continue
         pred = parse_prediction(c)
         out.append(float(bool(pred) and verify(gold, pred, timeout_seconds=_timeout(5))))
+    return out
+
+
+_RESULT = re.compile(r"=\s*[$€£¥]?\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)")
+
+
+def _values(text: str) -> set:
+    """The numbers a worked solution computes: each one right after an ``=`` (a currency sign
+    between them allowed), and its final ``#### N``; as exact fractions (``2.50`` == ``2.5``)."""
+    from fractions import Fraction
+
+    found = _RESULT.findall(unicodedata.normalize("NFKC", text))
+    final = hash_final(text)
+    if final and _LAST_NUMBER.fullmatch(final):
+        found.append(final)
+    out = set()
+    for s in found:
+        try:
+            out.add(Fraction(s.replace(",", "")))
+        except (ValueError, ZeroDivisionError):
+            continue
+    return out
+
+
+def solution_values(completions: list, solution: list, **kwargs: Any) -> list[float | None]:
+    """Partial credit against a worked reference solution (a ``solution`` column, e.g. GSM8K's):
+    the share of the values the reference computes (each number right after an ``=``, and its
+    ``#### N``) that the completion computes too (also right after an ``=`` or on its ``####``
+    line). A dense signal for a model that seldom reaches the final answer: the right
+    intermediate results earn part of the credit, numbers merely copied from the question do not.
+    None where the reference computes nothing."""
+    out: list[float | None] = []
+    for c, ref in zip(completions, solution):
+        want = _values(str(ref or ""))
+        out.append(None if not want else len(want & _values(completion_text(c))) / len(want))
     return out

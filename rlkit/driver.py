@@ -40,12 +40,16 @@ EXIT_STOPPED = 3  # stopped by a signal after the checkpoint of the current step
 FULL_BELOW = 64 << 20  # free bytes under which a failed write is put down to a full disk
 
 
-def prepare_inputs(cfg: Any, device: Any) -> None:
-    """Check the precision against the device, build the offline tiny model / synthetic task
-    where the recipe asks for them and they are missing, check the model (and tokenizer) path
-    and, on an accelerator, the memory estimate against the device. Runs before Ray starts."""
+def prepare_inputs(cfg: Any, device: Any) -> Any:
+    """Check the precision against the device, import a GGUF model (`rlkit.gguf`), build the
+    offline tiny model / synthetic task where the recipe asks for them and they are missing, check
+    the model (and tokenizer) path and, on an accelerator, the memory estimate against the device.
+    Runs before Ray starts; returns the config the run uses (a GGUF path is its HF folder there)."""
     from rlkit.accel import check_precision
+    from rlkit.gguf import resolve_models
     from rlkit.models import check_model_path, ensure_tiny_model
+
+    cfg = resolve_models(cfg)
 
     model, data = cfg.model, cfg.data
     check_precision(model.dtype, device)
@@ -72,6 +76,7 @@ def prepare_inputs(cfg: Any, device: Any) -> None:
         write_task_data(Path(data.train).parent, seed=data.build_synthetic_if_missing)
         log.warning("data.train %s was missing: wrote the synthetic arithmetic task there "
                     "(data.build_synthetic_if_missing)", data.train)
+    return cfg
 
 
 def devices_line(device: Any, learners: int, engines: int = 0, tp: int = 1, colocate: bool = False) -> str:

@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("eval", help="score a model on prompts with vLLM and reward functions (JSON out)",
                        description="score a model directory on a prompt dataset: mean reward per function, pass@k, "
                                    "completion length, sample completions")
-    p.add_argument("model", help="a HF model folder (final/, or rlkit export / merge output)")
+    p.add_argument("model", help="a HF model folder (final/, or rlkit export / merge output), or a .gguf file")
     p.add_argument("--data", help="prompt rows in any format training reads (default: the --recipe's data.eval, "
                                   "else data.train)")
     p.add_argument("--rewards", help="fn[,fn]: module:function or file.py:function (default: the --recipe's rewards)")
@@ -51,7 +51,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=None, help="score the first N rows only")
     p.add_argument("--pass-threshold", type=float, default=1.0, help="a completion passes at this reward (default 1)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: the recipe's eval seed, else 0)")
+    p.add_argument("--by", default=None, metavar="COLUMN",
+                   help="also report the means per value of this data column (e.g. source)")
     p.add_argument("--out", default=None, help="write the JSON here instead of stdout")
+    p.add_argument("--per-sample", default=None, metavar="FILE",
+                   help="write every completion with its row's columns and rewards here (JSONL)")
     p.add_argument("--log", default=None, help="the engine's output (default: a file in the temp folder)")
     p.set_defaults(handler=run)
 
@@ -63,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     cfg, base = _config(args)
     console.quiet_driver()
     task, rows = _task(cfg, base, args.limit)
+    if args.by and not any(args.by in row for row in rows):
+        raise UserError(f"--by: no row of {cfg.data.train} has a column {args.by!r} (columns: "
+                        f"{', '.join(sorted(rows[0]))})")
     sampling, n, seed = _sampling(args, cfg)
     log = Path(args.log) if args.log else Path(tempfile.gettempdir()) / f"rlkit-eval-{os.getpid()}.log"
     print(f"rlkit eval: {args.model} on {len(rows)} prompts x {n} samples (temperature {sampling.temperature:g}, "
@@ -72,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         engine = _Engine(cfg)
         evaluation = evaluate_rows(task, rows, engine, sampling, n, seed)
     report = _report(args, cfg.data.train, task, evaluation, sampling, seed)
+    if args.per_sample:
+        _write_samples(Path(args.per_sample), evaluation)
     for line in _summary(report):
         print(f"rlkit eval: {line}", file=sys.stderr)
     text = json.dumps(report, indent=2, ensure_ascii=False)
@@ -88,10 +97,13 @@ def _config(args: argparse.Namespace) -> tuple[Any, str | None]:
     """A GRPO config for the model and data (the recipe's, with these overrides), and the folder
     reward file paths are relative to."""
     from rlkit import stages
+    from rlkit.gguf import import_gguf, is_gguf
     from rlkit.grpo.task import recipe_dir
     from rlkit.recipe import build
     from rlkit.reward.contract import RewardSpec
 
+    if is_gguf(args.model):
+        args.model = str(import_gguf(args.model, key="rlkit eval"))
     if not (Path(args.model) / "config.json").is_file():
         hint = (" (a LoRA adapter: give final/, which holds the merged model, or rlkit merge it first)"
                 if (Path(args.model) / "adapter_config.json").is_file() else "")
@@ -182,20 +194,49 @@ def _report(args: argparse.Namespace, data: str, task: Any, ev: Any, sampling: A
         "reward": _num(metrics["eval/reward"]),
         "rewards": {name: _num(metrics[f"eval/{name}"]) for name in names},
         "pass_threshold": args.pass_threshold,
+        "stderr": {name: _num(ev.stderr(name)) for name in names},
         "pass": {f"pass@{k}": {name: _num(ev.pass_at(name, k, args.pass_threshold)) for name in names} for k in ks},
         "completion_tokens": {"mean": sum(lengths) / len(lengths), "max": max(lengths),
                               "truncated_frac": sum(s.finish_reason == "length" for s in ev.samples) / len(lengths)},
         "examples": [{"prompt": ev.prompts[i // ev.n], "completion": ev.samples[i].text,
                       "rewards": {name: ev.result.per_fn[name][i] for name in names},
                       "total": _num(ev.result.total[i])} for i in range(0, min(len(ev.samples), SHOWN * ev.n), ev.n)],
+        **({"by": {args.by: _by_column(ev, args.by)}} if args.by else {}),
     }
+
+
+def _by_column(ev: Any, column: str) -> dict[str, dict[str, Any]]:
+    """The prompts, means and standard errors of each reward function per value of `column`."""
+    groups: dict[str, list[int]] = {}
+    for i, row in enumerate(ev.rows):
+        groups.setdefault(str(row.get(column)), []).append(i)
+
+    def stats(rows: list[int]) -> dict[str, Any]:
+        return {"prompts": len(rows),
+                **{name: {"mean": _num(ev.mean(name, rows)), "stderr": _num(ev.stderr(name, rows))}
+                   for name in ev.result.per_fn}}
+
+    return {value: stats(rows) for value, rows in sorted(groups.items())}
+
+
+def _write_samples(path: Path, ev: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for i, sample in enumerate(ev.samples):
+            row = ev.rows[i // ev.n]
+            columns = {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool)) or v is None}
+            f.write(json.dumps({"row": i // ev.n, "columns": columns, "completion": sample.text,
+                                "tokens": len(sample.token_ids), "finish_reason": sample.finish_reason,
+                                "rewards": {name: ev.result.per_fn[name][i] for name in ev.result.per_fn},
+                                "total": _num(ev.result.total[i])}, ensure_ascii=False) + "\n")
+    print(f"rlkit eval: wrote {path}", file=sys.stderr)
 
 
 def _summary(report: dict[str, Any]) -> list[str]:
     per_fn = []
     for name, mean in report["rewards"].items():
         passes = ", ".join(f"{k} {_fmt(v[name])}" for k, v in report["pass"].items())
-        per_fn.append(f"{name} {_fmt(mean)} ({passes})")
+        per_fn.append(f"{name} {_fmt(mean)} ± {_fmt(report['stderr'][name])} ({passes})")
     tokens = report["completion_tokens"]
     lines = [f"reward {_fmt(report['reward'])}; " + "; ".join(per_fn),
              f"completions: {tokens['mean']:.1f} tokens on average, {tokens['truncated_frac']:.0%} cut at max_tokens"]

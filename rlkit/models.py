@@ -77,6 +77,32 @@ def hub_problem(repo_id: str, timeout_s: float = 10.0) -> str | None:
     return None
 
 
+# generation_config.json fields vLLM (and HF generate) read as sampling defaults
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty", "max_new_tokens")
+
+
+def generation_config(model_dir: str | Path) -> dict[str, Any]:
+    """The model folder's generation_config.json ({} when it has none or it is unreadable)."""
+    import json
+
+    try:
+        return json.loads((Path(model_dir) / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def stop_token_ids(model_dir: str | Path, tokenizer: Any) -> list[int]:
+    """The token ids a completion ends at in vLLM: the tokenizer's EOS and generation_config.json's
+    `eos_token_id` (one id or a list)."""
+    extra = generation_config(model_dir).get("eos_token_id")
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    for i in [extra] if isinstance(extra, int) else extra or []:
+        if i not in ids:
+            ids.append(i)
+    return ids
+
+
 def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 

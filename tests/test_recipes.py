@@ -77,6 +77,11 @@ def _data_files(recipe: dict, tmp: Path, task_data: dict) -> dict[str, Path | No
     if data.get("build_synthetic_if_missing") is not None:
         kind = "sft" if recipe["stage"] == "sft" else "grpo"
         return {"train": task_data[f"{kind}_train"], "eval": task_data[f"{kind}_eval"]}
+    if "/gsm8k/" in data["train"]:  # the real task's recipes: its own files, from two templates
+        from rlkit.gsm8k import write_task
+
+        written = write_task(tmp / "gsm8k", n_sft=2, n_grpo=2, n_heldout=2, train=[0], heldout=[80])
+        return {key: written[Path(data[key]).stem] for key in ("train", "eval")}
     if name == "dataset_info.json":
         _write(tmp / "custom_data.json", ALPACA)
         return {"train": _write(tmp / name, DATASET_INFO), "eval": None}

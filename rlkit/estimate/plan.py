@@ -113,13 +113,14 @@ def _run(args: argparse.Namespace) -> int:
     import yaml
 
     from rlkit import stages
+    from rlkit.gguf import resolve_models
 
     try:
         declared = (yaml.safe_load(Path(args.recipe).read_text(encoding="utf-8")) or {}).get("stage", "sft")
     except (OSError, yaml.YAMLError, AttributeError):
         declared = "sft"
     stage = stages.ALIASES.get(declared, declared) if declared in (*stages.STAGES, *stages.ALIASES) else "sft"
-    cfg = stages.load(stage, args.recipe, list(args.overrides))
+    cfg = resolve_models(stages.load(stage, args.recipe, list(args.overrides)))
     config, source = model_config(cfg.model.path, args.config)
     arch = Arch.from_config(config, cfg.model.path)
     hardware = Hardware.parse(args.hardware) if args.hardware else None

@@ -264,6 +264,30 @@ class Evaluation:
         return {"eval/reward": means["eval/mean"],
                 **{f"eval/{name}": means[f"eval/{name}/mean"] for name in self.result.per_fn}}
 
+    def row_means(self, name: str, rows: list[int] | None = None) -> list[float]:
+        """The mean of reward function `name` over each row's samples, for the rows (indices) given
+        (default: all) that have a value."""
+        values = self.result.per_fn[name]
+        out = []
+        for i in range(len(self.rows)) if rows is None else rows:
+            got = [v for v in values[i * self.n:(i + 1) * self.n] if v is not None]
+            if got:
+                out.append(sum(got) / len(got))
+        return out
+
+    def mean(self, name: str, rows: list[int] | None = None) -> float:
+        """The mean of `row_means` (NaN for none)."""
+        means = self.row_means(name, rows)
+        return sum(means) / len(means) if means else math.nan
+
+    def stderr(self, name: str, rows: list[int] | None = None) -> float:
+        """The standard error of `mean`: the sample std of the row means / sqrt(rows) (NaN below 2 rows)."""
+        means = self.row_means(name, rows)
+        if len(means) < 2:
+            return math.nan
+        mu = sum(means) / len(means)
+        return math.sqrt(sum((m - mu) ** 2 for m in means) / (len(means) - 1) / len(means))
+
     def pass_at(self, name: str, k: int, threshold: float = 1.0) -> float:
         """pass@k of reward function `name`: the chance that at least one of k samples of a row
         scores >= `threshold`, unbiased from the row's n samples (Chen et al. 2021), averaged over rows."""

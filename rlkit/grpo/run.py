@@ -59,7 +59,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     g = cfg.grpo
     device = detect(cfg.device)
     sync_strategy(cfg.rollout, device)
-    prepare_inputs(cfg, device)
+    cfg = prepare_inputs(cfg, device)
     task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed,
                      cfg.rollout)
     with closing(task.scorer):
@@ -68,6 +68,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                                      cfg.data.train, row_filter=online)
         run = RunDir(cfg, "grpo", template=task.template)
         run.announce(_plan(cfg, task, device))
+        run.announce(sampling_line(cfg, task.tokenizer))
         beside = cfg.distill is not None and cfg.distill.placement == "learner"  # a teacher copy per learner rank
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0, teacher=cfg.distill.teacher if beside else None)
@@ -110,6 +111,24 @@ def _plan(cfg: GRPOConfig, task: Task, device: Any) -> str:
             f"{'s' * (updates > 1)} on them; {g.steps} steps ({passes:.2f} passes over the prompts); "
             f"{task.template} template; "
             f"{devices_line(device, g.num_learners, r.num_engines, r.tensor_parallel_size, r.colocate)}")
+
+
+def sampling_line(cfg: GRPOConfig, tokenizer: Any) -> str:
+    """What vLLM samples with, in one line: the recipe's rollout settings (rlkit passes every sampling
+    parameter, so a model's generation_config.json defaults never apply; named when it has some), and the
+    tokens a completion ends at (the tokenizer's EOS and generation_config.json's eos_token_id)."""
+    from rlkit.models import SAMPLING_FIELDS, generation_config, stop_token_ids
+
+    r = cfg.rollout
+    stops = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in stop_token_ids(cfg.model.path, tokenizer))
+    line = (f"rlkit grpo: vLLM samples with rollout.temperature {r.temperature:g}, top_p {r.top_p:g}, max_tokens "
+            f"{r.max_tokens}{', stop ' + repr(list(r.stop)) if r.stop else ''} (no top_k, min_p or penalties); a "
+            f"completion ends at {stops or 'max_tokens'}")
+    model_defaults = ", ".join(f"{k} {v}" for k, v in generation_config(cfg.model.path).items() if k in SAMPLING_FIELDS)
+    if model_defaults:
+        line += (f"; the model's generation_config.json asks for {model_defaults}: not applied, the recipe's "
+                 "rollout keys win")
+    return line
 
 
 def eval_sampling(cfg: GRPOConfig) -> Any:

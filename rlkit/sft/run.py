@@ -141,7 +141,7 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     from rlkit.models import load_tokenizer
 
     device = detect(cfg.device)
-    prepare_inputs(cfg, device)
+    cfg = prepare_inputs(cfg, device)
     tokenizer = load_tokenizer(cfg.model)
     data = load_sft_data(cfg.data, tokenizer, cfg.seed)
     t = cfg.train

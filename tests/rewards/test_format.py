@@ -94,3 +94,23 @@ def test_code_format():
     ]
     assert code_format(c) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert code_format(c[3:4], language="cpp") == [1.0]
+
+
+def test_hash_answer_wants_one_final_number_line():
+    from rewards.format import hash_answer
+
+    c = [
+        "12 / 3 = 4\n#### 4",           # ok
+        "so\n#### $1,200.50\n\n",       # ok: $, thousands, decimals, trailing whitespace
+        "#### -3",                       # ok: negative
+        "#### 50%",                      # ok: percent
+        "#### 4\nbecause 2+2",           # not the last line
+        "#### 4\n#### 4",                # twice
+        "the answer #### 4",             # not at a line start
+        "#### four",                     # not a number
+        "#### 4 apples",                 # text after the number
+        "#### 1,20",                     # a broken thousands group
+        "",
+    ]
+    assert hash_answer(c) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert hash_answer([[{"role": "assistant", "content": "x\n#### 7"}]]) == [1.0]

