@@ -131,9 +131,11 @@ def mismatch(sft: Path, steps: int, tag: str) -> None:
     for dtype in ("fp32", "bf16"):
         run = ROOT / "runs" / f"gsm8k-mismatch-{tag}-{dtype}"
         shutil.rmtree(run, ignore_errors=True)
+        # the probe's tolerance (0.5 nats) stops a bf16 run of this model at the start: single tokens differ by
+        # up to ~1.5 nats between vLLM's bf16 kernels and the learner's; here the gap is measured, not judged
         rlkit("grpo", "recipes/smollm2-gsm8k-grpo.yaml", f"model.path={sft}", f"model.dtype={dtype}",
-              f"output_dir={run}", f"grpo.steps={steps}", "rollout.sync_check_every=1", "eval.every=0",
-              "data.eval=null", "checkpoint.every=0")
+              f"output_dir={run}", f"grpo.steps={steps}", "rollout.sync_check_every=1", "rollout.sync_check_tol=5",
+              "eval.every=0", "data.eval=null", "checkpoint.every=0")
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         cells = []
         for key in MISMATCH_KEYS:
