@@ -268,8 +268,9 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: Any, learners: Any, step: 
     sequences = [task.tokenizer(task.render(row)).input_ids for row in task.rows[:1] + task.eval_rows[:1]]
     when = "at the start" if step == 0 else f"after step {step}"
     tol = sync_check_tol(cfg.rollout, cfg.model, quantized_learner=cfg.finetuning == "qlora")
-    diff = sync_check(engines, learners, sequences, tol, when)
-    return {"sync/check_abs_diff_max": diff, "time/sync_check": time.perf_counter() - t0}
+    largest, mean = sync_check(engines, learners, sequences, tol, when)
+    return {"sync/check_abs_diff_max": largest, "sync/check_abs_diff_mean": mean,
+            "time/sync_check": time.perf_counter() - t0}
 
 
 def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: float, t1: float, t2: float,
