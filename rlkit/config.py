@@ -259,6 +259,9 @@ class RolloutConfig:
     # step(assistant_message) -> (observation or None, reward or None, done) after each model turn
     interaction: str | dict[str, str] | None = None
     max_tool_calls: int | None = None  # rounds of tool calls per rollout (TRL max_tool_calling_iterations)
+    # the inline calculator (rlkit/agent/calculator.py, GSM8K's): after the model writes an arithmetic
+    # expression and "=", its value is appended as tokens out of the loss, and generation goes on
+    calculator: bool = False
     tool_timeout_s: float | None = 30.0  # a tool call running longer fails: its result is an error
 
     def __post_init__(self):
@@ -282,6 +285,8 @@ class RolloutConfig:
               f"must be > 0 nats, got {self.sync_check_tol}")
         check(not (self.environment and self.interaction), "interaction",
               "a rollout has an environment (TRL's, with tools) or an interaction (gym-style), not both")
+        check(not (self.calculator and (self.tools or self.environment or self.interaction)), "calculator",
+              "the inline calculator runs its own rollout loop: not with tools, an environment or an interaction")
         check(self.max_tool_calls is None or self.max_tool_calls >= 0, "max_tool_calls",
               f"must be >= 0 (None: as many as max_tokens allows), got {self.max_tool_calls}")
         check(self.tool_timeout_s is None or self.tool_timeout_s > 0, "tool_timeout_s",

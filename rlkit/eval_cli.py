@@ -49,6 +49,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--format", default=None, help="row format, as data.format (default: auto)")
     p.add_argument("--dataset", default=None, help="entry name when --data is a dataset_info.json")
     p.add_argument("--limit", type=int, default=None, help="score the first N rows only")
+    p.add_argument("--calculator", action="store_true", default=None,
+                   help="the inline calculator writes the arithmetic, as rollout.calculator (default: the recipe's)")
     p.add_argument("--pass-threshold", type=float, default=1.0, help="a completion passes at this reward (default 1)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: the recipe's eval seed, else 0)")
     p.add_argument("--by", default=None, metavar="COLUMN",
@@ -73,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     sampling, n, seed = _sampling(args, cfg)
     log = Path(args.log) if args.log else Path(tempfile.gettempdir()) / f"rlkit-eval-{os.getpid()}.log"
     print(f"rlkit eval: {args.model} on {len(rows)} prompts x {n} samples (temperature {sampling.temperature:g}, "
-          f"max_tokens {sampling.max_tokens}, {task.template} template); the engine's output: {log}",
+          f"max_tokens {sampling.max_tokens}, {task.template} template"
+          f"{', the inline calculator' if cfg.rollout.calculator else ''}); the engine's output: {log}",
           file=sys.stderr, flush=True)
     with console.output_to(log):
         engine = _Engine(cfg)
@@ -128,6 +131,8 @@ def _config(args: argparse.Namespace) -> tuple[Any, str | None]:
         data = dataclasses.replace(data, train=data.eval, eval=None)
     data = dataclasses.replace(data, format=args.format or data.format, dataset=args.dataset or data.dataset,
                                template=args.template or data.template, build_synthetic_if_missing=None)
+    if args.calculator:
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, calculator=True))
     cfg = dataclasses.replace(cfg, data=data, rewards=tuple(rewards) if rewards else cfg.rewards,
                               eval=dataclasses.replace(cfg.eval, every=0))  # the rows to score are data.train now
     return cfg, base

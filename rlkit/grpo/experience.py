@@ -137,8 +137,8 @@ def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[
         if agent.environments is not None:
             columns["environments"] = agent.environments
             columns["env_rewards"] = [s.env_reward for s in samples]
-        return scorer.score(agent.prompts, [s.messages for s in samples], [s.token_ids for s in samples], columns,
-                            prompt_texts=agent.prompt_texts)
+        return scorer.score(agent.prompts, [s.text if s.messages is None else s.messages for s in samples],
+                            [s.token_ids for s in samples], columns, prompt_texts=agent.prompt_texts)
     chat = [isinstance(row.get("prompt"), list) for row in rows]
     shown = [row["prompt"] if c else p for row, p, c in zip(rows, prompts, chat)]
     completions = [[{"role": "assistant", "content": s.text}] if chat[i // n] else s.text

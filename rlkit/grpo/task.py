@@ -55,6 +55,11 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     template = resolve_template(data.template, rows[0], tokenizer, data.train) if rows else data.template
     multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction)
     agent = _agent(rollout, template, tokenizer, recipe_dir) if multi_turn else None
+    if rollout and rollout.calculator:
+        from rlkit.agent.calculator import Calculator
+        from rlkit.data.templates import render_prompt
+
+        agent = Calculator(tokenizer, lambda row: render_prompt(dict(row), template, tokenizer), rollout.max_model_len)
     environments = agent.environments if agent else None
     columns = (set(rows[0]) | ({"environments", "env_rewards"} if environments else set())) if rows else None
     if not rewards and not (environments and environments.rewards):

@@ -70,6 +70,9 @@ def test_accepted_values_come_from_the_code_that_reads_them(tmp_path):
     ("rollout.start_timeout_s=-5", "rollout.start_timeout_s: must be >= 0 (0 = no limit), got -5"),
     ("rollout.sync_check_every=-2", "rollout.sync_check_every: must be >= 0 (0 = off), got -2"),
     ("rollout.sync_check_tol=0", "rollout.sync_check_tol: must be > 0 nats, got 0"),
+    ("rollout={calculator: true, tools: ['m:f']}",
+     "rollout.calculator: the inline calculator runs its own rollout loop: not with tools, an environment or an "
+     "interaction"),
     ("grpo.max_tokens_per_micro_batch=-1", "grpo.max_tokens_per_micro_batch: must be >= 0 (0 = off), got -1"),
     ("grpo.max_tokens_per_micro_batch=100",
      "grpo.max_tokens_per_micro_batch: must hold the longest sequence, rollout.max_model_len (1024), got 100"),

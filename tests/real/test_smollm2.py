@@ -21,6 +21,9 @@ from rlkit.gsm8k import smollm2_gguf, write_task
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-gsm8k-grpo.yaml"
+CALCULATOR_QUESTIONS = ["A shop sells 123 boxes with 45 pens each. How many pens? Show the multiplication.",
+                        "Tom has 17 apples and buys 28 more. Then he gives away 9. How many apples does he have? "
+                        "Show each step."]
 
 
 @pytest.fixture(scope="module")
@@ -54,25 +57,54 @@ tok = AutoTokenizer.from_pretrained({str(model)!r})
 hf = AutoModelForCausalLM.from_pretrained({str(model)!r}, dtype=torch.float32)
 w = RolloutWorker({str(model)!r}, dtype="float32", kv_cache_gib=0.5, max_model_len=512)
 out = []
+# the inline calculator on vLLM: it stops at the "=" tokens, which come back in token_ids
+from rlkit.agent.calculator import Calculator, calculate
+from rlkit.engine.rollout import Sampling
+class Engine:
+    def generate(self, prompts, n, sampling, seed):
+        return w.generate(prompts, n, seed=seed, **sampling.kwargs())
+calc = Calculator(tok, lambda row: tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False))
+rows = [{{"prompt": [{{"role": "user", "content": q}}]}} for q in {CALCULATOR_QUESTIONS!r}]
+batch = calc.generate(rows, Engine(), Sampling(temperature=0.0, max_tokens=64), 1, 0)
+answers = []
+for s in batch.samples:
+    for t in range(1, len(s.token_ids)):
+        if s.tool_mask[t] == 0 and s.tool_mask[t - 1] == 1:
+            end = s.tool_mask.index(1, t) if 1 in s.tool_mask[t:] else len(s.token_ids)
+            answers.append([tok.decode(s.token_ids[:t]), tok.decode(s.token_ids[t:end]), s.token_ids[t - 1]])
+calculator = {{"answers": answers, "texts": [s.text for s in batch.samples],
+              "calls": [s.tool_calls for s in batch.samples], "stops": list(calc.stop_ids),
+              "prompts": batch.prompt_texts}}
 for p, s in zip(prompts, w.generate(prompts, n=1, temperature=0.0, max_tokens=24, seed=0)):
     ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
     ref = hf.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:].tolist()
     same_prompt = s.prompt_token_ids == ids[0].tolist()
     out.append({{"vllm": s.token_ids, "hf": ref, "finish": s.finish_reason, "prompt": same_prompt}})
-print("RESULT" + json.dumps(out))
+print("RESULT" + json.dumps({{"greedy": out, "calculator": calculator}}))
 """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "TORCHDYNAMO_DISABLE": "1"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT")), None)
     assert line, res.stderr[-3000:]
-    results = json.loads(line[len("RESULT"):])
+    result = json.loads(line[len("RESULT"):])
+    results = result["greedy"]
     for r in results:
         assert r["prompt"], "vLLM tokenised the rendered prompt differently"
         n = min(len(r["vllm"]), len(r["hf"]))
         assert r["vllm"][:n] == r["hf"][:n] and n > 0, r
     short = results[-1]  # a ChatML answer ends at <|im_end|> (the tokenizer's EOS, id 2), which is kept
     assert short["finish"] == "stop" and short["vllm"][-1] == 2, short
+    # the inline calculator: every answer follows a "=" token vLLM stopped at and is the value of the text before it
+    from rlkit.agent.calculator import calculate
+
+    calc = result["calculator"]
+    assert all(n >= 1 for n in calc["calls"]), calc
+    for before, answer, stop in calc["answers"]:
+        assert stop in calc["stops"] and answer.strip() == calculate(before), (before, answer)
+    assert "5535" in calc["texts"][0] and not any("<|im_end|>" in t for t in calc["texts"]), calc["texts"]
+    assert calc["prompts"] == [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                       tokenize=False) for q in CALCULATOR_QUESTIONS]  # the run's
 
 
 def test_two_lora_grpo_steps_from_the_gguf_with_parity(model, gsm8k, tmp_path):
