@@ -77,17 +77,12 @@ class Calculator(Agent):
     bind) and its samples (tool_mask, tool_calls = the calculator's answers), a loop of its own."""
 
     def __init__(self, tokenizer: Any, render: Callable[[Mapping[str, Any]], str], max_model_len: int | None = None):
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-
         self.tokenizer, self.render = tokenizer, render
         self.tools, self.environments, self.max_tool_calls, self.timeout_s = [], None, None, None
         self.max_tokens, self.max_model_len = None, max_model_len  # the budget comes with each call's sampling
         vocab = tokenizer.get_vocab().values()
         self.stop_ids = tuple(sorted(i for i in vocab if "=" in tokenizer.decode([i])))
-        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlkit-calculator")
-        self._running: set = set()
-        self._lock = threading.Lock()
+        self._background("rlkit-calculator")
 
     def generate(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
                  seed: int) -> AgentBatch:
@@ -96,11 +91,14 @@ class Calculator(Agent):
         row's rendered prompt and the text."""
         batch = super().generate(rows, engines, sampling, n, seed)
         chat = [isinstance(row.get("prompt"), list) for row in rows for _ in range(n)]  # as single-turn scoring
-        texts = [self.tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in batch.samples]  # as vLLM's
-        batch.samples = [dataclasses.replace(s, text=t, messages=[{"role": "assistant", "content": t}] if c else None)
-                         for s, t, c in zip(batch.samples, texts, chat)]
+        batch.samples = [dataclasses.replace(s, messages=[{"role": "assistant", "content": s.text}] if c else None)
+                         for s, c in zip(batch.samples, chat)]
         batch.prompts = [p if c else text for p, text, c in zip(batch.prompts, batch.prompt_texts, chat)]
         return batch
+
+    def text(self, ids: list[int]) -> str:
+        """The completion's text as vLLM gives a single-turn one: without special tokens (EOS)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def episodes(self, rows: Sequence[Mapping[str, Any]], n: int) -> list[Episode]:
         """`n` episodes per row (prompt-major): the prompt as the run's template renders it, token

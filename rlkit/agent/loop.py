@@ -150,7 +150,11 @@ class Agent:
         self.max_tokens, self.max_model_len = max_tokens, max_model_len
         self._schemas = [schema(t, "rollout.tools") for t in self.tools]
         self._env_schemas: dict[type, list[dict[str, Any]]] = {}  # an environment class's tool schemas, once
-        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlkit-agent")
+        self._background("rlkit-agent")
+
+    def _background(self, name: str) -> None:
+        """The driver threads `start` runs generations in, and the generations in flight."""
+        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix=name)
         self._running: set[Future] = set()
         self._lock = threading.Lock()
 
@@ -273,11 +277,15 @@ class Agent:
             return samples
 
         episodes = self.run(self.episodes(rows, n), generate, sampling, seed)
-        samples = [e.sample(self.tokenizer.decode(e.completion_ids)) for e in episodes]
+        samples = [e.sample(self.text(e.completion_ids)) for e in episodes]
         texts = [self.tokenizer.decode(e.prompt_ids) for e in episodes]
         envs = [e.environment for e in episodes] if self.environments else None
         return AgentBatch(samples, [e.prompt for e in episodes], texts, envs, busy,
                           sum(e.tool_seconds for e in episodes), self.environments)
+
+    def text(self, ids: list[int]) -> str:
+        """A completion's text, as a sample carries it."""
+        return self.tokenizer.decode(ids)
 
     def start(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
               seed: int) -> Future:
