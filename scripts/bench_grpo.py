@@ -138,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.phases = [x.strip() for x in args.phases.split(",") if x.strip()]
     if not args.phases or set(args.phases) - {"rlkit", "bare", "trl"}:
         p.error(f"--phases: choose from rlkit, bare, trl; got {args.phases}")
-    args.template, args.prompt_len = ("auto", 320) if args.model else ("alpaca", 64)
+    args.template, args.prompt_len = ("chat", 320) if args.model else ("alpaca", 64)
     if args.intermediate is None and args.size == "25m":
         args.intermediate = 2304
     if args.repeat < 1:

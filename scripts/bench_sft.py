@@ -125,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 1 <= args.warmup < args.steps:
         p.error(f"need 1 <= --warmup ({args.warmup}) < --steps ({args.steps})")
     args.modes = modes
-    args.template = "auto" if args.model else "alpaca"
+    args.template = "chat" if args.model else "alpaca"
     args.cutoff = args.cutoff or (512 if args.model else 256)
     return args
 
