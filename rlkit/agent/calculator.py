@@ -128,13 +128,7 @@ class Calculator(Agent):
             going = []
             for i, s in zip(active, samples):
                 e = episodes[i]
-                room = limit - len(e.completion_ids)
-                ids = list(s.token_ids[:room])
-                e.finish = "length" if len(ids) < len(s.token_ids) else s.finish_reason
-                e.completion_ids += ids
-                e.logprobs += list(s.logprobs[:room])
-                e.tool_mask += [1] * len(ids)
-                e.turns += 1
+                ids = e.add_turn(s, limit)
                 if e.finish != "stop" or not ids or ids[-1] not in stops:
                     continue  # the end of the completion, at EOS, a stop string or the token budget
                 text = self.tokenizer.decode(e.completion_ids)

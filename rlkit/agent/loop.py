@@ -108,6 +108,18 @@ class Episode:
                       tool_mask=self.tool_mask, messages=self.messages, tool_calls=self.calls,
                       tool_failures=self.failures, turns=self.turns, env_reward=self.env_reward)
 
+    def add_turn(self, s: Sample, limit: int) -> list[int]:
+        """The model's tokens of one generation, cut at the completion budget `limit` (in the loss,
+        with the engine's logprobs); returns them."""
+        room = limit - len(self.completion_ids)
+        ids = list(s.token_ids[:room])
+        self.finish = "length" if len(ids) < len(s.token_ids) else s.finish_reason
+        self.completion_ids += ids
+        self.logprobs += list(s.logprobs[:room])
+        self.tool_mask += [1] * len(ids)
+        self.turns += 1
+        return ids
+
     def extend(self, messages: list[dict[str, Any]], ids: list[int]) -> None:
         """Tokens the model did not sample (tool results, observations): out of the loss."""
         self.messages += messages
@@ -203,13 +215,7 @@ class Agent:
             calling = []
             for i, s in zip(active, samples):
                 e = episodes[i]
-                room = self.max_tokens - len(e.completion_ids)
-                ids, lps = list(s.token_ids[:room]), list(s.logprobs[:room])
-                e.finish = "length" if len(ids) < len(s.token_ids) else s.finish_reason
-                e.completion_ids += ids
-                e.logprobs += lps
-                e.tool_mask += [1] * len(ids)
-                e.turns += 1
+                ids = e.add_turn(s, self.max_tokens)
                 message = parse_response(self.tokenizer, ids, prefix=inputs[i], tools=e.schemas) if ids else {}
                 if message:
                     e.messages.append(message)
