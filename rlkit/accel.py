@@ -64,7 +64,13 @@ NPU_ENV = {"HCCL_CONNECT_TIMEOUT": "1800"}
 # while an engine generates on the other core those faults made the learner's step 9% slower
 # (scripts/bench_grpo.py). Allocations up to 32 MiB (glibc's largest threshold) come from the heap.
 CPU_MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(2**40), "MALLOC_MMAP_THRESHOLD_": str(2**25)}
-CPU_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **CPU_MALLOC_ENV}
+# bf16 matmuls on CPU go through oneDNN, and torch keeps each shape's kernels in two caches (oneDNN's
+# primitive cache and ideep's LRU cache), 1024 entries each by default. Sequence lengths change every
+# micro-batch, so both fill: SmolLM2-135M's learner grew ~12 MiB a step for ~50 steps (+570 MiB, and
+# more for GRPO's many shapes, whose learner grew 2.7 GiB in 60 steps). 256 entries hold a step's shapes
+# (a shape takes ~25); a kernel built again costs ~0.3 ms. fp32 matmuls keep no such cache.
+CPU_KERNEL_CACHE_ENV = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256", "LRU_CACHE_CAPACITY": "256"}
+CPU_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **CPU_MALLOC_ENV, **CPU_KERNEL_CACHE_ENV}
 
 
 def describe(probe: Probe) -> DeviceInfo:

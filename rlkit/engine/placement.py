@@ -9,13 +9,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlkit.accel import CPU_MALLOC_ENV, DeviceInfo
+from rlkit.accel import CPU_KERNEL_CACHE_ENV, CPU_MALLOC_ENV, DeviceInfo
 from rlkit.config import RayConfig
 from rlkit.errors import UserError
 
 # Variables every actor gets (vLLM reads VLLM_* at import; one OpenMP thread per process on CPU).
 WORKER_ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM", "TORCH_EXTENSIONS_DIR",
-                   "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONPATH", *CPU_MALLOC_ENV)
+                   "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONPATH", *CPU_MALLOC_ENV, *CPU_KERNEL_CACHE_ENV)
 
 
 def worker_env(device: DeviceInfo, extra: dict[str, str] | None = None) -> dict[str, str]:
