@@ -139,9 +139,11 @@ def _config(args: argparse.Namespace) -> tuple[Any, str | None]:
 
 
 def _task(cfg: Any, base: str | None, limit: int | None) -> tuple[Any, list[dict]]:
+    from rlkit.accel import detect
     from rlkit.grpo.task import load_task
 
-    task = load_task(cfg.model, cfg.data, cfg.rewards, cfg.grpo.reward_default, base, cfg.seed, cfg.rollout)
+    task = load_task(cfg.model, cfg.data, cfg.rewards, cfg.grpo.reward_default, base, cfg.seed, cfg.rollout,
+                     on_cpu=not detect(cfg.device).is_accelerator)
     rows = task.rows[:limit] if limit else task.rows
     if not rows:
         raise UserError(f"{cfg.data.train}: no rows")

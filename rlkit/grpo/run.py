@@ -61,7 +61,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     sync_strategy(cfg.rollout, device)
     cfg = prepare_inputs(cfg, device)
     task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed,
-                     cfg.rollout)
+                     cfg.rollout, on_cpu=not device.is_accelerator)
     with closing(task.scorer):
         online = cfg.online_difficulty and OnlineDifficulty(len(task.rows), **dataclasses.asdict(cfg.online_difficulty))
         sampler = curriculum_sampler(cfg.curriculum, task.difficulties, g.steps, g.prompts_per_step, cfg.seed,

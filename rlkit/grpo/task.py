@@ -41,10 +41,12 @@ class Task:
 
 def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, ...],
               reward_default: float | None, recipe_dir: str | None, seed: int = 0,
-              rollout: RolloutConfig | None = None) -> Task:
+              rollout: RolloutConfig | None = None, on_cpu: bool = False) -> Task:
     """Load the prompts, the tokenizer and the rewards (resolved against the prompts' columns;
     `file.py:function` paths are relative to `recipe_dir`; `seed` draws `num_samples` rows), and
-    the `rollout`'s tools and environments (multi-turn rollouts) when it names any."""
+    the `rollout`'s tools and environments (multi-turn rollouts) when it names any. `on_cpu`: the
+    engines' KV caches are `rollout.kv_cache_gib`, so the calculator plays as many episodes at once
+    as they hold."""
     from rlkit.data.formats import load_prompts
     from rlkit.data.templates import resolve_template
     from rlkit.models import load_tokenizer
@@ -56,10 +58,11 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction)
     agent = _agent(rollout, template, tokenizer, recipe_dir) if multi_turn else None
     if rollout and rollout.calculator:
-        from rlkit.agent.calculator import Calculator
+        from rlkit.agent.calculator import Calculator, kv_cache_tokens
         from rlkit.data.templates import render_prompt
 
-        agent = Calculator(tokenizer, lambda row: render_prompt(dict(row), template, tokenizer), rollout.max_model_len)
+        agent = Calculator(tokenizer, lambda row: render_prompt(dict(row), template, tokenizer), rollout.max_model_len,
+                           kv_cache_tokens(rollout, model.path, model.dtype) if on_cpu else None)
     environments = agent.environments if agent else None
     columns = (set(rows[0]) | ({"environments", "env_rewards"} if environments else set())) if rows else None
     if not rewards and not (environments and environments.rewards):

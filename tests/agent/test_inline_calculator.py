@@ -119,3 +119,50 @@ def test_the_token_budget_holds_across_calculator_answers(tok):
     (e,), engine = play(calc, [{"prompt": "Q: "}], [model], max_tokens=first + 6)  # " 408", 4 model tokens
     assert len(e.completion_ids) == first + 6 and e.finish == "length" and e.calls == 1
     assert e.tool_mask[-4:] == [1, 1, 1, 1] and len(engine.sent) == 2
+
+
+def test_episodes_are_played_in_groups_the_kv_cache_holds(tok):
+    """With room for two episodes' prompts and budgets in the KV cache, five episodes go to the
+    engine two at a time, each group to its end (its rounds reuse the engine's prefix cache), and
+    come out as when all are played at once."""
+
+    class Sizes(Segments):
+        def __call__(self, prompts, sampling, seed):
+            self.sizes = [*getattr(self, "sizes", []), len(prompts)]
+            return super().__call__(prompts, sampling, seed)
+
+    rows = [{"prompt": f"Q{i}: "} for i in range(5)]
+    segments = [["12 * 34 =", f" so {i} + 1 =", " done<|im_end|>"] for i in range(5)]
+    out = {}
+    for room in (None, 2):
+        calc = Calculator(tok, lambda row: row["prompt"])
+        episodes = calc.episodes(rows, 1)
+        if room:
+            calc.kv_tokens = sum(len(e.prompt_ids) + 200 for e in episodes[:room])
+        engine = Sizes(tok, segments)
+        engine.episodes = episodes
+        calc.run(episodes, engine, Sampling(max_tokens=200), seed=0)
+        out[room] = [(e.completion_ids, e.tool_mask, e.logprobs, e.calls) for e in episodes], engine.sizes
+    assert out[None][1] == [5, 5, 5] and out[2][1] == [2, 2, 2, 2, 2, 2, 1, 1, 1]
+    assert out[2][0] == out[None][0] and all(calls == 2 for *_, calls in out[2][0])
+
+
+def test_the_calculator_knows_how_many_tokens_the_cpu_kv_caches_hold(tmp_path):
+    import json
+
+    from rlkit.agent.calculator import kv_cache_tokens
+    from rlkit.config import RolloutConfig
+
+    config = {  # SmolLM2-135M's shape: 23040 bytes of bf16 KV a token
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+        "tie_word_embeddings": True, "dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    one = RolloutConfig(kv_cache_gib=1.0)
+    assert kv_cache_tokens(one, str(tmp_path), "bf16") == 2**30 // 23040 == kv_cache_tokens(one, str(tmp_path), "auto")
+    assert kv_cache_tokens(RolloutConfig(kv_cache_gib=1.0, num_engines=2), str(tmp_path), "bf16") == 2 * 46603
+    assert kv_cache_tokens(one, str(tmp_path), "fp32") == 2**30 // 46080
+    (tmp_path / "config.json").write_text(json.dumps({**config, "dtype": "float32"}))  # an imported GGUF
+    assert kv_cache_tokens(one, str(tmp_path), "auto") == 2**30 // 46080
+    assert kv_cache_tokens(RolloutConfig(kv_cache_gib=None), str(tmp_path), "bf16") is None
+    assert kv_cache_tokens(one, str(tmp_path / "missing"), "bf16") is None
