@@ -168,13 +168,13 @@ class Calculator(Agent):
             active, rounds = going, rounds + 1
 
 
-
 def kv_cache_tokens(rollout: Any, model_path: str, dtype: str) -> int | None:
     """How many tokens the engines' KV caches hold together (`rollout.kv_cache_gib` each, as CPU
     engines allocate it; None where the model's config cannot be read)."""
     from pathlib import Path
 
     from rlkit.estimate.arch import Arch, model_config
+    from rlkit.estimate.memory import width_bytes
 
     if not rollout.kv_cache_gib or not (Path(model_path) / "config.json").is_file():
         return None
@@ -185,6 +185,6 @@ def kv_cache_tokens(rollout: Any, model_path: str, dtype: str) -> int | None:
         return None
     if dtype == "auto":  # vLLM's: the config's
         dtype = "fp32" if str(config.get("dtype") or config.get("torch_dtype")) in ("float32", "None") else "bf16"
-    per_token = arch.kv_bytes_per_token(4 if dtype == "fp32" else 2)
+    per_token = arch.kv_bytes_per_token(width_bytes(dtype, None))
     engines = 1 if rollout.colocate else rollout.num_engines
     return int(rollout.kv_cache_gib * 2**30 // per_token) * engines

@@ -229,12 +229,13 @@ def _engine(arch: Arch, width: int, r: Any, seqs: int, ctx: float) -> Process:
         kv = max(kv, max(1, round(r.kv_cache_gib)) * GIB)
     runtime = (VLLM_BATCHED_TOKENS * (4 * arch.hidden + 2 * arch.intermediate) * width / t
                + min(seqs, VLLM_MAX_SEQS) * arch.vocab * 4)
-    parts = {"weights": arch.params * width / t, "KV cache for the step" if ctx else "KV cache (preallocated)": kv,
+    weights = arch.params * width / t
+    parts = {"weights": weights, "KV cache for the step" if ctx else "KV cache (preallocated)": kv,
              "runtime peak": runtime}
     if not ctx and width == 2:  # vLLM's CPU bf16 linears keep a oneDNN-packed copy of their weights
-        parts["packed weights (CPU bf16)"] = arch.params * width / t
+        parts["packed weights (CPU bf16)"] = weights
     if not ctx and not r.colocate:  # a sync's bucket from the object store and the copy it is read into
-        parts["weight sync buffers"] = 2 * min(r.sync_bucket_mib * 2**20, arch.params * width / t)
+        parts["weight sync buffers"] = 2 * min(r.sync_bucket_mib * 2**20, weights)
     parts["context" if ctx else "runtime (CPU)"] = ctx or CPU_RUNTIME
     return Process("rollout engine", r.num_engines, parts, budget=r.gpu_memory_utilization,
                    note=f"{seqs} sequences x max_model_len {r.max_model_len}")
