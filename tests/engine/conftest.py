@@ -137,3 +137,28 @@ def learners(process_group):
     unset_hf_deepspeed_config()
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def learner_estimate(cfg, stage: str, model_dir: Path):
+    """`rlkit estimate`'s learner process for `cfg` on 1xH100, and its total less the "context"
+    (the CUDA context and allocator slack, which torch's allocator never counts)."""
+    from rlkit import estimate as est
+
+    arch = est.Arch.from_config(*est.model_config(str(model_dir)))
+    learner = est.estimate(cfg, stage, arch, est.Hardware.parse("1xH100"))[0]
+    return learner, learner.total - learner.parts.get("context", 0.0)
+
+
+class CudaPeak:
+    """torch's peak allocation over a `with` block, above what was allocated when it began."""
+
+    def __enter__(self):
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self.start = torch.cuda.memory_allocated()
+        return self
+
+    def __exit__(self, *exc):
+        self.peak = torch.cuda.max_memory_allocated() - self.start
+        self.reserved = torch.cuda.max_memory_reserved()

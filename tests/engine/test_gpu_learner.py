@@ -10,14 +10,13 @@ against the memory the learner allocates.
 from __future__ import annotations
 
 import functools
-import gc
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.engine.conftest import deepspeed_problem, hf_logprobs, load_hf, vocab_size
+from tests.engine.conftest import CudaPeak, deepspeed_problem, hf_logprobs, learner_estimate, load_hf, vocab_size
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZE = "25m"  # the largest tiny model (~26M parameters): big enough that bf16 rounding and memory show
@@ -220,7 +219,6 @@ def test_learner_peak_memory_is_what_rlkit_estimate_says(learners, model_dir, ze
     comparison. Measured on an H100 (torch 2.11): 0.98 (ZeRO-0), 0.99 (ZeRO-2), 1.01 (ZeRO-3, once
     the estimate counted the reduce bucket ZeRO-3 allocates: 1.87 before). The band 0.8-1.25 holds
     the estimate to what a user plans with (a missing DeepSpeed buffer shows)."""
-    from rlkit import estimate as est
     from rlkit import stages
 
     micro, length = 16, 256
@@ -228,20 +226,14 @@ def test_learner_peak_memory_is_what_rlkit_estimate_says(learners, model_dir, ze
         f"model.path={model_dir}", "model.dtype=bf16", "model.build_tiny_if_missing=null",
         f"deepspeed.zero_stage={zero}", "train.num_learners=1", f"train.micro_batch_size={micro}",
         "train.grad_accum=1", f"data.cutoff_len={length}"])
-    arch = est.Arch.from_config(*est.model_config(str(model_dir)))
-    (learner_est,) = est.estimate(cfg, "sft", arch, est.Hardware.parse("1xH100"))
-    modelled = learner_est.total - learner_est.parts.get("context", 0.0)
+    learner_est, modelled = learner_estimate(cfg, "sft", model_dir)
 
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.memory_allocated()
-    learner, _ = learners(model_dir, zero, lr=1e-4, micro=micro)
-    batch = _random_batch(model_dir, rows=micro, length=length, seed=0)
-    losses = _nll_steps(learner, batch, steps=3)
+    with CudaPeak() as memory:
+        learner, _ = learners(model_dir, zero, lr=1e-4, micro=micro)
+        batch = _random_batch(model_dir, rows=micro, length=length, seed=0)
+        losses = _nll_steps(learner, batch, steps=3)
     assert all(math.isfinite(x) for x in losses)
-    peak = torch.cuda.max_memory_allocated() - start
-    reserved = torch.cuda.max_memory_reserved()
+    peak, reserved = memory.peak, memory.reserved
     ratio = peak / modelled
     parts = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in learner_est.parts.items())
     print(f"\nZeRO-{zero} memory: measured peak allocated {peak / 2**20:.0f} MiB (peak reserved "

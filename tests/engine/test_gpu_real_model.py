@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.engine.conftest import deepspeed_problem, hf_logprobs, load_hf
+from tests.engine.conftest import CudaPeak, deepspeed_problem, hf_logprobs, learner_estimate, load_hf
 
 ROOT = Path(__file__).resolve().parents[2]
 _CUDA = torch.cuda.is_available()
@@ -121,9 +121,7 @@ def test_real_model_peak_memory_is_what_rlkit_estimate_says(learners, model_dir,
     against torch's peak allocation over the learner's build and three steps of that recipe's shape.
     The estimate's "context" (CUDA context and allocator slack, never counted by torch's allocator)
     is left out. Within 25%, as a user plans with it."""
-    import gc
 
-    from rlkit import estimate as est
     from rlkit import stages
     from rlkit.config import RolloutConfig
     from rlkit.grpo.config import GRPOAlgoConfig
@@ -137,30 +135,25 @@ def test_real_model_peak_memory_is_what_rlkit_estimate_says(learners, model_dir,
     else:
         cfg = stages.load("grpo", ROOT / "recipes" / "smollm2-gsm8k-grpo.yaml", common)
         micro, length = cfg.grpo.micro_batch_size, cfg.rollout.max_model_len
-    arch = est.Arch.from_config(*est.model_config(str(model_dir)))
-    learner_est = est.estimate(cfg, stage, arch, est.Hardware.parse("1xH100"))[0]
-    modelled = learner_est.total - learner_est.parts.get("context", 0.0)
+    learner_est, modelled = learner_estimate(cfg, stage, model_dir)
 
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.memory_allocated()
-    learner, _ = learners(model_dir, zero, lr=1e-5, micro=micro)
-    if stage == "sft":
-        ids = _rows(model_dir, micro, length)
-        batch, objective = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}, \
-            NLLObjective()
-    else:
-        batch = _grpo_micro_batch(model_dir, micro, length - cfg.rollout.max_tokens, cfg.rollout.max_tokens)
-        objective = GRPOObjective.from_config(GRPOAlgoConfig(loss_type="dapo"),
-                                              RolloutConfig(temperature=0.7, max_tokens=cfg.rollout.max_tokens))
-    for _ in range(3):
-        step = learner.train_step([batch], objective)
-        assert math.isfinite(step.grad_norm), step.grad_norm
-    peak = torch.cuda.max_memory_allocated() - start
+    with CudaPeak() as memory:
+        learner, _ = learners(model_dir, zero, lr=1e-5, micro=micro)
+        if stage == "sft":
+            ids = _rows(model_dir, micro, length)
+            batch, objective = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}, \
+                NLLObjective()
+        else:
+            batch = _grpo_micro_batch(model_dir, micro, length - cfg.rollout.max_tokens, cfg.rollout.max_tokens)
+            objective = GRPOObjective.from_config(GRPOAlgoConfig(loss_type="dapo"),
+                                                  RolloutConfig(temperature=0.7, max_tokens=cfg.rollout.max_tokens))
+        for _ in range(3):
+            step = learner.train_step([batch], objective)
+            assert math.isfinite(step.grad_norm), step.grad_norm
+    peak = memory.peak
     ratio = peak / modelled
     parts = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in learner_est.parts.items())
     print(f"\nSmolLM2 {stage} ZeRO-{zero} ({micro} x {length} tokens): measured peak allocated {peak / 2**20:.0f} MiB "
-          f"(peak reserved {torch.cuda.max_memory_reserved() / 2**20:.0f}); estimate without the context "
+          f"(peak reserved {memory.reserved / 2**20:.0f}); estimate without the context "
           f"{modelled / 2**20:.0f} MiB; measured/estimated {ratio:.2f}. Estimate parts (MiB): {parts}")
     assert 0.75 < ratio < 1.25, (peak, modelled, learner_est.parts)
