@@ -50,6 +50,7 @@ class LoraConfig:
 
     def __post_init__(self):
         check(self.r > 0, "r", f"LoRA rank must be > 0, got {self.r}")
+        check(self.alpha > 0, "alpha", f"must be > 0 (the adapter's scale is alpha / r), got {self.alpha}")
         check(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
         check(len(self.target_modules) > 0, "target_modules", "name at least one module")
 
@@ -187,6 +188,26 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class RoleResources:
+    """Custom Ray resources that each actor of a role asks for beside its CPUs and devices: the
+    labels a cluster gives its nodes (`ray start --resources='{"judge": 1}'`, a node type, an
+    accelerator Ray does not know), so that a role runs only where they are."""
+
+    learner: dict[str, float] = field(default_factory=dict)  # each learner rank's actor
+    engine: dict[str, float] = field(default_factory=dict)  # each separate rollout engine's actor
+    teacher: dict[str, float] = field(default_factory=dict)  # the distillation teacher's own actor (placement: actor)
+
+    def __post_init__(self):
+        for role in ("learner", "engine", "teacher"):
+            for name, amount in getattr(self, role).items():
+                check(name not in ("CPU", "GPU", "memory", "object_store_memory") and not name.startswith("node:"),
+                      f"{role}.{name}", "is set by ray.cpus_per_actor, the device or distill.node: list custom "
+                      "resources here")
+                check(isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount > 0,
+                      f"{role}.{name}", f"must be a number > 0, got {amount!r}")
+
+
+@dataclass(frozen=True)
 class RayConfig:
     address: str | None = None  # "auto", HOST:PORT or ray://... to join a cluster; None starts a local one
     num_cpus: int | None = None  # for the local instance
@@ -194,6 +215,8 @@ class RayConfig:
     # where the learners' bundles (and, apart, the engines') go: pack = as few nodes as possible,
     # spread = across nodes; strict_pack = one node or none, strict_spread = one bundle per node
     placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
+    # custom resources per role ({learner: {judge: 1}}): each actor of that role runs where they are
+    resources: RoleResources = field(default_factory=RoleResources)
 
 
 def check_finetuning(cfg: Any) -> None:
@@ -273,6 +296,11 @@ class RolloutConfig:
               "colocated engines are one replica per learner rank (tensor_parallel_size 1); "
               "set colocate: false for tensor-parallel engines")
         check(self.num_engines >= 1, "num_engines", f"must be >= 1, got {self.num_engines}")
+        check(self.tensor_parallel_size >= 1, "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
+        check(self.max_model_len >= 2, "max_model_len", f"must be >= 2 tokens, got {self.max_model_len}")
+        check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
+              f"must be in (0, 1] (a share of the device's memory), got {self.gpu_memory_utilization}")
+        check(self.kv_cache_gib > 0, "kv_cache_gib", f"must be > 0 GiB, got {self.kv_cache_gib}")
         check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")

@@ -44,10 +44,17 @@ def prepare_inputs(cfg: Any, device: Any) -> Any:
     """Check the precision against the device, import a GGUF model (`rlkit.gguf`), build the
     offline tiny model / synthetic task where the recipe asks for them and they are missing, check
     the model (and tokenizer) path and, on an accelerator, the memory estimate against the device.
-    Runs before Ray starts; returns the config the run uses (a GGUF path is its HF folder there)."""
+    Runs before Ray starts; returns the config the run uses: a GGUF path is its HF folder there,
+    and every path is absolute (`rlkit.paths`: actors work in their raylet's folder)."""
     from rlkit.accel import check_precision
     from rlkit.gguf import resolve_models
-    from rlkit.models import check_model_path, ensure_tiny_model
+    from rlkit.models import (
+        check_engine_shape,
+        check_lora_targets,
+        check_model_options,
+        check_model_path,
+        ensure_tiny_model,
+    )
 
     cfg = resolve_models(cfg)
 
@@ -57,6 +64,16 @@ def prepare_inputs(cfg: Any, device: Any) -> Any:
         check_precision(cfg.qlora.compute_dtype, device, "qlora.compute_dtype")
     ensure_tiny_model(model)
     check_model_path(model.path)
+    finetuning = getattr(cfg, "finetuning", "full")
+    check_model_options(model, finetuning)
+    if finetuning in ("lora", "qlora"):
+        check_lora_targets(model, cfg.lora.target_modules)
+    if hasattr(cfg, "rollout"):
+        check_engine_shape(model, cfg.rollout.max_model_len, cfg.rollout.tensor_parallel_size)
+    if hasattr(cfg, "deepspeed"):
+        from rlkit.engine.ds_config import check_deepspeed_config
+
+        check_deepspeed_config(cfg.deepspeed, cfg.optim)
     if model.tokenizer:
         check_model_path(model.tokenizer, "model.tokenizer")
     if getattr(cfg, "distill", None):  # on-policy distillation: the teacher scores the student's token ids
@@ -71,12 +88,17 @@ def prepare_inputs(cfg: Any, device: Any) -> Any:
     if too_big:
         log.warning("%s", too_big)
     if data.build_synthetic_if_missing is not None and not Path(data.train).exists():
-        from rlkit.tiny import write_task_data
+        from rlkit.tiny import own_build_path, write_task_data
 
+        if not own_build_path(data.train, "data"):  # a copied recipe: the user's own (missing) file
+            raise UserError(f"data.train: {data.train} does not exist (data.build_synthetic_if_missing writes the "
+                            "synthetic task only at the tiny recipes' own runs/tiny/data/): fix the path")
         write_task_data(Path(data.train).parent, seed=data.build_synthetic_if_missing)
         log.warning("data.train %s was missing: wrote the synthetic arithmetic task there "
                     "(data.build_synthetic_if_missing)", data.train)
-    return cfg
+    from rlkit.paths import with_absolute_paths
+
+    return with_absolute_paths(cfg)
 
 
 def devices_line(device: Any, learners: int, engines: int = 0, tp: int = 1, colocate: bool = False) -> str:
@@ -374,13 +396,17 @@ def demands(cfg: Any, num_learners: int, device: Any) -> list[Any]:
 
     rollout = getattr(cfg, "rollout", None)
     key = "grpo.num_learners" if rollout is not None else "train.num_learners"
-    out = [Demand("learner", num_learners, bundle(device, cfg.ray.cpus_per_actor), cfg.ray.placement, key)]
+    custom = cfg.ray.resources
+    out = [Demand("learner", num_learners, bundle(device, cfg.ray.cpus_per_actor, custom=custom.learner),
+                  cfg.ray.placement, key, tuple(custom.learner))]
     if rollout is not None and not rollout.colocate:
         tp = rollout.tensor_parallel_size
-        out.append(Demand("engine", rollout.num_engines, bundle(device, engine_cpus(device, cfg.ray, tp), tp),
-                          cfg.ray.placement, "rollout.num_engines"))
+        out.append(Demand("engine", rollout.num_engines,
+                          bundle(device, engine_cpus(device, cfg.ray, tp), tp, custom=custom.engine),
+                          cfg.ray.placement, "rollout.num_engines", tuple(custom.engine)))
     if getattr(getattr(cfg, "distill", None), "placement", None) == "actor":  # the teacher's own actor
-        out.append(Demand("teacher", 1, bundle(device, cfg.ray.cpus_per_actor), "pack", "distill.placement"))
+        out.append(Demand("teacher", 1, bundle(device, cfg.ray.cpus_per_actor, custom=custom.teacher), "pack",
+                          "distill.placement", tuple(custom.teacher)))
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,28 +25,99 @@ def resolve_dtype(name: str, bf16_ok: bool) -> torch.dtype:
 
 def ensure_tiny_model(cfg: ModelConfig) -> None:
     """Build the offline tiny model at `cfg.path` if the recipe asks for it and it is missing,
-    and say so: an untrained model where the user meant their own must not pass unnoticed."""
+    and say so; only at the tiny recipes' own path (`tiny.own_build_path`): a recipe copied with
+    the key and pointed at the user's own (mistyped) model folder gets `check_model_path`'s line."""
     if cfg.build_tiny_if_missing and not (Path(cfg.path) / "config.json").exists():
-        from rlkit.tiny import build_tiny_model
+        from rlkit.tiny import build_tiny_model, own_build_path
+
+        if not own_build_path(cfg.path, "model"):
+            return
 
         build_tiny_model(cfg.path, cfg.build_tiny_if_missing)
         log.warning("model.path %s was missing: built an untrained %r tiny model there "
                     "(model.build_tiny_if_missing)", cfg.path, cfg.build_tiny_if_missing)
 
 
+def check_lora_targets(cfg: ModelConfig, targets: Sequence[str], key: str = "lora.target_modules") -> None:
+    """Every module name LoRA targets must name a layer of the model: peft adapts the names it
+    finds and passes over the others without a word. The model is built on the meta device from
+    its config (no weights); a name matches a module as peft's list does (the whole dotted name,
+    or its end after a dot)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlkit.errors import UserError
+
+    if "all-linear" in targets:
+        return
+    config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+    names = [name for name, _ in model.named_modules() if name]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        layers = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"})
+        raise UserError(f"{key}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not a module of "
+                        f"{type(model).__name__} ({cfg.path}; its linear layers: {', '.join(layers)}): name those")
+
+
+def check_engine_shape(cfg: ModelConfig, max_model_len: int, tensor_parallel_size: int) -> None:
+    """Before launch: the engines' context fits the model's (vLLM refuses a `max_model_len` past
+    `max_position_embeddings`) and their tensor parallelism splits its attention heads."""
+    from transformers import AutoConfig
+
+    from rlkit.errors import UserError
+
+    config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    longest = getattr(text, "max_position_embeddings", None)
+    if longest and max_model_len > longest:
+        raise UserError(f"{max_model_len} tokens is past the model's context ({longest}, max_position_embeddings of "
+                        f"{cfg.path}): lower it", "rollout.max_model_len")
+    heads = getattr(text, "num_attention_heads", None)
+    if heads and heads % tensor_parallel_size:
+        raise UserError(f"{tensor_parallel_size} does not divide the model's {heads} attention heads: choose a "
+                        "divisor", "rollout.tensor_parallel_size")
+
+
+# attention kernels that need a package of their own
+ATTENTION_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+
+
+def check_model_options(cfg: ModelConfig, finetuning: str) -> None:
+    """Before launch: an attention kernel transformers knows and whose package is installed, and
+    bitsandbytes for QLoRA (each a traceback inside every learner otherwise)."""
+    import importlib.util
+
+    from transformers import AttentionInterface
+
+    from rlkit.errors import UserError
+
+    impl = cfg.attn_implementation
+    names = ["eager", *sorted(k for k in AttentionInterface._global_mapping if "|" not in k)]
+    if impl is not None and impl not in names and "|" not in impl and "/" not in impl:  # "/": a hub kernel
+        raise UserError(f"{impl!r} is not an attention kernel transformers has: use one of {', '.join(names)} (or "
+                        "null for its default)", "model.attn_implementation")
+    package = ATTENTION_PACKAGES.get(impl or "")
+    if package and importlib.util.find_spec(package) is None:
+        raise UserError(f"{impl} needs the {package} package, which is not installed here: install it, or use "
+                        "sdpa", "model.attn_implementation")
+    if finetuning == "qlora" and importlib.util.find_spec("bitsandbytes") is None:
+        raise UserError("QLoRA's 4-bit weights need bitsandbytes, which is not installed here: pip install "
+                        "bitsandbytes, or use finetuning: lora", "finetuning")
+
+
 def check_model_path(path: str, key: str = "model.path") -> None:
     """Fail before launch when `path` is neither a local model directory nor a hub model this
     host can fetch: a hub id (`org/name`) is looked up once, with a short timeout, so a host
     without network says so in one line instead of retrying for a minute inside the loaders."""
-    import re
-
     from rlkit.errors import UserError
+    from rlkit.paths import is_hub_id
 
     p = Path(path)
     if (p / "config.json").exists() or (key == "model.tokenizer" and p.is_dir()):
         return
-    hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", path) is not None and not Path(path.split("/")[0]).exists()
-    if not hub_id:
+    if not is_hub_id(path):
         hint = " (run `rlkit sft recipes/tiny-sft.yaml` first)" if "tiny-sft" in path else ""
         raise UserError(f"{key}: {path} is not a model directory (no config.json){hint}")
     problem = hub_problem(path)

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from rlkit.errors import UserError
+from rlkit.paths import absolute_paths
 
 log = logging.getLogger("rlkit")
 CONFIG_FILE = "config.yaml"
@@ -46,8 +47,9 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """`{key: (old, new)}` for every dotted key whose value differs (a missing key is None)."""
-    a, b = flatten(old), flatten(new)
+    """`{key: (old, new)}` for every dotted key whose value differs (a missing key is None); paths
+    compare absolute (a config.yaml of old may hold them relative to the folder the run started in)."""
+    a, b = flatten(absolute_paths(old)), flatten(absolute_paths(new))
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
             if a.get(k) != b.get(k) and not k.startswith(NOT_COMPARED)}
 

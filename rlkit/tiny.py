@@ -104,6 +104,21 @@ def _alpaca_row(rng: random.Random, level: str, fact: tuple[str, str] | None = N
     return {"instruction": instruction, "input": f"{expr}=", "output": ans, "difficulty": level}
 
 
+TASK_FILES = ("sft_train.jsonl", "sft_eval.jsonl", "grpo_train.jsonl", "grpo_eval.jsonl")  # `write_task_data`'s
+HOME = "tiny"  # the folder the tiny recipes build into (runs/tiny/model, runs/tiny/data)
+
+
+def own_build_path(path: str | Path, kind: str) -> bool:
+    """Whether `path` is where the tiny recipes themselves build (`kind` "model": a `tiny/model`
+    folder; "data": one of `TASK_FILES` in a `tiny/data` folder): a recipe's build_*_if_missing acts
+    there only, never on a path a user named for their own model or data (a copied recipe keeps
+    the key)."""
+    parts = Path(path).parts
+    if kind == "model":
+        return parts[-2:] == (HOME, "model")
+    return len(parts) >= 3 and parts[-3:-1] == (HOME, "data") and parts[-1] in TASK_FILES
+
+
 def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_eval: int = 64,
                     n_prompts: int = 256, held_out: float = 0.25) -> dict[str, Path]:
     """Write `sft_train.jsonl`, `sft_eval.jsonl`, `grpo_train.jsonl`, `grpo_eval.jsonl`.

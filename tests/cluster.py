@@ -38,8 +38,9 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 class NetnsCluster:
     def __init__(self, hosts: int = 2, cpus: int | list[int] = 4, resources: dict[int, dict[str, float]] | None = None,
                  env: dict[str, str] | None = None, private: dict[int, list[str]] | None = None,
-                 dashboard: bool = False):
+                 dashboard: bool = False, cwd: str | Path | None = None):
         self.tag = f"rlk{uuid.uuid4().hex[:6]}"
+        self.cwd = cwd  # where the Ray nodes (and so every actor) work: not the driver's folder, as on a cluster
         self.hosts, self.resources, self.private = hosts, resources or {}, private or {}
         self.dashboard = dashboard  # on the head, at 127.0.0.1:8265 inside host 0: `ray job submit` there
         self.cpus = cpus if isinstance(cpus, list) else [cpus] * hosts
@@ -101,7 +102,7 @@ class NetnsCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"node{i}.log", "ab")  # noqa: SIM115 - the node's lifetime
         return subprocess.Popen(["ip", "netns", "exec", self.names[i], *args], env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd)
 
     def start_node(self, i: int) -> None:
         """Host i's Ray node joins again (after `stop_node(i)`)."""

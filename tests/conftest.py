@@ -85,3 +85,45 @@ def left_running(tag: str, wait_s: float = 20.0) -> list[str]:
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.5)
+
+
+# ------------------------------------------------------------------ the checkout's own run folders
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def recipe_run_paths() -> list:
+    """The checkout's folders the shipped recipes and the demo write to by default (output_dir and
+    the paths they build into, under runs/): what a user's own runs of the README's commands fill."""
+    import yaml
+
+    found = {ROOT / "runs" / "demo", ROOT / "runs" / "tiny"}
+    for recipe in (ROOT / "recipes").glob("*.yaml"):
+        doc = yaml.safe_load(recipe.read_text()) or {}
+        for value in (doc.get("output_dir"), (doc.get("model") or {}).get("path")):
+            if isinstance(value, str) and value.startswith("runs/"):
+                found.add(ROOT / "/".join(value.split("/")[:2]))
+    return sorted(found)
+
+
+def _state(paths: list) -> dict[str, float]:
+    out = {}
+    for top in paths:
+        for p in [top, *(top.rglob("*") if top.is_dir() else [])]:
+            try:
+                out[str(p)] = p.stat().st_mtime
+            except OSError:
+                continue
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_runs_untouched():
+    """No test writes into the checkout's run folders (a user's own runs of the README's commands
+    live there, and the suite must neither change them nor depend on them)."""
+    paths = recipe_run_paths()
+    before = _state(paths)
+    yield
+    after = _state(paths)
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    assert not changed, f"tests wrote into the checkout's run folders: {changed[:10]}"

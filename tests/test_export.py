@@ -10,7 +10,8 @@ from rlkit.export import export_checkpoint
 from tests.test_driver import _Learners, _run
 
 
-def test_export_refuses_what_is_not_an_intact_checkpoint(tmp_path):
+def test_export_refuses_what_is_not_an_intact_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the checkpoint's relative model.path resolves here, not in the checkout
     with pytest.raises(UserError, match=r"not an rlkit checkpoint \(no rlkit_state.json\); name a checkpoints/step-N"):
         export_checkpoint(tmp_path, tmp_path / "out")
     run = _run(tmp_path / "run")

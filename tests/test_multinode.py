@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.cluster import NetnsCluster
 from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides
@@ -40,7 +41,7 @@ def hosts(tmp_path_factory):
     private = tmp_path_factory.mktemp("host-b-own")
     # host B also has a custom resource `judge`: the reward's own actor goes there
     cluster = NetnsCluster(hosts=2, cpus=[1, 2], resources={1: {"judge": 2}}, private={1: [str(private)]},
-                           dashboard=True)
+                           dashboard=True, cwd=tmp_path_factory.mktemp("raylet-cwd"))
     try:
         cluster.start()
         cluster.own_folder = private  # host B's alone
@@ -189,17 +190,22 @@ def test_a_reward_module_next_to_the_recipe_runs_its_actor_on_the_other_host(hos
 def test_sft_zero_on_two_hosts_stopped_and_resumed_matches_one_host(hosts, tiny_model, task_data, tmp_path):
     """Two ZeRO-3 learners on two hosts (each writes its parameter and optimizer shards from its own
     host), stopped by SIGTERM after step 4 and resumed (`resume: auto`), give the loss curve of two
-    learners on one host run without a stop. (ZeRO-2 on two hosts resumes in the lost-node test.)"""
+    learners on one host run without a stop. (ZeRO-2 on two hosts resumes in the lost-node test.)
+    The two-host run names its model and output_dir relative to the folder it runs in: the raylets
+    work in another one, and every shard, checkpoint and final/ lands in the driver's."""
     keys = ["train.num_learners=2", "deepspeed.zero_stage=3", "train.max_steps=10", "train.micro_batch_size=8",
             "optim.scheduler=constant", "eval.every=0", "checkpoint.every=2", "logging.every=1"]
     one = tmp_path / "one-host"
     res = subprocess.run([*RLKIT, "sft", str(SFT_RECIPE), *sft_overrides(tiny_model, task_data, one, *keys)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=hosts.env)
     assert res.returncode == 0, res.stderr[-3000:]
-    two = tmp_path / "two-hosts"
-    args = [*RLKIT, "sft", str(SFT_RECIPE), *sft_overrides(tiny_model, task_data, two, *keys,
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "model").symlink_to(tiny_model)
+    two = work / "runs" / "two-hosts"
+    args = [*RLKIT, "sft", str(SFT_RECIPE), *sft_overrides("model", task_data, "runs/two-hosts", *keys,
                                                            "ray.placement=strict_spread"), "--address", hosts.head]
-    run = hosts.popen(0, args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = hosts.popen(0, args, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not ((two / "metrics.jsonl").exists() and any(r.get("step", 0) >= 4 for r in _rows(two))):
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
@@ -209,14 +215,27 @@ def test_sft_zero_on_two_hosts_stopped_and_resumed_matches_one_host(hosts, tiny_
     assert run.returncode == 3, err[-3000:]  # stopped after a checkpoint
     stopped_at = max(r["step"] for r in _rows(two) if "train/loss" in r)
     assert 4 <= stopped_at < 10
-    res = hosts.run(0, args, cwd=ROOT, timeout=600)
+    res = hosts.run(0, args, cwd=work, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resum" in (res.stdout + res.stderr).lower()
     assert sorted(n for n, _ in _learner_nodes(two).values()) == hosts.addresses
+    assert (two / "final" / "model.safetensors").is_file() and not list(Path(hosts.cwd).iterdir())
+    assert yaml.safe_load((two / "config.yaml").read_text())["output_dir"] == str(two)
     want = {r["step"]: r["train/loss"] for r in _rows(one) if "train/loss" in r}
     got = {r["step"]: r["train/loss"] for r in _rows(two) if "train/loss" in r}  # the resumed steps last
     assert sorted(want) == sorted(got) == list(range(1, 11))
     assert all(abs(got[s] - want[s]) <= 1e-5 * max(1.0, abs(want[s])) for s in want), (want, got)
+
+
+def test_learners_go_where_their_custom_resource_is(hosts, tiny_model, task_data, tmp_path):
+    """`ray.resources.learner`: both learners on the host that has the custom resource (a
+    stand-in for an accelerator Ray does not know; spread alone would use both hosts)."""
+    out = tmp_path / "judge"
+    res = _rlkit(hosts, "sft", str(SFT_RECIPE), *sft_overrides(
+        tiny_model, task_data, out, "train.num_learners=2", "train.max_steps=2", "eval.every=0",
+        "checkpoint.every=0", "ray.placement=spread", "ray.resources.learner.judge=1"), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert {n for n, _ in _learner_nodes(out).values()} == {hosts.addresses[1]}  # host B has `judge`
 
 
 def test_what_the_cluster_cannot_do_is_one_line_before_launch(hosts, tiny_model, task_data, tmp_path):
@@ -228,6 +247,11 @@ def test_what_the_cluster_cannot_do_is_one_line_before_launch(hosts, tiny_model,
     assert f"node {hosts.addresses[0]}: {{CPU: 1}}; node {hosts.addresses[1]}: {{CPU: 2, judge: 2}}" in line
     line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "train.num_learners=4", timeout=300))
     assert "CPU 4 in all, the cluster has 3" in line
+    # a custom resource no node has (an accelerator Ray does not know, here)
+    line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "ray.resources.learner.NPU=1", timeout=300))
+    assert line.startswith("rlkit: error: ray.resources.learner: the learners ask for NPU 1 each and no node of the "
+                           f"Ray cluster has NPU (node {hosts.addresses[0]}: {{CPU: 1}}; node {hosts.addresses[1]}: "
+                           "{CPU: 2, judge: 2}): start a node with ray start --resources="), line
     # output_dir in a folder host B does not share: its learner could not write its shards there
     own = sft_overrides(tiny_model, task_data, hosts.own_folder / "run", "train.max_steps=2", "eval.every=0",
                         "train.num_learners=2", "ray.placement=strict_spread")

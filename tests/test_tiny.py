@@ -1,6 +1,7 @@
 """The offline tiny model loads in transformers and generates; the synthetic task is deterministic."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,7 +63,7 @@ def test_problems_are_correct(level):
     assert torch.__version__
 
 
-def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog):
+def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog, monkeypatch):
     """A recipe key whose name says so builds them, with a line saying what and where; without
     it a missing model path is a one-line error (no untrained model passes for the user's)."""
     import logging
@@ -73,18 +74,32 @@ def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog
     from rlkit.driver import prepare_inputs as prepare
     from rlkit.errors import UserError
 
+    monkeypatch.setattr("rlkit.paths.with_absolute_paths", lambda cfg: cfg)  # a partial config: no recipe type
+
     def prepare_inputs(model: ModelConfig, data: DataConfig) -> None:
         prepare(SimpleNamespace(model=model, data=data, qlora=None), detect("cpu"))
 
     with pytest.raises(UserError, match=r"model.path: .*nope is not a model directory \(no config.json\)"):
         prepare_inputs(ModelConfig(path=str(tmp_path / "nope")), DataConfig(train=str(tmp_path / "t.jsonl")))
     assert not (tmp_path / "nope").exists()
-    model = ModelConfig(path=str(tmp_path / "m"), build_tiny_if_missing="tiny")
-    data = DataConfig(train=str(tmp_path / "d" / "sft_train.jsonl"), build_synthetic_if_missing=0)
+    # a copied tiny recipe keeps the keys: pointed at the user's own (mistyped) model or data, it
+    # builds nothing there and names the missing path
+    mine = tmp_path / "my-models"
+    with pytest.raises(UserError, match=r"^model.path: .*my-models/qwen-sft is not a model directory"):
+        prepare_inputs(ModelConfig(path=str(mine / "qwen-sft"), build_tiny_if_missing="tiny"),
+                       DataConfig(train=str(tmp_path / "t.jsonl")))
+    (tmp_path / "data").mkdir()
+    with pytest.raises(UserError, match=r"^data.train: .*data/sft_train.jsonl does not exist \(data.build_synthetic"):
+        prepare_inputs(ModelConfig(path=str(tmp_path / "runs" / "tiny" / "model"), build_tiny_if_missing="tiny"),
+                       DataConfig(train=str(tmp_path / "data" / "sft_train.jsonl"), build_synthetic_if_missing=0))
+    assert not mine.exists() and not list((tmp_path / "data").iterdir())
+    # at the tiny recipes' own paths they are built, and said
+    model = ModelConfig(path=str(tmp_path / "runs" / "tiny" / "model"), build_tiny_if_missing="tiny")
+    data = DataConfig(train=str(tmp_path / "runs" / "tiny" / "data" / "sft_train.jsonl"), build_synthetic_if_missing=0)
     with caplog.at_level(logging.WARNING, logger="rlkit"):
         prepare_inputs(model, data)
-    assert (tmp_path / "m" / "config.json").exists() and (tmp_path / "d" / "sft_train.jsonl").exists()
-    assert f"model.path {tmp_path / 'm'} was missing: built an untrained 'tiny' tiny model there" in caplog.text
+    assert (Path(model.path) / "config.json").exists() and Path(data.train).exists()
+    assert f"model.path {model.path} was missing: built an untrained 'tiny' tiny model there" in caplog.text
     assert "wrote the synthetic arithmetic task there (data.build_synthetic_if_missing)" in caplog.text
 
 

@@ -184,7 +184,7 @@ class Agent:
             prompt = [dict(m) for m in _prompt_messages(dict(row))]
             tools, schemas = list(self.tools), list(self._schemas)
             if env is not None:
-                observation = env.reset(**self.environments.reset_kwargs(row))
+                observation = self._reset(env, row)
                 if observation is not None:
                     prompt[-1] = {**prompt[-1], "content": _join(prompt[-1]["content"], observation)}
                 methods = [] if self.environments.gym else tool_methods(env)
@@ -265,6 +265,18 @@ class Agent:
         if done or observation is None:
             return []
         return [{"role": "user", "content": observation}]
+
+    def _reset(self, env: Any, row: Mapping[str, Any]) -> Any:
+        """`env.reset(**row's columns)`: a failure of the user's environment is one line naming it."""
+        try:
+            out = env.reset(**self.environments.reset_kwargs(row))
+            if inspect.isawaitable(out):
+                out = asyncio.run_coroutine_threadsafe(_await(out), _loop()).result()
+            return out
+        except Exception as exc:  # noqa: BLE001 — the user's environment: one line naming it
+            key = "rollout.interaction" if self.environments.gym else "rollout.environment"
+            raise UserError(f"{key}: {type(env).__name__}.reset failed: {type(exc).__name__}: {exc} (reset receives "
+                            "every column of the row as a keyword: take **kwargs)") from None
 
     def generate(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
                  seed: int) -> AgentBatch:

@@ -116,15 +116,21 @@ def generalized_jsd(student_hidden: Tensor, teacher_hidden: Tensor, student_head
     grad = torch.is_grad_enabled() and (h_s.requires_grad or (
         student_head.weight.requires_grad if isinstance(student_head, torch.nn.Module) else student_head.requires_grad))
     divergences, entropies = [], []
-    for start in range(0, h_s.shape[0], chunk_tokens):
+    # At least one chunk, empty when the micro-batch has no position (the loss keeps the graph: a
+    # zero gradient, as a micro-batch's loss must have), and under ZeRO-3 as many as any rank makes
+    # (each call of the student's head gathers its weight with the other ranks)
+    from rlkit.engine.logprobs import head_calls_on_every_rank
+
+    calls = head_calls_on_every_rank(max(math.ceil(h_s.shape[0] / chunk_tokens), 1), student_head, h_s.device)
+    for start in range(0, calls * chunk_tokens, chunk_tokens):
         end = start + chunk_tokens
         args = (h_s[start:end], student_head, student_bias, h_t[start:end], head_t, b_t, vocab, beta, temperature)
         d, e = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
         divergences.append(d)
         entropies.append(e)
     n = valid.sum()
-    total = torch.cat(divergences).sum() if divergences else h_s.new_zeros((), dtype=torch.float32)
-    entropy = torch.cat(entropies).sum() if entropies else total.detach() * 0
+    total = torch.cat(divergences).sum()
+    entropy = torch.cat(entropies).sum()
     if num_items_in_batch is None:
         return total / n.clamp(min=1), entropy, n
     return total / num_items_in_batch, entropy, n

@@ -97,7 +97,7 @@ class TeacherActor:
         from rlkit.engine.calls import name_actor, wait_all
         from rlkit.engine.placement import actor_resources, worker_env
 
-        opts = actor_resources(device, ray_cfg.cpus_per_actor)
+        opts = actor_resources(device, ray_cfg.cpus_per_actor, custom=ray_cfg.resources.teacher)
         if distill.node:  # Ray's per-node resource pins the actor to that node
             opts["resources"] = {**opts.get("resources", {}), f"node:{distill.node}": 0.001}
         self.actor = ray.remote(TeacherWorker).options(**opts, runtime_env={"env_vars": worker_env(device)}).remote(

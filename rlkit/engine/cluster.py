@@ -34,6 +34,7 @@ class Demand:
     bundle: dict[str, float]
     placement: str = "pack"
     key: str = ""
+    custom: tuple[str, ...] = ()  # the bundle's custom resources, from ray.resources.<what>
 
     def describe(self) -> str:
         return f"{self.n} {self.what}{'s' if self.n != 1 else ''} x {_res(self.bundle)} ({self.placement})"
@@ -107,10 +108,16 @@ def cluster_nodes() -> dict[str, dict[str, float]]:
 def check_resources(demands: Sequence[Demand]) -> None:
     """A one-line `UserError` before launch when the cluster cannot hold `demands`."""
     nodes = cluster_nodes()
+    has = "; ".join(f"node {name}: {_res(res)}" for name, res in nodes.items()) or "no alive node"
+    for d in demands:
+        for name in d.custom:
+            if not any(name in res for res in nodes.values()):
+                raise UserError(f"the {d.what}s ask for {name} {d.bundle[name]:g} each and no node of the Ray "
+                                f"cluster has {name} ({has}): start a node with ray start --resources='{{\"{name}\": "
+                                "N}', or remove it", f"ray.resources.{d.what}")
     missing = shortfall(demands, nodes)
     if missing is None:
         return
-    has = "; ".join(f"node {name}: {_res(res)}" for name, res in nodes.items()) or "no alive node"
     raise UserError(f"the Ray cluster cannot place this run: it asks for {' + '.join(d.describe() for d in demands)}; "
                     f"{missing} ({has}). Lower {' or '.join(d.key for d in demands if d.key) or 'what it asks'}, "
                     "choose another ray.placement, or add nodes")

@@ -269,3 +269,33 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
     return a == b
+
+
+# what rlkit sets from the recipe: a value under deepspeed.extra would contradict the run's own
+OWNED = {"train_micro_batch_size_per_gpu": "the stage's micro_batch_size",
+         "gradient_accumulation_steps": "the stage's gradient accumulation",
+         "train_batch_size": "micro-batch x accumulation x learners", "optimizer": "optim.* (torch_adam: false)",
+         "scheduler": "optim.scheduler", "bf16": "model.dtype", "fp16": "model.dtype"}
+
+
+def check_deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig) -> None:
+    """Before launch: `deepspeed.extra` sets nothing the recipe sets elsewhere, and DeepSpeed's own
+    validation of the ZeRO section (its pydantic model: unknown keys, values out of range) passes,
+    so a typo under `zero_optimization` is one line naming the key instead of a learner's traceback."""
+    from rlkit.errors import UserError
+
+    for key, where in OWNED.items():
+        if key in ds.extra:
+            raise UserError(f"{key} is set by rlkit from {where}: set that instead", "deepspeed.extra")
+    zero = deepspeed_config(ds, optim, "fp32", 1, 1, 1)["zero_optimization"]
+    try:
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    except ImportError:  # DeepSpeed missing is `rlkit doctor`'s line
+        return
+    try:
+        DeepSpeedZeroConfig(**zero)
+    except ValueError as e:  # pydantic's ValidationError
+        errors = getattr(e, "errors", lambda: [])()
+        what = "; ".join(f"zero_optimization.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in errors[:3])
+        raise UserError(f"DeepSpeed rejects {what or str(e).splitlines()[0]} (its keys: "
+                        "https://www.deepspeed.ai/docs/config-json/)", "deepspeed.extra") from None

@@ -66,10 +66,12 @@ def sync_strategy(rollout: RolloutConfig, device: DeviceInfo) -> str:
 
 def worker_options(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, seed: int,
                    adapter: AdapterServing | None = None) -> dict[str, Any]:
-    """`RolloutWorker` keyword arguments of one engine, separate or colocated alike."""
+    """`RolloutWorker` keyword arguments of one engine, separate or colocated alike (the model's
+    own tokenizer and remote code as the learners load them)."""
+    llm = {"trust_remote_code": model.trust_remote_code, **({"tokenizer": model.tokenizer} if model.tokenizer else {})}
     return dict(dtype="float32" if model.dtype == "fp32" else "auto", seed=seed,
                 max_model_len=rollout.max_model_len, gpu_memory_utilization=rollout.gpu_memory_utilization,
-                kv_cache_gib=None if device.is_accelerator else rollout.kv_cache_gib,
+                kv_cache_gib=None if device.is_accelerator else rollout.kv_cache_gib, llm_kwargs=llm,
                 **({} if adapter is None else {"lora_rank": adapter.rank, "max_loras": adapter.versions}))
 
 
@@ -193,15 +195,17 @@ class SeparateEngines:
 
         tp = rollout.tensor_parallel_size
         cpus = engine_cpus(device, ray_cfg, tp)
-        opts = actor_resources(device, cpus, devices=tp)
+        custom = ray_cfg.resources.engine
+        opts = actor_resources(device, cpus, devices=tp, custom=custom)
         resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
                      **opts.get("resources", {})}
         self.rollout, self.strategy = rollout, sync_strategy(rollout, device)
         self.timeout, self.adapter, self.learners = rollout.sync_timeout_s or None, adapter, learners
         self.names = [f"engine {i}" for i in range(rollout.num_engines)]
-        self.pg = placement_group(device, rollout.num_engines, cpus, ray_cfg.placement, devices=tp)
+        self.pg = placement_group(device, rollout.num_engines, cpus, ray_cfg.placement, devices=tp, custom=custom)
         check_nodes_see(pg_nodes(self.pg), "rollout engines", model_path=model.path)
         self._spec = dict(model=model.path, resources=resources, env_vars=worker_env(device), tp=tp,
+                          accelerator=device.is_accelerator,
                           options=[worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31),
                                                   adapter) for i in range(rollout.num_engines)])
         self.handles = [self._create(i) for i in range(rollout.num_engines)]
@@ -220,7 +224,7 @@ class SeparateEngines:
 
         spec = self._spec
         handle = create_rollout_actor(
-            spec["model"], resources=spec["resources"], env_vars=spec["env_vars"],
+            spec["model"], resources=spec["resources"], env_vars=spec["env_vars"], accelerator=spec["accelerator"],
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                  placement_group_bundle_index=i),
             tensor_parallel_size=spec["tp"], index=i, **spec["options"][i])

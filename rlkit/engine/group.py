@@ -32,9 +32,10 @@ class LearnerGroup:
         from rlkit.engine.cluster import check_nodes_see, pg_nodes
         from rlkit.engine.learner import Learner
 
-        self.pg = placement_group(device, num, ray_cfg.cpus_per_actor, ray_cfg.placement)
+        custom = ray_cfg.resources.learner
+        self.pg = placement_group(device, num, ray_cfg.cpus_per_actor, ray_cfg.placement, custom=custom)
         check_nodes_see(pg_nodes(self.pg), "learners", output_dir, spec.model.path)
-        opts = actor_resources(device, ray_cfg.cpus_per_actor)
+        opts = actor_resources(device, ray_cfg.cpus_per_actor, custom=custom)
         remote = ray.remote(Learner)
         self.actors = [
             remote.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(

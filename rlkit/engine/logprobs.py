@@ -73,8 +73,9 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
         return logp, entropy
 
     grad = torch.is_grad_enabled() and states.requires_grad
-    parts = [checkpoint(score, h, t, use_reentrant=False) if grad else score(h, t)
-             for h, t in zip(states.split(step), targets.split(step))]
+    chunks = list(zip(states.split(step), targets.split(step)))
+    chunks += [(states[:0], targets[:0])] * (head_calls_on_every_rank(len(chunks), head, states.device) - len(chunks))
+    parts = [checkpoint(score, h, t, use_reentrant=False) if grad else score(h, t) for h, t in chunks]
     logp = ids.new_zeros(positions.shape, dtype=_upcast(hidden[:, :0]).dtype)
     logp = logp.index_put(rows, torch.cat([p[0] for p in parts]) if parts else logp.new_zeros(0))
     entropy = None
@@ -83,6 +84,22 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
         if parts:
             entropy[rows] = torch.cat([p[1] for p in parts]).detach()
     return logp, entropy
+
+
+def head_calls_on_every_rank(calls: int, head: Any, device: torch.device) -> int:
+    """How many chunks each rank projects through `head`: its own `calls`, or under ZeRO-3 (a
+    partitioned lm_head, whose every call gathers the weight with the other ranks, and again in
+    the chunk's recomputation in backward) the most any rank needs, the others padding with empty
+    chunks. Ranks score different numbers of positions; unequal calls would pair one rank's
+    gather with another's next collective (gloo: "Received data size doesn't match expected size").
+    One all-reduce of an integer per call."""
+    import torch.distributed as dist
+
+    if not hasattr(getattr(head, "weight", None), "ds_id") or not dist.is_initialized() or dist.get_world_size() == 1:
+        return calls
+    most = torch.tensor([calls], dtype=torch.long, device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most.item())
 
 
 def completion_states(model: Any, batch: dict[str, Tensor], positions: Tensor) -> tuple[Tensor, Any]:

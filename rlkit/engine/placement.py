@@ -84,22 +84,28 @@ def _join_error(address: str, error: BaseException) -> str:
             "README's 'Running on a cluster') or give the address `ray start` printed")
 
 
-def actor_resources(device: DeviceInfo, cpus: float, devices: int = 1) -> dict[str, Any]:
-    """`options(...)` for one actor that owns `devices` devices (or only CPUs)."""
+def actor_resources(device: DeviceInfo, cpus: float, devices: int = 1,
+                    custom: dict[str, float] | None = None) -> dict[str, Any]:
+    """`options(...)` for one actor that owns `devices` devices (or only CPUs) and the `custom`
+    resources of its role (`ray.resources`)."""
     opts: dict[str, Any] = {"num_cpus": cpus}
     if device.ray_resource == "GPU":
         opts["num_gpus"] = devices
     elif device.ray_resource:
         opts["resources"] = {device.ray_resource: devices}
+    if custom:
+        opts["resources"] = {**opts.get("resources", {}), **custom}
     return opts
 
 
-def bundle(device: DeviceInfo, cpus: float, devices: int = 1) -> dict[str, float]:
-    """One actor's placement-group bundle: `cpus` CPUs and `devices` devices (none on a CPU)."""
+def bundle(device: DeviceInfo, cpus: float, devices: int = 1,
+           custom: dict[str, float] | None = None) -> dict[str, float]:
+    """One actor's placement-group bundle: `cpus` CPUs, `devices` devices (none on a CPU) and the
+    `custom` resources of its role."""
     out: dict[str, float] = {"CPU": cpus}
     if device.ray_resource:
         out[device.ray_resource] = devices
-    return out
+    return {**out, **(custom or {})}
 
 
 def engine_cpus(device: DeviceInfo, ray_cfg: RayConfig, tp: int) -> float:
@@ -107,15 +113,16 @@ def engine_cpus(device: DeviceInfo, ray_cfg: RayConfig, tp: int) -> float:
     return ray_cfg.cpus_per_actor * (1 if device.is_accelerator else tp)
 
 
-def placement_group(device: DeviceInfo, n: int, cpus: float, placement: str = "pack", devices: int = 1):
-    """A ready placement group of `n` bundles, `devices` devices (or only CPUs) each, placed as
-    `placement` (a `ray.placement` value) says."""
+def placement_group(device: DeviceInfo, n: int, cpus: float, placement: str = "pack", devices: int = 1,
+                    custom: dict[str, float] | None = None):
+    """A ready placement group of `n` bundles, `devices` devices (or only CPUs) and `custom`
+    resources each, placed as `placement` (a `ray.placement` value) says."""
     import ray
     from ray.util.placement_group import placement_group as make_pg
 
     from rlkit.engine.cluster import STRATEGIES
 
-    one = bundle(device, cpus, devices)
+    one = bundle(device, cpus, devices, custom)
     pg = make_pg([one] * n, strategy=STRATEGIES[placement])
     try:
         ray.get(pg.ready(), timeout=120)

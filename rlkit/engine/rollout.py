@@ -316,14 +316,18 @@ def _actor_class() -> Any:
 
 def create_rollout_actor(model: str, *, num_cpus: float = 1, resources: dict[str, float] | None = None,
                          env_vars: dict[str, str] | None = None, name: str | None = None,
-                         scheduling_strategy: Any = None, **worker_kwargs: Any) -> Any:
+                         scheduling_strategy: Any = None, accelerator: bool | None = None,
+                         **worker_kwargs: Any) -> Any:
     """Start a `RolloutWorker` in a Ray actor. `resources` come from the device layer (e.g. `{"GPU": 1}`,
-    `{"NPU": 1}`); `env_vars` are added to `cpu_engine_env()` when no accelerator is requested.
+    `{"NPU": 1}`) and the recipe's custom ones; `env_vars` are added to `cpu_engine_env()` on a
+    CPU engine (`accelerator` False; None: any resource besides CPUs means an accelerator).
     `worker_kwargs` go to `RolloutWorker`."""
     resources = dict(resources or {})
     num_gpus = resources.pop("GPU", 0)
     num_cpus = resources.pop("CPU", num_cpus)
-    env = {} if num_gpus or resources else cpu_engine_env(worker_kwargs.get("kv_cache_gib") or
+    if accelerator is None:
+        accelerator = bool(num_gpus or resources)
+    env = {} if accelerator else cpu_engine_env(worker_kwargs.get("kv_cache_gib") or
                                                           DEFAULT_CPU_KV_CACHE_GIB)
     env.update(env_vars or {})
     options: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,

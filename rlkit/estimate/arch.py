@@ -16,6 +16,8 @@ GATED = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "qwe
 
 # config.json of the hub models the shipped recipes name (from their published config.json), for
 # a host without a hub: the fields the estimate reads.
+# the block linears of the families `Arch` reads, by their module names (LoRA's targets)
+BLOCK_LINEARS = {"q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj", "fc1", "fc2"}
 PUBLISHED = {
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
                                                     num_hidden_layers=28, num_attention_heads=28,
@@ -58,6 +60,7 @@ class Arch:
     bias: bool  # q/k/v (Qwen2) or every linear layer (OPT) has a bias
     positions: int = 0  # learned position embeddings (OPT, GPT-2)
     experts: int = 1  # MoE: MLPs per layer
+    attn_out: str = "o_proj"  # the attention output projection's module name (OPT: out_proj)
 
     @classmethod
     def from_config(cls, c: dict[str, Any], name: str) -> Arch:
@@ -79,13 +82,14 @@ class Arch:
                    vocab=c["vocab_size"], tied=bool(c.get("tie_word_embeddings", kind != "llama")),
                    gated=kind in GATED, bias=kind in ("qwen2", "opt") or bool(c.get("enable_bias")),
                    positions=c.get("max_position_embeddings", 0) + 2 if kind == "opt" else 0,
-                   experts=first("num_experts", "num_local_experts", "n_routed_experts", default=1))
+                   experts=first("num_experts", "num_local_experts", "n_routed_experts", default=1),
+                   attn_out="out_proj" if kind == "opt" else "o_proj")
 
     def linears(self) -> dict[str, tuple[int, int]]:
         """The linear layers of one block, (in, out) features, by the module names LoRA targets."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         attn = {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv), "v_proj": (self.hidden, kv),
-                "o_proj": (q, self.hidden)}
+                self.attn_out: (q, self.hidden)}
         if self.gated:
             return {**attn, "gate_proj": (self.hidden, self.intermediate), "up_proj": (self.hidden, self.intermediate),
                     "down_proj": (self.intermediate, self.hidden)}
@@ -110,9 +114,16 @@ class Arch:
         return self.layers * self.layer_params() + self.embedding_params + self.hidden
 
     def lora_params(self, r: int, targets: tuple[str, ...]) -> int:
+        """LoRA's parameters on the block linears `targets` names; a block linear of another family
+        (OPT's model has no o_proj, llama's no fc1) is the recipe's error, as `models.check_lora_targets`
+        says at launch, not a module to count."""
         shapes = self.linears()
         if "all-linear" in targets:
             targets = tuple(shapes)
+        foreign = [t for t in targets if t in BLOCK_LINEARS and t not in shapes]
+        if foreign:
+            raise UserError(f"lora.target_modules: {', '.join(foreign)} not in {self.name} (its block's linear "
+                            f"layers: {', '.join(shapes)}): name those")
         return self.layers * sum(r * (i + o) for name, (i, o) in shapes.items() if name in targets)
 
     @property

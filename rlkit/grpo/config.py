@@ -86,6 +86,9 @@ class GRPOAlgoConfig:
     epsilon_high: float = 0.2  # clip-higher (DAPO: 0.28)
     beta: float = 0.0  # KL coefficient; 0 skips the reference model
     kl: KLKind = "k3"  # KL estimator (k1, k2, k3) when beta > 0
+    # TRL's use_bias_correction_kl (its default since 1.16): the KL term times the ratio pi / pi_old, which
+    # makes k3's gradient the unbiased reverse-KL one. Off here, as verl and OpenRLHF: see the README.
+    use_bias_correction_kl: bool = False
     # The per-token loss and how it is averaged (grpo/loss.py): grpo, bnpo, dr_grpo (Dr. GRPO's
     # constant normaliser), dapo, cispo (epsilon_high is then the weight cap, e.g. 5), sapo, luspo, vespo.
     loss_type: LossType = "dapo"
@@ -260,6 +263,10 @@ class GRPOConfig:
 
     def __post_init__(self):
         check_finetuning(self)
+        check(not (self.ray.resources.engine and self.rollout.colocate), "ray.resources.engine",
+              "colocated engines live in the learners' actors: put their resources under ray.resources.learner")
+        check(not self.ray.resources.teacher or (self.distill is not None and self.distill.placement == "actor"),
+              "ray.resources.teacher", "the teacher has an actor of its own only with distill.placement: actor")
         check(len(self.rewards) > 0 or bool(self.rollout.environment or self.rollout.interaction), "rewards",
               "name at least one reward function (or an environment with get_reward: rollout.environment)")
         check(self.rollout.max_tokens < self.rollout.max_model_len, "rollout.max_tokens",

@@ -6,8 +6,8 @@ that count in the loss, 0 on padding (and on masked/truncated completions). ``ad
 (or [B, T] for per-token advantages). Log-probs are natural logs (nats).
 
 The per-token objectives, the importance-sampling levels and the aggregations equal TRL 1.16
-(``trl/trainer/grpo_trainer.py``, ``GRPOTrainer._compute_loss``, with
-``use_bias_correction_kl=False``) *except* that :func:`policy_loss` applies no
+(``trl/trainer/grpo_trainer.py``, ``GRPOTrainer._compute_loss``; ``bias_correction_kl`` is TRL's
+``use_bias_correction_kl``) *except* that :func:`policy_loss` applies no
 gradient-accumulation / world-size scaling. TRL hands the HF Trainer a pre-scaled loss; to
 reproduce TRL's number:
 
@@ -121,7 +121,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask:
                 max_completion_length: int | None = None, delta: float | None = None,
                 num_items_in_batch: float | Tensor | None = None, entropies: Tensor | None = None,
                 is_weights: Tensor | None = None, keep: Tensor | None = None,
-                gates: SoftGates = SoftGates()) -> LossOutput:
+                gates: SoftGates = SoftGates(), bias_correction_kl: bool = False) -> LossOutput:
     """Policy-gradient loss (to minimise) with optional KL penalty.
 
     The ratio w = exp(logp - old_logp) per token (``importance_sampling_level="token"``) or, for
@@ -137,7 +137,10 @@ def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask:
 
     ``is_weights`` ([B, T] or [B, 1], detached: the rollout correction of `correction.py`) and
     ``keep`` ([B, 1] or [B, T] of 0/1: the off-policy sequence mask) multiply the policy term
-    (``vespo`` folds ``is_weights`` into W instead). Then ``+ beta * KL_kind(logp, ref_logp)``.
+    (``vespo`` folds ``is_weights`` into W instead). Then ``+ beta * KL_kind(logp, ref_logp)``, the
+    KL term times the unclipped ratio w with ``bias_correction_kl`` (TRL's ``use_bias_correction_kl``,
+    DeepSeek-V3.2: w's gradient makes k3's the unbiased reverse-KL gradient ``(logp - ref_logp) grad
+    logp``, on-policy too, where w is 1 but its gradient is not; ``kl_mean`` is then of the weighted term).
 
     Averaged as `aggregate` says (dr_grpo needs ``max_completion_length``); no grad-accumulation
     scaling: see module doc.
@@ -165,6 +168,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask:
     per_token_kl = None
     if ref_logp is not None:
         per_token_kl = kl_penalty(logp, ref_logp, kl)
+        if bias_correction_kl:
+            per_token_kl = per_token_kl * ratio
         if beta != 0.0:
             per_token = per_token + beta * per_token_kl
 
@@ -250,7 +255,8 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_type: LossType, max_completi
         dapo, cispo, vespo:  S / num_items_in_batch  (default: mask tokens in this batch);
         luspo:               sum over tokens per sequence, then mean over B (length-scaled GSPO).
 
-    Denominators are clamped to >= 1 as in TRL."""
+    Token counts are clamped to >= 1 as in TRL; a ``num_items_in_batch`` given is the normaliser
+    itself (`dapo_normaliser`), used unclamped."""
     masked = per_token * mask
     if loss_type in ("grpo", "sapo"):
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
@@ -260,8 +266,12 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_type: LossType, max_completi
         return masked.sum() / (per_token.shape[0] * max_completion_length)
     if loss_type == "luspo":
         return masked.sum(-1).mean()
-    n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=per_token.dtype)
-    return masked.sum() / n.clamp(min=1.0)  # dapo, cispo, vespo
+    if num_items_in_batch is None:  # dapo, cispo, vespo
+        return masked.sum() / mask.sum().clamp(min=1.0)
+    # A normaliser given is used as it is, like TRL's (which clamps the token count to >= 1 before
+    # dividing it by ranks x accumulation steps, as `dapo_normaliser` does): with fewer loss tokens
+    # than ranks x steps it is below 1, and a clamp here would shrink such a step's loss.
+    return masked.sum() / torch.as_tensor(num_items_in_batch, dtype=per_token.dtype)
 
 
 # --- normalisers and reward shaping --------------------------------------------------

@@ -54,6 +54,7 @@ class GRPOObjective:
     distill_loss: str = "reverse_kl"  # reverse_kl: the teacher's logprobs as advantage; jsd: over the vocabulary
     distill_beta: float = 1.0  # jsd: 0 forward KL, 1 reverse KL
     uses: tuple[str, ...] = ()  # frozen models the learner passes to each call, by keyword ("teacher" for jsd)
+    bias_correction_kl: bool = False  # the KL term times the ratio (TRL's use_bias_correction_kl)
 
     @classmethod
     def from_config(cls, algo: GRPOAlgoConfig, rollout: RolloutConfig, distill: Any = None) -> GRPOObjective:
@@ -72,7 +73,7 @@ class GRPOObjective:
                    algo.correction_clip_min, algo.correction_clip_max, algo.off_policy_mask_threshold, gates, needs,
                    distill.coef if distill else 0.0, distill.reward_weight if distill else 1.0,
                    distill.loss if distill else "reverse_kl", distill.beta if distill else 1.0,
-                   ("teacher",) if jsd and distill.coef > 0 else ())
+                   ("teacher",) if jsd and distill.coef > 0 else (), bias_correction_kl=algo.use_bias_correction_kl)
 
     def positions(self, batch: dict[str, Tensor]) -> Tensor:
         """The completion tokens (shifted space): the only logprobs the loss reads."""
@@ -113,7 +114,7 @@ class GRPOObjective:
                           loss_type=self.loss_type, importance_sampling_level=self.importance_sampling_level,
                           max_completion_length=self.max_completion_length,
                           num_items_in_batch=batch["num_items_in_batch"], is_weights=weights, keep=keep,
-                          gates=self.gates)
+                          gates=self.gates, bias_correction_kl=self.bias_correction_kl)
         metrics.update({k: getattr(out, k).detach() for k in METRICS if getattr(out, k) is not None})
         if jsd is None:
             return out.loss, metrics

@@ -70,8 +70,41 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     scorer = RewardScorer(list(rewards), recipe_dir, columns=columns, default=reward_default,
                           extra=environment_rewards(environments) if environments else ())
     task = Task(rows, eval_rows, template, tokenizer, scorer, agent)
-    task.render(rows[0])  # a template that cannot render these rows fails here, before launch
+    check_prompts(task, ((data.train, rows), (data.eval, eval_rows)), rollout)
     return task
+
+
+def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> None:
+    """Render every prompt, and fit it in the engines' `rollout.max_model_len`, before launch: a
+    chat template that refuses a row (a system turn it does not take, turns that do not alternate)
+    or a prompt longer than the engine's context would otherwise stop the run, with vLLM's or
+    jinja's traceback, at the step that first draws that row. Prompts whose completion budget
+    (`rollout.max_tokens`) runs past the context are counted in a warning: vLLM cuts them there."""
+    import logging
+
+    from jinja2 import TemplateError
+
+    from rlkit.errors import DataError
+
+    cut = 0
+    for source, rows in sources:
+        for n, row in enumerate(rows, 1):
+            try:
+                text = task.render(row)
+            except TemplateError as e:
+                raise DataError(f"{source}: prompt {n}: the tokenizer's chat template refuses it ({e}); fix the row, "
+                                "or set data.template: alpaca") from None
+            if rollout is None:
+                continue
+            length = len(task.tokenizer(text).input_ids)
+            if length >= rollout.max_model_len:
+                raise ConfigError(f"{source}: prompt {n} is {length} tokens, the engines hold {rollout.max_model_len} "
+                                  "with its completion: raise it, or shorten or drop the row", "rollout.max_model_len")
+            cut += length + rollout.max_tokens > rollout.max_model_len
+    if cut:
+        logging.getLogger("rlkit").warning(
+            "%d prompts leave less than rollout.max_tokens (%d) of rollout.max_model_len (%d): their completions end "
+            "at the context's end", cut, rollout.max_tokens, rollout.max_model_len)
 
 
 def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: str | None) -> Any:

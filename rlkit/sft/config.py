@@ -103,3 +103,5 @@ class SFTConfig:
 
     def __post_init__(self):
         check_finetuning(self)
+        check(not (self.ray.resources.engine or self.ray.resources.teacher), "ray.resources",
+              "an SFT run has learners only: put their resources under ray.resources.learner")

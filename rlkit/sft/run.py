@@ -45,9 +45,12 @@ class SFTData:
 def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0) -> SFTData:
     """Load, validate and tokenise `data.train` (and `data.eval`); errors name file and row.
     `seed` draws a dataset_info entry's `num_samples` rows."""
+    from jinja2 import TemplateError
+
     from rlkit.data.collate import encode_sft
     from rlkit.data.formats import load_rows
     from rlkit.data.templates import resolve_template
+    from rlkit.errors import DataError
 
     template, notes = data.template, []
 
@@ -57,8 +60,13 @@ def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0) -> SFTData
         if loaded.rows and template == "auto":
             template = resolve_template(template, loaded.rows[0], tokenizer, loaded.source)
         lengths: list[int] = []
-        encoded = [encode_sft(r, tokenizer, template, data.cutoff_len, data.mask_history, lengths)
-                   for r in loaded.rows]
+        encoded = []
+        for n, row in enumerate(loaded.rows, 1):
+            try:
+                encoded.append(encode_sft(row, tokenizer, template, data.cutoff_len, data.mask_history, lengths))
+            except TemplateError as e:  # the chat template's own check (roles, alternation)
+                raise DataError(f"{loaded.source}: row {n}: the tokenizer's chat template refuses it ({e}); fix the "
+                                "row, or set data.template: alpaca") from None
         note = report_truncation(loaded.source, lengths, data.cutoff_len)
         notes.extend([note] if note else [])
         return encoded, [r.get("difficulty") for r in loaded.rows]

@@ -201,6 +201,11 @@ def test_a_gym_style_interaction_answers_each_turn(tok, tmp_path):
     broken = Agent(tok, environments=load_interaction("game.py:Broken", str(tmp_path)), max_tokens=50)
     with pytest.raises(UserError, match=r"^rollout.interaction: Broken.step failed: KeyError: 'score' \(step"):
         play(broken, [{"prompt": "x"}], [["1<|im_end|>"]])
+    # a reset that does not take the row's columns: one line too, not the user's traceback mid-step
+    strict = Agent(tok, environments=load_interaction("game.py:Guess", str(tmp_path)), max_tokens=50)
+    with pytest.raises(UserError, match=r"^rollout.interaction: Guess.reset failed: TypeError: .*'target'.* \(reset "
+                                        r"receives every column of the row as a keyword: take \*\*kwargs\)$"):
+        play(strict, [{"prompt": "x"}], [["1<|im_end|>"]])
     with pytest.raises(ConfigError, match=r"^rollout.interaction: Counter has no step\(\)"):
         (tmp_path / "my_tools.py").write_text(USER_FILE)
         load_interaction("my_tools.py:Counter", str(tmp_path))

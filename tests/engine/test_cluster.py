@@ -51,6 +51,44 @@ def test_the_recipes_demands_name_their_keys():
     assert [d.key for d in demands(sft, 1, detect("cpu"))] == ["train.num_learners"]
 
 
+def test_custom_resources_go_into_each_roles_bundles_and_are_checked_before_launch(monkeypatch):
+    """`ray.resources.<role>`: the labels a cluster gives its nodes; each actor of the role asks for
+    them, the pre-launch check names a resource no node has, and a role that has no actors of its
+    own in the run is refused in the recipe."""
+    from rlkit import stages
+    from rlkit.accel import detect
+    from rlkit.driver import demands
+    from rlkit.engine import cluster
+    from rlkit.engine.placement import actor_resources
+    from rlkit.errors import ConfigError, UserError
+    from tests.sft.conftest import ROOT
+
+    recipe = ROOT / "recipes" / "tiny-grpo.yaml"
+    cfg = stages.load("grpo", recipe, ["ray.resources.learner.judge=1", "ray.resources.engine.fast_disk=0.5"])
+    got = demands(cfg, cfg.grpo.num_learners, detect("cpu"))
+    assert [(d.what, d.bundle, d.custom) for d in got] == [("learner", {"CPU": 1.0, "judge": 1}, ("judge",)),
+                                                           ("engine", {"CPU": 1.0, "fast_disk": 0.5}, ("fast_disk",))]
+    assert actor_resources(detect("cpu"), 1.0, custom={"judge": 1}) == {"num_cpus": 1.0, "resources": {"judge": 1}}
+    nodes = {"10.0.0.1": {"CPU": 4.0}, "10.0.0.2": {"CPU": 4.0, "judge": 1.0}}
+    monkeypatch.setattr(cluster, "cluster_nodes", lambda: nodes)
+    with pytest.raises(UserError, match=r"^ray.resources.engine: the engines ask for fast_disk 0.5 each and no node "
+                                        r"of the Ray cluster has fast_disk \(node 10.0.0.1: \{CPU: 4\}; node "
+                                        r"10.0.0.2: \{CPU: 4, judge: 1\}\): start a node with ray start "
+                                        r"--resources='\{\"fast_disk\": N\}', or remove it$"):
+        cluster.check_resources(got)
+    nodes["10.0.0.1"]["fast_disk"] = 2.0
+    with pytest.raises(UserError, match=r"judge 2 in all, the cluster has 1"):  # one node labelled, two learners
+        cluster.check_resources(got)
+    for bad, says in (("ray.resources.learner.GPU=1", "learner.GPU: is set by ray.cpus_per_actor, the device"),
+                      ("ray.resources.learner.judge=0", "learner.judge: must be a number > 0, got 0"),
+                      ("ray.resources.teacher.judge=1", "ray.resources.teacher: the teacher has an actor of its own "
+                                                         "only with distill.placement: actor")):
+        with pytest.raises(ConfigError, match=says):
+            stages.load("grpo", recipe, [bad])
+    with pytest.raises(ConfigError, match="an SFT run has learners only"):
+        stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml", ["ray.resources.engine.judge=1"])
+
+
 def test_a_cluster_that_cannot_be_joined_is_one_line():
     class AuthenticationError(Exception):
         pass

@@ -162,6 +162,13 @@ def test_dapo_normaliser_makes_a_global_token_mean():
                  for n in tokens]  # ratio 1, A = -1: every token's loss is exactly 1
     step = sum(per_micro) / 2 / 2  # DeepSpeed: / GA per micro-batch, then the mean over 2 ranks
     assert step.item() == pytest.approx(1.0)  # the mean over all 16 tokens
+    # fewer loss tokens (2) than ranks x micro-batches (4): the normaliser is 0.5, and still the mean
+    tokens = [1, 0, 0, 1]
+    norm = dapo_normaliser(sum(tokens), 2, 2)
+    per_micro = [policy_loss(torch.zeros(1, n, dtype=D), None, torch.tensor([-1.0], dtype=D),
+                             torch.ones(1, n, dtype=D), loss_type="dapo", num_items_in_batch=norm).loss
+                 for n in tokens]
+    assert (sum(per_micro) / 2 / 2).item() == pytest.approx(1.0)
 
 
 # --- GSPO sequence ratios, CISPO, SAPO, the correction weights (TRL comparison: test_loss_vs_trl.py) --

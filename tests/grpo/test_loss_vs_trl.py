@@ -41,7 +41,8 @@ def _inputs(seed: int):
     return logp, old, ref, adv, mask, ent
 
 
-def _trl_stub(logp, ent, *, loss_type, beta, eps_low, eps_high, delta, ga, procs, steps_per_gen, max_len):
+def _trl_stub(logp, ent, *, loss_type, beta, eps_low, eps_high, delta, ga, procs, steps_per_gen, max_len,
+              bias_kl=False):
     return SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (logp, ent, None),
         top_entropy_quantile=1.0,
@@ -56,7 +57,7 @@ def _trl_stub(logp, ent, *, loss_type, beta, eps_low, eps_high, delta, ga, procs
         model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=ga,
         max_completion_length=max_len,
-        args=SimpleNamespace(delta=delta, use_bias_correction_kl=False, steps_per_generation=steps_per_gen),
+        args=SimpleNamespace(delta=delta, use_bias_correction_kl=bias_kl, steps_per_generation=steps_per_gen),
         accelerator=SimpleNamespace(num_processes=procs, gather=lambda x: x, reduce=lambda x, reduction: x),
         _entropy_bonus_enabled=False,
         aux_loss_enabled=False,
@@ -124,6 +125,61 @@ def test_policy_loss_matches_trl(loss_type, beta, eps_low, eps_high, delta, ga, 
     # the cases must exercise clipping on both sides to be meaningful
     if ga == 1 and delta is None and loss_type != "dr_grpo":
         assert out.clip_frac_low > 0 and out.clip_frac_high > 0
+
+
+def _trl_inputs(adv, mask, old, ref, num_items_gen):
+    inputs = {"prompt_ids": torch.zeros(B, P_LEN, dtype=torch.long),
+              "prompt_mask": torch.ones(B, P_LEN, dtype=torch.long),
+              "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask, "advantages": adv,
+              "ref_per_token_logps": ref, "num_items_in_batch": num_items_gen}
+    if old is not None:  # without it TRL takes the detached policy: on-policy
+        inputs["old_per_token_logps"] = old
+    return inputs
+
+
+@pytest.mark.parametrize("loss_type, level", [("grpo", "token"), ("dapo", "token"), ("cispo", "token"),
+                                              ("grpo", "sequence"), ("bnpo", "token")])
+@pytest.mark.parametrize("on_policy", [True, False])
+def test_bias_corrected_kl_matches_trl(loss_type, level, on_policy):
+    """TRL's `use_bias_correction_kl` (the KL term times the ratio): loss, gradient and KL metric equal
+    on-policy (ratio 1, its gradient not 0) and off-policy; and the gradient differs from the plain k3 term."""
+    logp, old, ref, adv, mask, ent = _inputs(seed=11 + len(loss_type))
+    old = None if on_policy else old
+    ga, procs, spg, num_items_gen, beta = 2, 2, 2, torch.tensor(37.0), 0.1
+    eps_high = 5.0 if loss_type == "cispo" else 0.28
+    grads = {}
+    for bias in (True, False):
+        stub = _trl_stub(logp, ent, loss_type=loss_type, beta=beta, eps_low=0.2, eps_high=eps_high, delta=None, ga=ga,
+                         procs=procs, steps_per_gen=spg, max_len=8, bias_kl=bias)
+        stub.importance_sampling_level = level
+        trl_loss = GRPOTrainer._compute_loss(stub, None, _trl_inputs(adv, mask, old, ref, num_items_gen))
+        (trl_grad,) = torch.autograd.grad(trl_loss, logp)
+        out = policy_loss(logp, old, adv, mask, epsilon_low=0.2, epsilon_high=eps_high, ref_logp=ref, beta=beta,
+                          loss_type=loss_type, importance_sampling_level=level, max_completion_length=8,
+                          num_items_in_batch=num_items_gen / procs * ga / spg, entropies=ent, bias_correction_kl=bias)
+        ours = out.loss if loss_type in ("dapo", "cispo") else out.loss / ga
+        (grads[bias],) = torch.autograd.grad(ours, logp)
+        torch.testing.assert_close(ours, trl_loss, atol=1e-6, rtol=0)
+        torch.testing.assert_close(grads[bias], trl_grad, atol=1e-6, rtol=0)
+        assert out.kl_mean.item() == pytest.approx(stub._metrics["train"]["kl"][0], abs=1e-6)
+    assert (grads[True] - grads[False]).abs().max() > 1e-4  # the weight changes the KL gradient, on-policy too
+
+
+@pytest.mark.parametrize("procs, ga, tokens", [(2, 1, 1), (4, 2, 3)])
+def test_token_mean_with_fewer_tokens_than_ranks_matches_trl(procs, ga, tokens):
+    """A step with fewer loss tokens than ranks: TRL clamps the token count before dividing it by the
+    ranks (its normaliser may then be below 1); rlkit's loss uses the normaliser it is given (the
+    module doc's mapping; `dapo_normaliser` clamps the same way) without a second clamp."""
+    logp, old, ref, adv, mask, ent = _inputs(seed=5)
+    mask = torch.zeros_like(mask)
+    mask[0, :tokens] = 1  # this micro-batch holds all of the step's loss tokens
+    stub = _trl_stub(logp, ent, loss_type="dapo", beta=0.0, eps_low=0.2, eps_high=0.28, delta=None, ga=ga,
+                     procs=procs, steps_per_gen=ga, max_len=8)
+    trl_loss = GRPOTrainer._compute_loss(stub, None, _trl_inputs(adv, mask, old, ref, torch.tensor(float(tokens))))
+    norm = tokens / procs * ga / ga  # the module doc's mapping, steps_per_generation = GA
+    assert norm < 1  # the case: a clamp after the division would change the loss
+    out = policy_loss(logp, old, adv, mask, epsilon_high=0.28, loss_type="dapo", num_items_in_batch=norm)
+    torch.testing.assert_close(out.loss, trl_loss, atol=1e-6, rtol=0)
 
 
 def _trl_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
