@@ -48,34 +48,22 @@ def prepare_inputs(cfg: Any, device: Any) -> Any:
     and every path is absolute (`rlkit.paths`: actors work in their raylet's folder)."""
     from rlkit.accel import check_precision
     from rlkit.gguf import resolve_models
-    from rlkit.models import (
-        check_engine_shape,
-        check_lora_targets,
-        check_model_options,
-        check_model_path,
-        ensure_tiny_model,
-    )
+    from rlkit.models import check_model, ensure_tiny_model
+    from rlkit.paths import with_absolute_paths
+    from rlkit.tiny import ensure_task_data
 
     cfg = resolve_models(cfg)
 
-    model, data = cfg.model, cfg.data
+    model = cfg.model
     check_precision(model.dtype, device)
     if cfg.qlora is not None:
         check_precision(cfg.qlora.compute_dtype, device, "qlora.compute_dtype")
     ensure_tiny_model(model)
-    check_model_path(model.path)
-    finetuning = getattr(cfg, "finetuning", "full")
-    check_model_options(model, finetuning)
-    if finetuning in ("lora", "qlora"):
-        check_lora_targets(model, cfg.lora.target_modules)
-    if hasattr(cfg, "rollout"):
-        check_engine_shape(model, cfg.rollout.max_model_len, cfg.rollout.tensor_parallel_size)
+    check_model(cfg)
     if hasattr(cfg, "deepspeed"):
         from rlkit.engine.ds_config import check_deepspeed_config
 
         check_deepspeed_config(cfg.deepspeed, cfg.optim)
-    if model.tokenizer:
-        check_model_path(model.tokenizer, "model.tokenizer")
     if getattr(cfg, "distill", None):  # on-policy distillation: the teacher scores the student's token ids
         from rlkit.distill.teacher import check_teacher
 
@@ -87,17 +75,7 @@ def prepare_inputs(cfg: Any, device: Any) -> Any:
         raise UserError(f"{too_big}; memory_check: warn launches it anyway")
     if too_big:
         log.warning("%s", too_big)
-    if data.build_synthetic_if_missing is not None and not Path(data.train).exists():
-        from rlkit.tiny import own_build_path, write_task_data
-
-        if not own_build_path(data.train, "data"):  # a copied recipe: the user's own (missing) file
-            raise UserError(f"data.train: {data.train} does not exist (data.build_synthetic_if_missing writes the "
-                            "synthetic task only at the tiny recipes' own runs/tiny/data/): fix the path")
-        write_task_data(Path(data.train).parent, seed=data.build_synthetic_if_missing)
-        log.warning("data.train %s was missing: wrote the synthetic arithmetic task there "
-                    "(data.build_synthetic_if_missing)", data.train)
-    from rlkit.paths import with_absolute_paths
-
+    ensure_task_data(cfg.data)
     return with_absolute_paths(cfg)
 
 

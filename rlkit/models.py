@@ -61,6 +61,20 @@ def check_lora_targets(cfg: ModelConfig, targets: Sequence[str], key: str = "lor
                         f"{type(model).__name__} ({cfg.path}; its linear layers: {', '.join(layers)}): name those")
 
 
+def check_model(cfg: Any) -> None:
+    """Before launch, what a stage recipe `cfg` asks of its model: the model (and tokenizer) path,
+    its options, the LoRA targets, and for GRPO the engines' context and tensor parallelism."""
+    check_model_path(cfg.model.path)
+    if cfg.model.tokenizer:
+        check_model_path(cfg.model.tokenizer, "model.tokenizer")
+    finetuning = getattr(cfg, "finetuning", "full")
+    check_model_options(cfg.model, finetuning)
+    if finetuning in ("lora", "qlora"):
+        check_lora_targets(cfg.model, cfg.lora.target_modules)
+    if hasattr(cfg, "rollout"):
+        check_engine_shape(cfg.model, cfg.rollout.max_model_len, cfg.rollout.tensor_parallel_size)
+
+
 def check_engine_shape(cfg: ModelConfig, max_model_len: int, tensor_parallel_size: int) -> None:
     """Before launch: the engines' context fits the model's (vLLM refuses a `max_model_len` past
     `max_position_embeddings`) and their tensor parallelism splits its attention heads."""

@@ -119,6 +119,23 @@ def own_build_path(path: str | Path, kind: str) -> bool:
     return len(parts) >= 3 and parts[-3:-1] == (HOME, "data") and parts[-1] in TASK_FILES
 
 
+def ensure_task_data(data: Any) -> None:
+    """Write the synthetic task where a recipe's `data.build_synthetic_if_missing` asks for it and
+    `data.train` is missing, and say so; only at the tiny recipes' own path (`own_build_path`)."""
+    import logging
+
+    from rlkit.errors import UserError
+
+    if data.build_synthetic_if_missing is None or Path(data.train).exists():
+        return
+    if not own_build_path(data.train, "data"):  # a copied recipe: the user's own (missing) file
+        raise UserError(f"data.train: {data.train} does not exist (data.build_synthetic_if_missing writes the "
+                        "synthetic task only at the tiny recipes' own runs/tiny/data/): fix the path")
+    write_task_data(Path(data.train).parent, seed=data.build_synthetic_if_missing)
+    logging.getLogger("rlkit").warning("data.train %s was missing: wrote the synthetic arithmetic task there "
+                                       "(data.build_synthetic_if_missing)", data.train)
+
+
 def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_eval: int = 64,
                     n_prompts: int = 256, held_out: float = 0.25) -> dict[str, Path]:
     """Write `sft_train.jsonl`, `sft_eval.jsonl`, `grpo_train.jsonl`, `grpo_eval.jsonl`.
