@@ -125,6 +125,9 @@ class OptimConfig:
 
     def __post_init__(self):
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(all(0.0 <= b < 1.0 for b in self.betas), "betas", f"AdamW's betas must be in [0, 1), got {self.betas}")
+        check(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
+        check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         check(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         check(self.warmup_steps == 0 or self.warmup_ratio == 0.0, "warmup_ratio",
               "set warmup_steps or warmup_ratio, not both")
@@ -217,6 +220,10 @@ class RayConfig:
     placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
     # custom resources per role ({learner: {judge: 1}}): each actor of that role runs where they are
     resources: RoleResources = field(default_factory=RoleResources)
+
+    def __post_init__(self):
+        check(self.num_cpus is None or self.num_cpus >= 1, "num_cpus", f"must be >= 1, got {self.num_cpus}")
+        check(self.cpus_per_actor > 0, "cpus_per_actor", f"must be > 0, got {self.cpus_per_actor}")
 
 
 def check_finetuning(cfg: Any) -> None:

@@ -43,13 +43,13 @@ def check_lora_targets(cfg: ModelConfig, targets: Sequence[str], key: str = "lor
     finds and passes over the others without a word. The model is built on the meta device from
     its config (no weights); a name matches a module as peft's list does (the whole dotted name,
     or its end after a dot)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from rlkit.errors import UserError
 
     if "all-linear" in targets:
         return
-    config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    config = model_config(cfg)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
     names = [name for name, _ in model.named_modules() if name]
@@ -61,10 +61,25 @@ def check_lora_targets(cfg: ModelConfig, targets: Sequence[str], key: str = "lor
                         f"{type(model).__name__} ({cfg.path}; its linear layers: {', '.join(layers)}): name those")
 
 
+def model_config(cfg: ModelConfig) -> Any:
+    """The model's transformers config; a model whose code transformers lacks is one line."""
+    from transformers import AutoConfig
+
+    from rlkit.errors import UserError
+
+    try:
+        return AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    except ValueError as e:  # an architecture transformers does not know, or remote code not allowed
+        first = " ".join(str(e).split())[:240]
+        raise UserError(f"transformers cannot read {cfg.path}'s config ({first}): a newer transformers, or "
+                        "model.trust_remote_code: true for a model that ships its own code", "model.path") from None
+
+
 def check_model(cfg: Any) -> None:
     """Before launch, what a stage recipe `cfg` asks of its model: the model (and tokenizer) path,
     its options, the LoRA targets, and for GRPO the engines' context and tensor parallelism."""
     check_model_path(cfg.model.path)
+    model_config(cfg.model)  # transformers can read it
     if cfg.model.tokenizer:
         check_model_path(cfg.model.tokenizer, "model.tokenizer")
     finetuning = getattr(cfg, "finetuning", "full")
@@ -78,11 +93,9 @@ def check_model(cfg: Any) -> None:
 def check_engine_shape(cfg: ModelConfig, max_model_len: int, tensor_parallel_size: int) -> None:
     """Before launch: the engines' context fits the model's (vLLM refuses a `max_model_len` past
     `max_position_embeddings`) and their tensor parallelism splits its attention heads."""
-    from transformers import AutoConfig
-
     from rlkit.errors import UserError
 
-    config = AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
+    config = model_config(cfg)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     longest = getattr(text, "max_position_embeddings", None)
     if longest and max_model_len > longest:

@@ -153,3 +153,18 @@ def test_engine_values_vllm_would_refuse_are_one_line(tiny_model, task_data, tmp
                       ("rollout.tensor_parallel_size=0", "rollout.tensor_parallel_size: must be >= 1")):
         with pytest.raises(ConfigError, match=says):
             _grpo(tiny_model, task_data, tmp_path, bad)
+
+
+def test_recipe_values_torch_or_ray_would_refuse_and_an_unknown_architecture(tiny_model, task_data, tmp_path):
+    for bad, says in (("optim.betas=[0.9,1.5]", r"optim.betas: AdamW's betas must be in \[0, 1\)"),
+                      ("optim.eps=0", "optim.eps: must be > 0"), ("ray.cpus_per_actor=0", "ray.cpus_per_actor: must "
+                                                                                           "be > 0")):
+        with pytest.raises(ConfigError, match=says):
+            _sft(tiny_model, task_data, tmp_path, bad)
+    odd = tmp_path / "odd"
+    shutil.copytree(tiny_model, odd)
+    (odd / "config.json").write_text(json.dumps({**json.loads((odd / "config.json").read_text()),
+                                                 "model_type": "rlkit_unknown_arch"}))
+    with pytest.raises(UserError, match=r"^model.path: transformers cannot read .*odd's config \(.*rlkit_unknown_arch"
+                                        r".*\): a newer transformers, or model.trust_remote_code: true"):
+        prepare_inputs(_sft(odd, task_data, tmp_path), _cpu())

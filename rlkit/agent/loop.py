@@ -256,12 +256,13 @@ class Agent:
             if inspect.isawaitable(out):
                 out = asyncio.run_coroutine_threadsafe(_await(out), _loop()).result()
             observation, reward, done = out
+            reward = None if reward is None else float(reward)
         except Exception as exc:  # noqa: BLE001 — the user's environment: one line naming it
             raise UserError(f"rollout.interaction: {type(e.environment).__name__}.step failed: "
                             f"{type(exc).__name__}: {exc} (step(message) returns (observation or None, reward or "
                             "None, done))") from None
         if reward is not None:
-            e.env_reward = (e.env_reward or 0.0) + float(reward)
+            e.env_reward = (e.env_reward or 0.0) + reward
         if done or observation is None:
             return []
         return [{"role": "user", "content": observation}]
