@@ -88,8 +88,25 @@ def evaluate(model: str | Path, name: str, data: dict[str, Path], tag: str, calc
         rlkit("eval", str(model), "--data", str(data[split]), "--rewards", REWARDS, "--max-tokens",
               str(EVAL_MAX_TOKENS), "--by", "source", "--out", str(out), "--per-sample",
               str(out.with_suffix(".samples.jsonl")), *(["--calculator"] if calculator else []))
-        reports[split] = json.loads(out.read_text())
+        reports[split] = {**json.loads(out.read_text()), "samples": out.with_suffix(".samples.jsonl")}
     return {**reports["heldout"], "known": reports["train_templates_eval"], "wall_s": time.perf_counter() - t0}
+
+
+def paired_gain(before: Path, after: Path, fn: str = "accuracy") -> tuple[float, float, int, int]:
+    """The accuracy gain of `after` over `before` on the same prompts (their per-sample files, greedy),
+    its standard error as a paired difference (each prompt's -1 / 0 / +1: far smaller than the two
+    accuracies' independent errors, which count the prompts both models get right or both wrong),
+    and the prompts only `before` / only `after` gets right."""
+    def scores(path: Path) -> dict[int, float]:
+        return {r["row"]: r["rewards"][fn] for r in map(json.loads, path.read_text().splitlines()) if r}
+
+    a, b = scores(before), scores(after)
+    rows = sorted(a.keys() & b.keys())
+    diffs = [b[i] - a[i] for i in rows]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    return mean, (var / n) ** 0.5, sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
 
 
 def stage(name: str, final: Path, reuse: bool, *args: str) -> float:
@@ -199,9 +216,9 @@ def main() -> None:
     gains = []
     for name, after, before in (("held-out", grpo, sft), ("training templates, new variants", grpo["known"],
                                                            sft["known"])):
-        gain = after["rewards"]["accuracy"] - before["rewards"]["accuracy"]
-        se = (after["stderr"]["accuracy"] ** 2 + before["stderr"]["accuracy"] ** 2) ** 0.5
-        gains.append(f"{name} accuracy {gain:+.3f} ({gain / se if se else 0.0:+.1f} standard errors of the difference)")
+        gain, se, lost, won = paired_gain(before["samples"], after["samples"])
+        gains.append(f"{name} accuracy {gain:+.3f} ({gain / se if se else 0.0:+.1f} paired standard errors; "
+                     f"{won} prompts gained, {lost} lost)")
     summary = (f"GRPO over its SFT start: {'; '.join(gains)}; format rate {grpo['rewards']['hash_answer']:.3f}; "
                f"total {(time.perf_counter() - t0) / 60:.0f} min")
     (WORK / f"table-{tag}.md").write_text(text + "\n\n" + summary + "\n", encoding="utf-8")

