@@ -203,9 +203,22 @@ def stop_token_ids(model_dir: str | Path, tokenizer: Any) -> list[int]:
 
 
 def load_tokenizer(cfg: ModelConfig):
+    """The model's tokenizer (pad = eos where it has none); one without tokenizer files is one line."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.path, trust_remote_code=cfg.trust_remote_code)
+    from rlkit.errors import UserError
+
+    where = cfg.tokenizer or cfg.path
+    try:
+        tok = AutoTokenizer.from_pretrained(where, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as e:  # no tokenizer files, or a tokenizer class transformers lacks
+        key = "model.tokenizer" if cfg.tokenizer else "model.path"
+        raise UserError(f"{where} has no tokenizer transformers can load ({' '.join(str(e).split())[:200]}): set "
+                        "model.tokenizer to the folder (or hub id) of the model's tokenizer", key) from None
+    if not tok("a b").input_ids:  # transformers builds an empty tokenizer from a folder with no vocabulary
+        raise UserError(f"{where} has no tokenizer files (the tokenizer transformers makes of it encodes text as "
+                        "nothing): set model.tokenizer to the folder (or hub id) of the model's tokenizer",
+                        "model.tokenizer" if cfg.tokenizer else "model.path")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

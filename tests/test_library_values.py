@@ -168,3 +168,20 @@ def test_recipe_values_torch_or_ray_would_refuse_and_an_unknown_architecture(tin
     with pytest.raises(UserError, match=r"^model.path: transformers cannot read .*odd's config \(.*rlkit_unknown_arch"
                                         r".*\): a newer transformers, or model.trust_remote_code: true"):
         prepare_inputs(_sft(odd, task_data, tmp_path), _cpu())
+
+
+def test_a_model_folder_without_a_tokenizer_and_unserved_adapter_targets_are_one_line(tiny_model, task_data,
+                                                                                     tmp_path):
+    from rlkit.models import load_tokenizer
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(Path(tiny_model) / "config.json", bare / "config.json")
+    cfg = _sft(bare, task_data, tmp_path)
+    with pytest.raises(UserError, match=r"^model.path: .*bare has no tokenizer files \(the tokenizer transformers "
+                                        r"makes of it encodes text as nothing\): set model.tokenizer to the folder"):
+        load_tokenizer(cfg.model)
+    with pytest.raises(ConfigError, match=r"lora.target_modules: vLLM serves adapters on the decoder's linear layers, "
+                                          r"not lm_head: drop them, or use rollout.lora_sync: merged"):
+        _grpo(tiny_model, task_data, tmp_path, "finetuning=lora", "lora.r=8", "lora.target_modules=[q_proj,lm_head]",
+              "rollout.lora_sync=adapter")

@@ -203,8 +203,9 @@ def died(error: Any, owner: str, phase: str) -> str:
         why = "its node died or was removed from the cluster"
     elif "worker process has died" in text or "exits" in text:
         why = "its process exited unexpectedly: killed (the OOM killer, kill -9) or crashed"
-    elif getattr(error, "_actor_init_failed", False):
-        why = "its start failed"
+    elif getattr(error, "_actor_init_failed", False):  # its constructor raised: the library's own words
+        causes = re.findall(r"^(?:[\w.]*(?:Error|Exception)): (.+)$", text, re.M)
+        why = "its start failed" + (f": {' '.join(causes[-1].split())[:300]}" if causes else "")
     else:
         why = text.strip().splitlines()[0] if text.strip() else "no reason given by Ray"
     return f"{_actor_name(error, owner)} died during {phase} ({where + '; ' if where else ''}{why})"

@@ -285,6 +285,9 @@ class GRPOConfig:
                   "the adapter goes through the Ray object store: use sync: auto with lora_sync: adapter")
             check(self.lora is None or self.lora.r <= 512, "lora.r", f"vLLM serves LoRA ranks up to 512, "
                                                                    f"got {self.lora and self.lora.r}")
+            unserved = sorted({"lm_head", "embed_tokens"} & set(self.lora.target_modules if self.lora else ()))
+            check(not unserved, "lora.target_modules", f"vLLM serves adapters on the decoder's linear layers, not "
+                  f"{', '.join(unserved)}: drop them, or use rollout.lora_sync: merged")
         if self.rollout.colocate:
             check(self.rollout.num_engines == self.grpo.num_learners, "rollout.num_engines",
                   f"colocated engines are one per learner: set it to grpo.num_learners ({self.grpo.num_learners})")

@@ -75,6 +75,30 @@ def _slow():
     return slow
 
 
+class _Refuses:
+    def __init__(self):
+        raise ValueError("The model's max seq len (2048) is larger than the maximum number of tokens that can be "
+                         "stored in KV cache (1024)")
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_an_actor_whose_start_fails_says_what_its_library_said(ray_local):
+    """An engine whose constructor raises (vLLM refusing a recipe value rlkit cannot check before
+    launch): the line names it and ends with the library's message, not only "its start failed"."""
+    import ray
+
+    from rlkit.engine.calls import name_actor, wait_all
+
+    engine = ray.remote(_Refuses).options(num_cpus=0.1).remote()
+    name_actor(engine, "engine 0")
+    with pytest.raises(FaultError, match=r"^engine 0 died during its start \(.*its start failed: The model's max seq "
+                                         r"len \(2048\) is larger than the maximum number of tokens that can be "
+                                         r"stored in KV cache \(1024\)\)$"):
+        wait_all([engine.ready.remote()], ["engine 0"], "its start")
+
+
 def test_a_dead_actor_is_named_with_its_pid_and_node_also_through_another_actor(ray_local):
     """kill -9 of an actor mid-call: one line naming it (by the name rlkit gave it, also when its
     death reaches the driver through another actor's call), its pid, node and the phase."""
