@@ -227,7 +227,7 @@ class Agent:
                 new = self._answer(e, e.messages[-1])
                 if not new:
                     continue  # no tool call to run (or none left), the interaction is done
-                suffix = suffix_ids(self.tokenizer, new)
+                suffix = self._suffix(new)
                 total = len(e.prompt_ids) + len(e.completion_ids) + len(suffix)
                 if len(e.completion_ids) + len(suffix) > self.max_tokens or (
                         self.max_model_len is not None and total >= self.max_model_len):
@@ -266,6 +266,20 @@ class Agent:
         if done or observation is None:
             return []
         return [{"role": "user", "content": observation}]
+
+    def _suffix(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """`suffix_ids`; a chat template that cannot render these turns (checked with one call and
+        result before launch) is one line naming what sent them."""
+        from jinja2 import TemplateError
+
+        try:
+            return suffix_ids(self.tokenizer, messages)
+        except (TemplateError, ValueError) as e:
+            key = "rollout.tools" if messages[0]["role"] == "tool" and self.tools else \
+                "rollout.interaction" if self.environments and self.environments.gym else "rollout.environment"
+            raise UserError(f"{key}: the tokenizer's chat template cannot continue the conversation with "
+                            f"{messages[0]['role']} turns ({' '.join(str(e).split())[:200]}): use a model whose "
+                            "template renders tool calls and their results") from None
 
     def _reset(self, env: Any, row: Mapping[str, Any]) -> Any:
         """`env.reset(**row's columns)`: a failure of the user's environment is one line naming it."""

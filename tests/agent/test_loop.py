@@ -201,6 +201,19 @@ def test_a_gym_style_interaction_answers_each_turn(tok, tmp_path):
     broken = Agent(tok, environments=load_interaction("game.py:Broken", str(tmp_path)), max_tokens=50)
     with pytest.raises(UserError, match=r"^rollout.interaction: Broken.step failed: KeyError: 'score' \(step"):
         play(broken, [{"prompt": "x"}], [["1<|im_end|>"]])
+    # a template that cannot render the game's next user turn: one line, not jinja's traceback mid-step
+    import copy
+
+    one_turn = copy.deepcopy(tok)
+    from rlkit.tiny import TOOL_CHAT_TEMPLATE
+
+    refuse = "{% if m['role'] == 'user' and loop.index > 2 %}{{ raise_exception('one user turn only') }}{% endif %}"
+    assert TOOL_CHAT_TEMPLATE.count("{% for m in messages %}") == 1
+    one_turn.chat_template = TOOL_CHAT_TEMPLATE.replace("{% for m in messages %}", "{% for m in messages %}" + refuse)
+    game = Agent(one_turn, environments=load_interaction("game.py:Guess", str(tmp_path)), max_tokens=50)
+    with pytest.raises(UserError, match=r"^rollout.interaction: the tokenizer's chat template cannot continue the "
+                                        r"conversation with user turns \(one user turn only\): use a model"):
+        play(game, [{"prompt": "x", "target": 5}], [["3<|im_end|>", "5<|im_end|>"]])
     # a reset that does not take the row's columns: one line too, not the user's traceback mid-step
     strict = Agent(tok, environments=load_interaction("game.py:Guess", str(tmp_path)), max_tokens=50)
     with pytest.raises(UserError, match=r"^rollout.interaction: Guess.reset failed: TypeError: .*'target'.* \(reset "
