@@ -81,6 +81,12 @@ class RewardModel:
         self._local: _Scorer | None = None
         self._actor: Any = None
 
+    def ray_resources(self) -> dict[str, float] | None:
+        """What its actor asks of the Ray cluster (rlkit checks it before launch); None in-process."""
+        if not self.ray_actor:
+            return None
+        return {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
+
     def setup(self) -> None:
         if self._local is not None or self._actor is not None:
             return

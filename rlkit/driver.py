@@ -19,7 +19,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -342,9 +342,10 @@ def _size(n: int) -> str:
 
 
 @contextmanager
-def learner_group(cfg: Any, spec: Any, num: int, device: Any) -> Iterator[Any]:
+def learner_group(cfg: Any, spec: Any, num: int, device: Any, also: Sequence[Any] = ()) -> Iterator[Any]:
     """Start (or join, `ray.address`) Ray and `num` learners; on exit stop the learners and the
-    Ray instance if this call started it."""
+    Ray instance if this call started it. `also`: more `Demand`s the run will make of the cluster
+    (reward actors), checked with the learners' and engines' before anything starts."""
     from rlkit.distill.teacher import check_teacher_node
     from rlkit.engine.cluster import check_resources
     from rlkit.engine.group import LearnerGroup
@@ -353,7 +354,7 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any) -> Iterator[Any]:
     started_ray = start_ray(cfg.ray, device, Path(cfg.output_dir) / "logs")
     group = None
     try:
-        check_resources(demands(cfg, num, device))
+        check_resources([*demands(cfg, num, device), *also])
         check_teacher_node(getattr(cfg, "distill", None))
         group = LearnerGroup(spec, num, device, cfg.ray, Path(cfg.output_dir))
         yield group

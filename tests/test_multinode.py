@@ -247,6 +247,13 @@ def test_what_the_cluster_cannot_do_is_one_line_before_launch(hosts, tiny_model,
     assert f"node {hosts.addresses[0]}: {{CPU: 1}}; node {hosts.addresses[1]}: {{CPU: 2, judge: 2}}" in line
     line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "train.num_learners=4", timeout=300))
     assert "CPU 4 in all, the cluster has 3" in line
+    # a reward model's actor asking for a resource no node has: before launch too, naming its key
+    grpo = grpo_overrides(tiny_model, task_data, tmp_path / "grpo", "grpo.steps=1", "eval.every=0",
+                          "rewards=[{fn: 'rewards.exact:exact_match'}, {fn: 'rewards.model:RewardModel', weight: 0.0, "
+                          f"args: {{path: '{tiny_model}', ray_actor: true, num_cpus: 0, resources: {{rm: 1}}}}}}]")
+    line = _one_line(_rlkit(hosts, "grpo", str(GRPO_RECIPE), *grpo, timeout=300))
+    assert line.startswith("rlkit: error: rewards[1].args.resources: the reward actors ask for rm 1 each and no node "
+                           "of the Ray cluster has rm ("), line
     # a custom resource no node has (an accelerator Ray does not know, here)
     line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "ray.resources.learner.NPU=1", timeout=300))
     assert line.startswith("rlkit: error: ray.resources.learner: the learners ask for NPU 1 each and no node of the "

@@ -34,7 +34,8 @@ class Demand:
     bundle: dict[str, float]
     placement: str = "pack"
     key: str = ""
-    custom: tuple[str, ...] = ()  # the bundle's custom resources, from ray.resources.<what>
+    custom: tuple[str, ...] = ()  # the bundle's custom resources
+    custom_key: str = ""  # the recipe key that sets them (default: ray.resources.<what>)
 
     def describe(self) -> str:
         return f"{self.n} {self.what}{'s' if self.n != 1 else ''} x {_res(self.bundle)} ({self.placement})"
@@ -114,7 +115,7 @@ def check_resources(demands: Sequence[Demand]) -> None:
             if not any(name in res for res in nodes.values()):
                 raise UserError(f"the {d.what}s ask for {name} {d.bundle[name]:g} each and no node of the Ray "
                                 f"cluster has {name} ({has}): start a node with ray start --resources='{{\"{name}\": "
-                                "N}', or remove it", f"ray.resources.{d.what}")
+                                "N}', or remove it", d.custom_key or f"ray.resources.{d.what}")
     missing = shortfall(demands, nodes)
     if missing is None:
         return

@@ -53,7 +53,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run GRPO from a loaded recipe; returns the final policy directory. Everything a user can
     get wrong (model path, data, rewards, sync strategy) is checked before Ray starts."""
     from rlkit.accel import detect
-    from rlkit.engine.cluster import ship_by_value
+    from rlkit.engine.cluster import Demand, ship_by_value
     from rlkit.engine.engines import AdapterServing, start_engines, sync_strategy
 
     g = cfg.grpo
@@ -72,7 +72,10 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         beside = cfg.distill is not None and cfg.distill.placement == "learner"  # a teacher copy per learner rank
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0, teacher=cfg.distill.teacher if beside else None)
-        with run.session(), learner_group(cfg, spec, g.num_learners, device) as learners:
+        rewards = [Demand("reward actor", 1, bundle, "pack", f"{key}.args", tuple(
+            k for k in bundle if k not in ("CPU", "GPU")), f"{key}.args.resources")
+            for key, bundle in task.scorer.actor_bundles()]
+        with run.session(), learner_group(cfg, spec, g.num_learners, device, rewards) as learners:
             shipped = ship_by_value(task.scorer.modules())
             if shipped:
                 run.announce("rlkit grpo: reward modules go to the Ray workers by value (they are not installed "

@@ -68,6 +68,18 @@ class RewardScorer:
     def names(self) -> list[str]:
         return [r.name for r in self.rewards]
 
+    def actor_bundles(self) -> list[tuple[str, dict[str, float]]]:
+        """(recipe key, resources) of each reward that serves itself from a Ray actor of its own: a
+        class whose `ray_resources()` returns what that actor asks for (None: it runs in-process).
+        The run checks them against the cluster before launch, with the learners' and engines'."""
+        out = []
+        for r in self.rewards:
+            ask = getattr(r.fn, "ray_resources", None) if r.is_instance else None
+            bundle = ask() if callable(ask) else None
+            if bundle:
+                out.append((r.key, {k: float(v) for k, v in bundle.items() if v}))
+        return out
+
     def modules(self) -> list[ModuleType]:
         """The modules the reward callables come from (each once, in recipe order)."""
         out: dict[str, ModuleType] = {}

@@ -27,6 +27,18 @@ def test_chat_messages_and_scorer(tiny_rm):
     assert len(r.total) == 3 and r.errors == {}
 
 
+def test_a_served_reward_model_tells_the_run_what_its_actor_asks_for(tiny_rm):
+    """A reward served from its own Ray actor: the run checks its resources before launch, with the
+    learners' and engines' bundles (`RewardScorer.actor_bundles`); in-process it asks for nothing."""
+    from rlkit.reward import RewardScorer, RewardSpec
+
+    served = {"path": tiny_rm, "ray_actor": True, "num_cpus": 0.5, "resources": {"rm": 1}}
+    s = RewardScorer([RewardSpec(fn="rewards.model:RewardModel", args={"path": tiny_rm}),
+                      RewardSpec(fn="rewards.exact:exact_match"),
+                      RewardSpec(fn="rewards.model:RewardModel", args=served, name="served")])
+    assert s.actor_bundles() == [("rewards[2]", {"CPU": 0.5, "rm": 1.0})]
+
+
 @pytest.mark.slow
 def test_ray_actor(tiny_rm):
     ray = pytest.importorskip("ray")
