@@ -307,7 +307,8 @@ class RolloutConfig:
         check(self.max_model_len >= 2, "max_model_len", f"must be >= 2 tokens, got {self.max_model_len}")
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
               f"must be in (0, 1] (a share of the device's memory), got {self.gpu_memory_utilization}")
-        check(self.kv_cache_gib > 0, "kv_cache_gib", f"must be > 0 GiB, got {self.kv_cache_gib}")
+        check(self.kv_cache_gib is None or self.kv_cache_gib > 0, "kv_cache_gib",
+              f"must be > 0 GiB, got {self.kv_cache_gib}")
         check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")

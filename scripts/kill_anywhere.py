@@ -50,7 +50,7 @@ def command(stage: str, out: Path, model: str, data: Path, work: Path) -> list[s
               "data.build_synthetic_if_missing=null"]
     if stage == "sft":
         return [sys.executable, "-m", "rlkit.cli", "sft", str(ROOT / "recipes" / "tiny-sft.yaml"), *common,
-                f"model.path={work / 'tiny-model'}", f"data.train={data / 'sft_train.jsonl'}",
+                f"model.path={work / 'tiny' / 'model'}", f"data.train={data / 'sft_train.jsonl'}",
                 f"data.eval={data / 'sft_eval.jsonl'}", "train.max_steps=16", "checkpoint.every=4", "eval.every=8"]
     return [sys.executable, "-m", "rlkit.cli", "grpo", str(ROOT / "recipes" / "tiny-grpo.yaml"), *common,
             f"model.path={model}", f"data.train={data / 'grpo_train.jsonl'}", f"data.eval={data / 'grpo_eval.jsonl'}",
