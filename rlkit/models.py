@@ -38,18 +38,19 @@ def ensure_tiny_model(cfg: ModelConfig) -> None:
                     "(model.build_tiny_if_missing)", cfg.path, cfg.build_tiny_if_missing)
 
 
-def check_lora_targets(cfg: ModelConfig, targets: Sequence[str], key: str = "lora.target_modules") -> None:
+def check_lora_targets(cfg: ModelConfig, targets: Sequence[str], config: Any = None,
+                       key: str = "lora.target_modules") -> None:
     """Every module name LoRA targets must name a layer of the model: peft adapts the names it
     finds and passes over the others without a word. The model is built on the meta device from
-    its config (no weights); a name matches a module as peft's list does (the whole dotted name,
-    or its end after a dot)."""
+    its config (`config`, read from `cfg.path` if not given; no weights); a name matches a module
+    as peft's list does (the whole dotted name, or its end after a dot)."""
     from transformers import AutoModelForCausalLM
 
     from rlkit.errors import UserError
 
     if "all-linear" in targets:
         return
-    config = model_config(cfg)
+    config = config or model_config(cfg)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
     names = [name for name, _ in model.named_modules() if name]
@@ -79,28 +80,28 @@ def check_model(cfg: Any) -> None:
     """Before launch, what a stage recipe `cfg` asks of its model: the model (and tokenizer) path,
     its options, the LoRA targets, and for GRPO the engines' context and tensor parallelism."""
     check_model_path(cfg.model.path)
-    model_config(cfg.model)  # transformers can read it
+    config = model_config(cfg.model)  # transformers can read it; read once for the checks below
     if cfg.model.tokenizer:
         check_model_path(cfg.model.tokenizer, "model.tokenizer")
     finetuning = getattr(cfg, "finetuning", "full")
     check_model_options(cfg.model, finetuning)
     if finetuning in ("lora", "qlora"):
-        check_lora_targets(cfg.model, cfg.lora.target_modules)
+        check_lora_targets(cfg.model, cfg.lora.target_modules, config)
     if hasattr(cfg, "rollout"):
-        check_engine_shape(cfg.model, cfg.rollout.max_model_len, cfg.rollout.tensor_parallel_size)
+        check_engine_shape(config, cfg.model.path, cfg.rollout.max_model_len, cfg.rollout.tensor_parallel_size)
 
 
-def check_engine_shape(cfg: ModelConfig, max_model_len: int, tensor_parallel_size: int) -> None:
-    """Before launch: the engines' context fits the model's (vLLM refuses a `max_model_len` past
-    `max_position_embeddings`) and their tensor parallelism splits its attention heads."""
+def check_engine_shape(config: Any, path: str, max_model_len: int, tensor_parallel_size: int) -> None:
+    """Before launch: the engines' context fits the model's (`config`, the transformers config of
+    the model at `path`: vLLM refuses a `max_model_len` past `max_position_embeddings`) and their
+    tensor parallelism splits its attention heads."""
     from rlkit.errors import UserError
 
-    config = model_config(cfg)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     longest = getattr(text, "max_position_embeddings", None)
     if longest and max_model_len > longest:
         raise UserError(f"{max_model_len} tokens is past the model's context ({longest}, max_position_embeddings of "
-                        f"{cfg.path}): lower it", "rollout.max_model_len")
+                        f"{path}): lower it", "rollout.max_model_len")
     heads = getattr(text, "num_attention_heads", None)
     if heads and heads % tensor_parallel_size:
         raise UserError(f"{tensor_parallel_size} does not divide the model's {heads} attention heads: choose a "
@@ -208,17 +209,16 @@ def load_tokenizer(cfg: ModelConfig):
 
     from rlkit.errors import UserError
 
-    where = cfg.tokenizer or cfg.path
+    where, key = (cfg.tokenizer, "model.tokenizer") if cfg.tokenizer else (cfg.path, "model.path")
+    fix = "set model.tokenizer to the folder (or hub id) of the model's tokenizer"
     try:
         tok = AutoTokenizer.from_pretrained(where, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as e:  # no tokenizer files, or a tokenizer class transformers lacks
-        key = "model.tokenizer" if cfg.tokenizer else "model.path"
-        raise UserError(f"{where} has no tokenizer transformers can load ({' '.join(str(e).split())[:200]}): set "
-                        "model.tokenizer to the folder (or hub id) of the model's tokenizer", key) from None
+        raise UserError(f"{where} has no tokenizer transformers can load ({' '.join(str(e).split())[:200]}): {fix}",
+                        key) from None
     if not tok("a b").input_ids:  # transformers builds an empty tokenizer from a folder with no vocabulary
         raise UserError(f"{where} has no tokenizer files (the tokenizer transformers makes of it encodes text as "
-                        "nothing): set model.tokenizer to the folder (or hub id) of the model's tokenizer",
-                        "model.tokenizer" if cfg.tokenizer else "model.path")
+                        f"nothing): {fix}", key)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

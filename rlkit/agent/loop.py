@@ -252,10 +252,7 @@ class Agent:
         if not (self.environments and self.environments.gym):
             return []
         try:
-            out = e.environment.step(message)
-            if inspect.isawaitable(out):
-                out = asyncio.run_coroutine_threadsafe(_await(out), _loop()).result()
-            observation, reward, done = out
+            observation, reward, done = _settled(e.environment.step(message))
             reward = None if reward is None else float(reward)
         except Exception as exc:  # noqa: BLE001 — the user's environment: one line naming it
             raise UserError(f"rollout.interaction: {type(e.environment).__name__}.step failed: "
@@ -267,6 +264,11 @@ class Agent:
             return []
         return [{"role": "user", "content": observation}]
 
+    @property
+    def _environment_key(self) -> str:
+        """The recipe key of the run's environments: a gym-style interaction's or TRL-style ones'."""
+        return "rollout.interaction" if self.environments and self.environments.gym else "rollout.environment"
+
     def _suffix(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """`suffix_ids`; a chat template that cannot render these turns (checked with one call and
         result before launch) is one line naming what sent them."""
@@ -275,8 +277,7 @@ class Agent:
         try:
             return suffix_ids(self.tokenizer, messages)
         except (TemplateError, ValueError) as e:
-            key = "rollout.tools" if messages[0]["role"] == "tool" and self.tools else \
-                "rollout.interaction" if self.environments and self.environments.gym else "rollout.environment"
+            key = "rollout.tools" if messages[0]["role"] == "tool" and self.tools else self._environment_key
             raise UserError(f"{key}: the tokenizer's chat template cannot continue the conversation with "
                             f"{messages[0]['role']} turns ({' '.join(str(e).split())[:200]}): use a model whose "
                             "template renders tool calls and their results") from None
@@ -284,14 +285,10 @@ class Agent:
     def _reset(self, env: Any, row: Mapping[str, Any]) -> Any:
         """`env.reset(**row's columns)`: a failure of the user's environment is one line naming it."""
         try:
-            out = env.reset(**self.environments.reset_kwargs(row))
-            if inspect.isawaitable(out):
-                out = asyncio.run_coroutine_threadsafe(_await(out), _loop()).result()
-            return out
+            return _settled(env.reset(**self.environments.reset_kwargs(row)))
         except Exception as exc:  # noqa: BLE001 — the user's environment: one line naming it
-            key = "rollout.interaction" if self.environments.gym else "rollout.environment"
-            raise UserError(f"{key}: {type(env).__name__}.reset failed: {type(exc).__name__}: {exc} (reset receives "
-                            "every column of the row as a keyword: take **kwargs)") from None
+            raise UserError(f"{self._environment_key}: {type(env).__name__}.reset failed: {type(exc).__name__}: "
+                            f"{exc} (reset receives every column of the row as a keyword: take **kwargs)") from None
 
     def generate(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
                  seed: int) -> AgentBatch:
@@ -361,6 +358,14 @@ class _AgentEngines:
 
 async def _await(aw: Any) -> Any:
     return await aw
+
+
+def _settled(out: Any) -> Any:
+    """A user environment's return value; an awaitable (an `async def` method) is run to its end
+    on the tools' event loop."""
+    if inspect.isawaitable(out):
+        return asyncio.run_coroutine_threadsafe(_await(out), _loop()).result()
+    return out
 
 
 def _join(content: Any, observation: Any) -> Any:

@@ -96,7 +96,7 @@ def generalized_jsd(student_hidden: Tensor, teacher_hidden: Tensor, student_head
     mean. ``chunk_tokens``: the positions projected at once (default: the learner's logits chunk,
     2**26 elements, over V).
     """
-    from rlkit.engine.logprobs import CHUNK_ELEMENTS
+    from rlkit.engine.logprobs import CHUNK_ELEMENTS, head_calls_on_every_rank
 
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1] (0: forward KL, 1: reverse KL), got {beta}")
@@ -119,8 +119,6 @@ def generalized_jsd(student_hidden: Tensor, teacher_hidden: Tensor, student_head
     # At least one chunk, empty when the micro-batch has no position (the loss keeps the graph: a
     # zero gradient, as a micro-batch's loss must have), and under ZeRO-3 as many as any rank makes
     # (each call of the student's head gathers its weight with the other ranks)
-    from rlkit.engine.logprobs import head_calls_on_every_rank
-
     calls = head_calls_on_every_rank(max(math.ceil(h_s.shape[0] / chunk_tokens), 1), student_head, h_s.device)
     for start in range(0, calls * chunk_tokens, chunk_tokens):
         end = start + chunk_tokens

@@ -14,10 +14,10 @@ GATED = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "qwe
          "deepseek_v2", "deepseek_v3", "phi3", "internlm2", "baichuan", "yi", "olmo2", "granite"}
 
 
-# config.json of the hub models the shipped recipes name (from their published config.json), for
-# a host without a hub: the fields the estimate reads.
 # the block linears of the families `Arch` reads, by their module names (LoRA's targets)
 BLOCK_LINEARS = {"q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj", "fc1", "fc2"}
+# config.json of the hub models the shipped recipes name (from their published config.json), for
+# a host without a hub: the fields the estimate reads.
 PUBLISHED = {
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944,
                                                     num_hidden_layers=28, num_attention_heads=28,

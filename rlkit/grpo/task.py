@@ -88,15 +88,17 @@ def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> No
 
     cut = 0
     for source, rows in sources:
+        texts = []
         for n, row in enumerate(rows, 1):
             try:
-                text = task.render(row)
+                texts.append(task.render(row))
             except TemplateError as e:
                 raise DataError(f"{source}: prompt {n}: the tokenizer's chat template refuses it ({e}); fix the row, "
                                 "or set data.template: alpaca") from None
-            if rollout is None:
-                continue
-            length = len(task.tokenizer(text).input_ids)
+        if rollout is None or not texts:
+            continue
+        for n, ids in enumerate(task.tokenizer(texts).input_ids, 1):  # one batch: the fast tokenizer's threads
+            length = len(ids)
             if length >= rollout.max_model_len:
                 raise ConfigError(f"{source}: prompt {n} is {length} tokens, the engines hold {rollout.max_model_len} "
                                   "with its completion: raise it, or shorten or drop the row", "rollout.max_model_len")
