@@ -10,7 +10,7 @@ import unicodedata
 from fractions import Fraction
 from typing import Any
 
-from rlkit.reward.contract import completion_text
+from rlkit.reward.contract import completion_text, reward_range
 
 _TRAILING = ".。!！?？;；,，、 \t\n"
 # A number: optional sign, digits with optional thousands commas, decimals, or a fraction a/b.
@@ -33,6 +33,7 @@ def _answers(a: Any) -> list[str] | None:
     return [str(a)]
 
 
+@reward_range(0.0, 1.0)
 def exact_match(completions: list, answer: list, normalize: bool = True, **kwargs: Any) -> list[float | None]:
     """1.0 when the completion equals the answer (or one of a list of answers).
 
@@ -80,6 +81,7 @@ def _score_numbers(completions: list, answer: list, position: str,
     return out
 
 
+@reward_range(0.0, 1.0)
 def number_match(completions: list, answer: list, position: str = "first", **kwargs: Any) -> list[float | None]:
     """1.0 when the first (``position="last"``: last) number in the completion equals the
     number in ``answer``. E.g. prompt ``12+7=``, completion ``19 because...`` → 1.0 for
@@ -87,6 +89,7 @@ def number_match(completions: list, answer: list, position: str = "first", **kwa
     return _score_numbers(completions, answer, position, lambda got, gold: float(got is not None and got == gold))
 
 
+@reward_range(0.0, 1.0)
 def number_close(completions: list, answer: list, position: str = "first", **kwargs: Any) -> list[float | None]:
     """Partial credit by relative error: ``max(0, 1 - |got - gold| / max(|gold|, 1))`` for the
     first (or last) number in the completion; 0.0 when it has none; None when ``answer`` holds

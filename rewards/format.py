@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlkit.reward.contract import completion_text, prompt_text
+from rlkit.reward.contract import completion_text, prompt_text, reward_range
 
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _STRUCTURE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
@@ -38,6 +38,7 @@ def _texts(prompts: list | None, completions: list, prompt_texts: list | None = 
     return out
 
 
+@reward_range(0.0, 1.0)
 def think_answer(completions: list, prompts: list | None = None, prompt_texts: list | None = None,
                  **kwargs: Any) -> list[float]:
     """1.0 when the completion is exactly ``<think>…</think>`` then ``<answer>…</answer>``
@@ -51,6 +52,7 @@ def think_answer(completions: list, prompts: list | None = None, prompt_texts: l
     return out
 
 
+@reward_range(0.0, 1.0)
 def tag_count(completions: list, prompts: list | None = None, prompt_texts: list | None = None,
               **kwargs: Any) -> list[float]:
     """0.25 for each of ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` that occurs
@@ -58,6 +60,7 @@ def tag_count(completions: list, prompts: list | None = None, prompt_texts: list
     return [sum(0.25 for t in _TAGS if text.count(t) == 1) for text in _texts(prompts, completions, prompt_texts)]
 
 
+@reward_range(0.0, 1.0)
 def think_format(completions: list, prompts: list | None = None, prompt_texts: list | None = None,
                  **kwargs: Any) -> list[float]:
     """1.0 when the completion is one ``<think>…</think>`` block (each tag once, at the start)
@@ -72,6 +75,7 @@ def think_format(completions: list, prompts: list | None = None, prompt_texts: l
     return out
 
 
+@reward_range(0.0, 1.0)
 def code_format(completions: list, prompts: list | None = None, prompt_texts: list | None = None,
                 language: str = "python", **kwargs: Any) -> list[float]:
     """1.0 when the completion is ``<think>…</think>`` then ``<answer>…</answer>`` (as
@@ -87,6 +91,7 @@ def code_format(completions: list, prompts: list | None = None, prompt_texts: li
     return out
 
 
+@reward_range(0.0, 1.0)
 def reasoning_steps(completions: list, min_steps: int = 3, **kwargs: Any) -> list[float]:
     """min(1, markers / min_steps), counting step markers: ``Step 1:``, ``1.`` at a line
     start, bullets, ``First,``/``Next,``/``Finally,``, and Chinese ``第一步``, ``步骤1``,
@@ -96,6 +101,7 @@ def reasoning_steps(completions: list, min_steps: int = 3, **kwargs: Any) -> lis
     return [min(1.0, len(_STEP.findall(completion_text(c))) / min_steps) for c in completions]
 
 
+@reward_range(0.0, 1.0)
 def hash_answer(completions: list, **kwargs: Any) -> list[float]:
     """1.0 when the completion ends with GSM8K's answer line, ``#### N`` with N a number
     (``-``, ``$``, ``%``, a decimal part and thousands commas allowed: ``#### $1,200.50``), and

@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from rlkit.reward.contract import completion_text
+from rlkit.reward.contract import completion_text, reward_range
 
 
 def _length(completions: list, completion_ids: list | None, i: int) -> int:
@@ -18,6 +18,7 @@ def _group_key(p: Any) -> str:
     return p if isinstance(p, str) else json.dumps(p, sort_keys=True, ensure_ascii=False, default=str)
 
 
+@reward_range(-0.5, 0.5)
 def length_penalty(prompts: list, completions: list, answer: list, completion_ids: list | None = None,
                    **kwargs: Any) -> list[float | None]:
     """Kimi k1.5 length reward, relative to the other completions of the same prompt.
@@ -49,6 +50,9 @@ def length_penalty(prompts: list, completions: list, answer: list, completion_id
     return out
 
 
+@reward_range(lambda min_value_wrong, max_value_wrong, min_value_correct, max_value_correct, **_: (
+    min(min_value_wrong, max_value_wrong, min_value_correct, max_value_correct),
+    max(min_value_wrong, max_value_wrong, min_value_correct, max_value_correct)))
 def cosine_scaled(completions: list, answer: list, completion_ids: list | None = None, max_len: int = 1000,
                   min_value_wrong: float = -1.0, max_value_wrong: float = -0.5, min_value_correct: float = 0.5,
                   max_value_correct: float = 1.0, reasoning_delimiters: list[str] | None = None,
@@ -80,6 +84,7 @@ def cosine_scaled(completions: list, answer: list, completion_ids: list | None =
     return out
 
 
+@reward_range(lambda penalty=1.0, **_: (min(-penalty, 0.0), max(-penalty, 0.0)))
 def soft_overlong(completions: list, completion_ids: list | None, max_len: int, buffer_len: int,
                   penalty: float = 1.0, **kwargs: Any) -> list[float]:
     """DAPO soft overlong punishment (Yu et al. 2025, eq. 13), in tokens.

@@ -21,7 +21,7 @@ import threading
 import unicodedata
 from typing import Any
 
-from rlkit.reward.contract import completion_text
+from rlkit.reward.contract import completion_text, reward_range
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _HASH_ANSWER = re.compile(r"^[ \t]*####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
@@ -149,6 +149,7 @@ def parse_prediction(completion: Any) -> list:
     return got
 
 
+@reward_range(0.0, 1.0)
 def accuracy(completions: list, answer: list, reasoning_delimiters: list[str] | None = None,
              **kwargs: Any) -> list[float | None]:
     """1.0 when the completion's final answer is mathematically equal to ``answer`` (for a
@@ -209,6 +210,7 @@ def _values(text: str) -> set:
     return out
 
 
+@reward_range(0.0, 1.0)
 def solution_values(completions: list, solution: list, **kwargs: Any) -> list[float | None]:
     """Partial credit against a worked reference solution (a ``solution`` column, e.g. GSM8K's):
     the share of the values the reference computes (each number right after an ``=``, and its

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from rlkit.reward.contract import completion_text, prompt_text
+from rlkit.reward.contract import completion_text, prompt_text, reward_range
 
 
 class _Scorer:
@@ -58,6 +58,7 @@ class _Scorer:
         return out
 
 
+@reward_range(None, None)  # a learned score: any finite value
 class RewardModel:
     """Scores (prompt, completion) pairs with a sequence-classification reward model.
 

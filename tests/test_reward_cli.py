@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import sys
 
 import pytest
 
@@ -31,7 +32,9 @@ def work(tmp_path, monkeypatch):
             {"prompt": "答案？", "completion": "五", "answer": "五"}]
     (tmp_path / "samples.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
     monkeypatch.chdir(tmp_path)
-    return tmp_path
+    monkeypatch.setattr(sys, "path", list(sys.path))  # rlkit adds this folder to find my_rewards: not for later tests
+    yield tmp_path
+    sys.modules.pop("my_rewards", None)
 
 
 def test_trl_style_module_runs_unchanged(work, capsys):
@@ -62,6 +65,49 @@ def test_probe_flags_a_hackable_reward(work, capsys):
     assert cli("hack.py:longer", "--data", "samples.jsonl") == 0
     out = capsys.readouterr().out
     assert "scores like real data" in out
+
+
+NAIVE_CODE_REWARD = '''
+import re, subprocess, sys
+
+def naive(completions, test_cases, **kwargs):
+    """Runs the code and then its asserts in one child process, judged by its exit status: the
+    judge is inside the untrusted process, which is what the sandbox probes are for."""
+    out = []
+    for c, tests in zip(completions, test_cases):
+        m = re.findall(r"```python\\n(.*?)```", c, re.S)
+        program = (m[-1] if m else "raise SystemExit(1)") + "\\n" + "\\n".join(tests)
+        try:
+            ok = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=2).returncode == 0
+        except subprocess.TimeoutExpired:
+            ok = False
+        out.append(float(ok))
+    return out
+
+naive.rlkit_runs_code = True
+'''
+
+
+@pytest.mark.skipif(__import__("rlkit.reward.sandbox", fromlist=["x"]).namespaces_problem() is not None,
+                    reason="no sandbox here")
+def test_sandbox_probes_show_each_verdict(work, capsys):
+    """For a reward that runs code, `reward test` plays what a policy might write instead of a
+    solution: the shipped code reward contains every probe; one that judges in-process is forged."""
+    rows = [{"prompt": "Write add.", "completion": "```python\ndef add(a, b):\n    return a + b\n```",
+             "test_cases": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]},
+            {"prompt": "Write add.", "completion": "```python\ndef add(a, b):\n    return a\n```",
+             "test_cases": ["assert add(1, 2) == 3", "assert add(0, 2) == 2"]}]
+    (work / "code.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (work / "naive.py").write_text(NAIVE_CODE_REWARD)
+    assert cli("rewards.code:code_reward", "--data", "code.jsonl", "--arg", "timeout_s=1") == 0
+    out = capsys.readouterr().out
+    verdicts = [line for line in out.splitlines() if "sandbox: " in line]
+    assert len(verdicts) >= 8 and all("contained" in line for line in verdicts), verdicts
+    assert cli("naive.py:naive", "--data", "code.jsonl") == 0
+    out, err = capsys.readouterr()
+    assert "fork-bomb probes are skipped" in err  # it declares no sandbox: the bombs would hit this machine
+    forged = [line.split("│")[1].strip() for line in out.splitlines() if "forged: naive > 0" in line]
+    assert "sandbox: object equal to anything" in forged, out
 
 
 def test_failing_call_exits_1_with_the_sample(work, capsys):

@@ -50,6 +50,12 @@ class RewardSpec:
     timeout_s: wall-clock limit of one call on a batch (None: no limit).
     on_error: ``{"default": x}`` fills x for samples whose call raised or timed out (counted
     in metrics) instead of stopping the run.
+    range: ``[low, high]`` the values it may return (either may be null: unbounded); default:
+    what the function declares with `reward_range`. A value outside it stops the run with one
+    line naming the function and the sample, or, with ``clip``, is clipped and counted.
+    fail_fast: a call that raises for one sample stops the run. Without it that sample alone
+    scores ``on_error.default``, else the range's low end, else 0 (counted in
+    ``reward/<name>/errors``); a call that fails for every sample of a batch still stops it.
     """
 
     fn: str  # package.module:function, path/to/file.py:function (beside the recipe) or module.function
@@ -60,6 +66,10 @@ class RewardSpec:
     timeout_s: float | None = 30.0  # limit of one call on a batch (None: none)
     # {default: x}: x for samples whose call raised or timed out, instead of stopping
     on_error: dict[str, float] | None = None
+    # [low, high]: the values it may return (null: what the function declares, if anything)
+    range: list[float | None] | None = None
+    clip: bool = False  # a value outside `range` is clipped and counted, instead of stopping the run
+    fail_fast: bool = False  # a call that raises for one sample stops the run (else: that sample scores low)
 
     def __post_init__(self) -> None:
         fn = self.fn.strip() if isinstance(self.fn, str) else ""
@@ -78,6 +88,49 @@ class RewardSpec:
             d = self.on_error["default"]
             if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
                 raise RewardError(f"expected a finite number, got {d!r}", key="on_error.default")
+        if self.range is not None:
+            check_range(self.range, "range")
+        for k in ("clip", "fail_fast"):
+            if not isinstance(getattr(self, k), bool):
+                raise RewardError(f"expected true or false, got {getattr(self, k)!r}", key=k)
+
+
+def check_range(bounds: Any, key: str) -> tuple[float | None, float | None]:
+    """``[low, high]`` (either may be None) as a checked tuple; RewardError naming ``key``."""
+    if not isinstance(bounds, (list, tuple)) or len(bounds) != 2 or any(
+            b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or math.isnan(b))
+            for b in bounds):
+        raise RewardError(f"expected [low, high] (numbers or null), got {bounds!r}", key=key)
+    low, high = bounds
+    if low is not None and high is not None and low > high:
+        raise RewardError(f"low {low} is above high {high}", key=key)
+    return (None if low is None else float(low), None if high is None else float(high))
+
+
+def reward_range(low: float | None | Callable[..., tuple], high: float | None = None) -> Callable[[Any], Any]:
+    """Declare the values a reward returns (None: unbounded on that side): rlkit checks every
+    value it returns against ``[low, high]`` (a recipe's ``range:`` overrides it). ``low`` may be a
+    function of the reward's keyword arguments returning ``(low, high)``, for a range set by them."""
+    bounds = low if callable(low) else check_range([low, high], "reward_range")
+
+    def mark(fn: Any) -> Any:
+        fn.rlkit_range = bounds
+        return fn
+    return mark
+
+
+def declared_range(fn: Any, args: dict[str, Any]) -> tuple[float | None, float | None] | None:
+    """The range ``fn`` declares with `reward_range`, for these arguments (its defaults filled in)."""
+    declared = getattr(fn, "rlkit_range", None)
+    if not callable(declared):
+        return declared
+    import inspect
+
+    try:
+        defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
+    except (TypeError, ValueError):
+        defaults = {}
+    return check_range(list(declared(**{**defaults, **args})), "reward_range")
 
 
 def needs_one_of(*columns: str) -> Callable[[Any], Any]:
@@ -125,7 +178,8 @@ class RewardResult:
 
     total: weighted sum per sample over functions that returned non-None.
     per_fn: raw values per function (None = not applicable or failed without default).
-    errors: calls that raised / timed out and got the on_error default, per function.
+    errors: samples whose call raised / timed out and got a default, per function.
+    clipped: values clipped into the function's range (its spec's ``clip``), per function.
     seconds: wall time of each function's call(s).
     failures: (sample index, one-line message) per function; filled only in
     ``collect_errors`` mode (the ``rlkit reward test`` tool), otherwise failures raise.
@@ -136,9 +190,11 @@ class RewardResult:
     errors: dict[str, int]
     seconds: dict[str, float]
     failures: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    clipped: dict[str, int] = field(default_factory=dict)
 
     def metrics(self, prefix: str = "reward") -> dict[str, float]:
-        """Flat metrics: ``{prefix}/mean|std`` of the total and ``{prefix}/{fn}/mean|std|none|errors|seconds``.
+        """Flat metrics: ``{prefix}/mean|std`` of the total and
+        ``{prefix}/{fn}/mean|std|none|errors|clipped|seconds``.
 
         Means/stds are over non-None values, std is the population std (ddof=0); NaN when a
         function returned no value.
@@ -150,6 +206,7 @@ class RewardResult:
             out[f"{prefix}/{name}/std"] = _std(xs)
             out[f"{prefix}/{name}/none"] = float(len(vals) - len(xs))
             out[f"{prefix}/{name}/errors"] = float(self.errors.get(name, 0))
+            out[f"{prefix}/{name}/clipped"] = float(self.clipped.get(name, 0))
             out[f"{prefix}/{name}/seconds"] = float(self.seconds.get(name, 0.0))
         return out
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from rlkit.reward.contract import FIXED_PARAMS, RewardError, RewardSpec, did_you_mean
+from rlkit.reward.contract import FIXED_PARAMS, RewardError, RewardSpec, check_range, declared_range, did_you_mean
 
 
 @dataclass
@@ -30,6 +30,7 @@ class ResolvedReward:
     accepts: frozenset[str]     # keyword names the callable takes
     var_kw: bool                # has **kwargs
     setup: Callable[[], Any] | None = None
+    bounds: tuple[float | None, float | None] | None = None  # the values it may return (range)
     _ready: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -139,8 +140,14 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
         call, target, fn_args = obj, obj, spec.args
     named, var_kw = _check_signature(target, attr, fn_args, columns, spec, key)
     name = spec.name or getattr(obj, "__name__", attr)
+    bounds = (check_range(spec.range, f"{key}.range") if spec.range is not None
+              else declared_range(call, fn_args))
+    preflight = getattr(obj, "rlkit_preflight", None)
+    if callable(preflight):  # e.g. a code reward: its sandbox can run here
+        preflight(spec.args, key)
     return ResolvedReward(spec=spec, key=key, name=name, fn=call, is_instance=inspect.isclass(obj),
-                          accepts=frozenset(named), var_kw=var_kw, setup=setup if callable(setup) else None)
+                          accepts=frozenset(named), var_kw=var_kw, setup=setup if callable(setup) else None,
+                          bounds=bounds)
 
 
 def _find(spec: RewardSpec, base_dir: str | None, key: str) -> tuple[Any, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
 import sys
@@ -17,12 +18,18 @@ from typing import Any, Literal
 from rlkit.reward.contract import RewardError, RewardResult, RewardSpec, completion_text, preview, prompt_text
 from rlkit.reward.resolve import ResolvedReward, resolve
 
+_log = logging.getLogger("rlkit")
+
 Parallel = Literal["thread", "process", "none"]
 _Batch = tuple[list, list, "list | None", dict]
 
 
 class _Timeout(Exception):
     pass
+
+
+class _BadValue(RewardError):
+    """A returned value of the wrong shape, type or range (not an exception the function raised)."""
 
 
 class RewardScorer:
@@ -63,6 +70,7 @@ class RewardScorer:
         self.collect_errors = collect_errors
         self._pool: ProcessPoolExecutor | None = None
         self._ready = False
+        self._warned: set[str] = set()
 
     @property
     def names(self) -> list[str]:
@@ -138,25 +146,31 @@ class RewardScorer:
         errors: dict[str, int] = {}
         seconds: dict[str, float] = {}
         failures: dict[str, list[tuple[int, str]]] = {}
+        clipped: dict[str, int] = {}
         for r, wait in zip(self.rewards, runs):
             t0 = time.perf_counter()
             try:
                 out, secs = wait(r.spec.timeout_s)
-                vals = _validate(r, out, n)
-            except RewardError as e:  # wrong shape/type: a bug in the function, never defaulted
+                vals = _validate(r, out, n, batch, clipped)
+            except _BadValue as e:  # wrong shape/type/range: a bug in the function, never defaulted
                 if not self.collect_errors:
                     raise
                 vals, secs = [None] * n, time.perf_counter() - t0
                 failures[r.name] = [(-1, str(e))]
             except Exception as e:  # noqa: BLE001 — the user's reward raised or timed out
-                vals, bad = self._isolate(r, batch, e)
+                vals, bad = self._isolate(r, batch, e, clipped)
                 secs = time.perf_counter() - t0
                 errors[r.name] = len(bad)
                 if bad and self.collect_errors:
                     failures[r.name] = bad
+                elif bad and r.name not in self._warned:
+                    self._warned.add(r.name)
+                    _log.warning("%s (that sample scores %s; counted in reward/%s/errors; this is said once; "
+                                 "`fail_fast: true` stops the run instead)", bad[0][1], vals[bad[0][0]], r.name)
             per_fn[r.name], seconds[r.name] = vals, secs
         total = self._total(per_fn, batch, failures)
-        return RewardResult(total=total, per_fn=per_fn, errors=errors, seconds=seconds, failures=failures)
+        return RewardResult(total=total, per_fn=per_fn, errors=errors, seconds=seconds, failures=failures,
+                            clipped=clipped)
 
     # -- running calls -------------------------------------------------------------------
 
@@ -211,21 +225,23 @@ class RewardScorer:
                 p.kill()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _isolate(self, r: ResolvedReward, batch: _Batch, exc: BaseException
+    def _isolate(self, r: ResolvedReward, batch: _Batch, exc: BaseException, clipped: dict[str, int]
                  ) -> tuple[list[float | None], list[tuple[int, str]]]:
         """After a failed batch call: find the failing samples by calling one at a time.
 
-        Without on_error (and not collecting) raises at the first failing sample. With
-        on_error, failing samples get the default and the rest their single-sample value.
-        A timeout is not retried per sample: every sample counts as failed.
+        A sample that fails alone costs that sample: it scores `_fallback` (counted), unless the
+        spec says `fail_fast`. A timeout, a batch whose every sample fails (n > 1) and a batch that
+        fails while each sample alone passes are the function's fault: they stop the run unless
+        the spec has `on_error` (or errors are being collected).
         """
         prompts, completions, ids, cols = batch
         n = len(completions)
-        default = r.spec.on_error["default"] if r.spec.on_error else None
-        lenient = r.spec.on_error is not None or self.collect_errors
+        # collecting (`rlkit reward test`): a failure shows as a failure, not as a score
+        default = None if self.collect_errors and r.spec.on_error is None else _fallback(r)
+        explicit = r.spec.on_error is not None or self.collect_errors
         if isinstance(exc, _Timeout):
             msg = f"{r.key} {r.name!r} {exc} on a batch of {n} samples (raise `timeout_s:` or speed it up)"
-            if not lenient:
+            if not explicit:
                 raise RewardError(f"{msg}; first sample {_sample(batch, 0)}") from None
             return [default] * n, [(i, msg) for i in range(n)]
         vals: list[float | None] = []
@@ -235,18 +251,22 @@ class RewardScorer:
                    {k: [v[i]] for k, v in cols.items()})
             try:
                 out, _ = self._start(r, one)(r.spec.timeout_s)
-                vals.append(_validate(r, out, 1)[0])
+                vals.append(_validate(r, out, 1, one, clipped)[0])
+            except _BadValue:  # a wrong value, not a raising call: never defaulted
+                raise
             except Exception as e:  # noqa: BLE001
                 msg = _failure(r, e, batch, i)
-                if not lenient:
+                if r.spec.fail_fast and not self.collect_errors:
                     raise RewardError(msg) from None
                 vals.append(default)
                 bad.append((i, msg))
         if not bad:  # only the batch call fails: blame the batch
             msg = _failure(r, exc, batch, None)
-            if not lenient:
+            if not explicit:
                 raise RewardError(msg) from None
             return [default] * n, [(i, msg) for i in range(n)]
+        if len(bad) == n > 1 and not explicit:  # every sample fails: the function is broken
+            raise RewardError(f"{bad[0][1]} (and on every other sample of the batch of {n})")
         return vals, bad
 
     def _total(self, per_fn: dict[str, list[float | None]], batch: _Batch,
@@ -284,13 +304,22 @@ def _check_batch(prompts: Sequence, completions: Sequence, completion_ids: Seque
             {k: list(v) for k, v in columns.items()})
 
 
-def _validate(r: ResolvedReward, out: Any, n: int) -> list[float | None]:
-    """The call's output as floats/None, or RewardError naming the function."""
+def _fallback(r: ResolvedReward) -> float:
+    """What a sample whose call raised scores: on_error's default, else the range's low end, else 0."""
+    if r.spec.on_error is not None:
+        return float(r.spec.on_error["default"])
+    low = r.bounds[0] if r.bounds else None
+    return 0.0 if low is None else low
+
+
+def _validate(r: ResolvedReward, out: Any, n: int, batch: _Batch, clipped: dict[str, int]) -> list[float | None]:
+    """The call's output as floats/None within the function's range (clipped and counted with the
+    spec's `clip`), or RewardError naming the function and the sample."""
     who = f"{r.key} {r.name!r}"
     if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__") or not hasattr(out, "__iter__"):
-        raise RewardError(f"{who} returned {type(out).__name__}; expected a list of {n} floats (None = n/a)")
+        raise _BadValue(f"{who} returned {type(out).__name__}; expected a list of {n} floats (None = n/a)")
     if len(out) != n:
-        raise RewardError(f"{who} returned {len(out)} values for {n} completions")
+        raise _BadValue(f"{who} returned {len(out)} values for {n} completions")
     vals: list[float | None] = []
     for i, v in enumerate(out):
         if v is None:
@@ -299,12 +328,27 @@ def _validate(r: ResolvedReward, out: Any, n: int) -> list[float | None]:
         if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:  # numpy / torch scalars
             v = v.item()
         if not isinstance(v, Real):
-            raise RewardError(f"{who} returned {type(v).__name__} {preview(repr(v), 40)} at index {i}; "
+            raise _BadValue(f"{who} returned {type(v).__name__} {preview(repr(v), 40)} at index {i}; "
                               "expected a float or None")
-        if not math.isfinite(float(v)):
-            raise RewardError(f"{who} returned {float(v)} at index {i}; rewards must be finite")
-        vals.append(float(v))
+        v = float(v)
+        low, high = r.bounds or (None, None)
+        out_of = math.isinf(v) or (low is not None and v < low) or (high is not None and v > high)
+        if out_of and r.spec.clip and not math.isnan(v):
+            v = min(max(v, -math.inf if low is None else low), math.inf if high is None else high)
+            clipped[r.name] = clipped.get(r.name, 0) + 1
+            out_of = math.isinf(v)
+        if math.isnan(v) or out_of:
+            where = f"at index {i} {_sample(batch, i)}"
+            if math.isnan(v) or (math.isinf(v) and not r.bounds):
+                raise _BadValue(f"{who} returned {v} {where}; rewards must be finite")
+            raise _BadValue(f"{who} returned {v:g} {where}, outside its range [{_bound(low)}, {_bound(high)}]; "
+                              "fix it, or set `clip: true` on this reward to clip and count such values")
+        vals.append(v)
     return vals
+
+
+def _bound(b: float | None) -> str:
+    return "-" if b is None else f"{b:g}"
 
 
 def _sample(batch: _Batch, i: int) -> str:
@@ -316,7 +360,8 @@ def _failure(r: ResolvedReward, e: BaseException, batch: _Batch, i: int | None) 
     what = f"{type(e).__name__}: {preview(str(e), 300)}"
     where = (f"on sample {i} {_sample(batch, i)}" if i is not None else
              f"on the whole batch of {len(batch[1])} (each sample alone passes)")
-    hint = "" if r.spec.on_error else "; fix it or set `on_error: {default: 0.0}` on this reward"
+    hint = ("" if r.spec.on_error else "; fix it, or set `on_error: {default: 0.0}` on this reward"
+            if i is None or not r.spec.fail_fast else "; fix it, or drop `fail_fast` to score such samples low")
     return f"{r.key} {r.name!r} raised {what} {where}{hint}"
 
 

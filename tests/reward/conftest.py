@@ -6,6 +6,7 @@ from rlkit.reward import RewardSpec
 
 MODULE = '''
 import asyncio, time
+from rlkit.reward.contract import reward_range
 
 def exact(completions, answer, **kwargs):            # written the TRL way
     return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
@@ -30,6 +31,13 @@ def batch_boom(completions, **kwargs):
     if len(completions) > 1:
         raise RuntimeError("batch only")
     return [1.0]
+
+@reward_range(0.0, 1.0)
+def declared(completions, **kwargs):                  # 1.0 per character: out of its range past one
+    return [float(len(c)) for c in completions]
+
+def always_boom(completions, **kwargs):
+    raise RuntimeError("broken")
 
 def short(completions, **kwargs):
     return [1.0]

@@ -48,14 +48,53 @@ def test_duplicate_names_rejected(mod):
     RewardScorer([spec(mod, "length"), spec(mod, "length", args={"scale": 2}, name="length2")])
 
 
-def test_exception_names_function_and_offending_sample(mod):
-    s = RewardScorer([spec(mod, "boom")])
+def test_fail_fast_names_function_and_offending_sample(mod):
+    s = RewardScorer([spec(mod, "boom", fail_fast=True)])
     with pytest.raises(RewardError) as e:
         s.score(["q0", "q1", "what is 1+2?"], ["abcd", "abcde", "xyz"], None, {})
     msg = str(e.value)
     assert "rewards[0] 'boom' raised ZeroDivisionError" in msg
     assert "sample 2" in msg and "'what is 1+2?'" in msg and "'xyz'" in msg
-    assert "on_error" in msg and "\n" not in msg
+    assert "fail_fast" in msg and "\n" not in msg
+
+
+def test_a_sample_that_raises_costs_that_sample_not_the_step(mod, caplog):
+    """Without fail_fast, the failing sample scores the range's low end (else 0), counted, said once;
+    a function that fails for every sample of a batch still stops the run, naming it."""
+    s = RewardScorer([spec(mod, "boom"), spec(mod, "length")])
+    r = s.score(["q"] * 3, ["abcd", "xyz", "abcde"], None, {})
+    assert r.per_fn["boom"] == [1.0, 0.0, 0.5] and r.total == [5.0, 3.0, 5.5]
+    assert r.metrics()["reward/boom/errors"] == 1.0
+    s.score(["q"] * 2, ["xyz", "abcd"], None, {})
+    said = [rec.getMessage() for rec in caplog.records if "'boom' raised" in rec.getMessage()]
+    assert len(said) == 1 and "sample 1" in said[0] and "scores 0.0" in said[0]
+    ranged = RewardScorer([spec(mod, "boom", range=[-1, 1])]).score(["q"] * 2, ["abcd", "xyz"], None, {})
+    assert ranged.per_fn["boom"] == [1.0, -1.0]
+    with pytest.raises(RewardError, match=r"'always_boom' raised RuntimeError: broken on sample 0 .* "
+                                          r"\(and on every other sample of the batch of 2\)"):
+        RewardScorer([spec(mod, "always_boom")]).score(["a", "b"], ["x", "y"], None, {})
+
+
+def test_values_outside_the_declared_range_stop_the_run_or_are_clipped(mod):
+    with pytest.raises(RewardError, match=r"^rewards\[0\] 'declared' returned 3 at index 1 \(prompt='q1', "
+                                          r"completion='abc'\), outside its range \[0, 1\]; .*`clip: true`"):
+        RewardScorer([spec(mod, "declared")]).score(["q0", "q1"], ["a", "abc"], None, {})
+    r = RewardScorer([spec(mod, "declared", clip=True)]).score(["q0", "q1", "q2"], ["a", "abc", "ab"], None, {})
+    assert r.per_fn["declared"] == [1.0, 1.0, 1.0] and r.metrics()["reward/declared/clipped"] == 2.0
+    # a recipe's range overrides the declaration, and gives one to a function that has none
+    assert RewardScorer([spec(mod, "declared", range=[0, 10])]).score(["q"], ["abc"], None, {}).total == [3.0]
+    with pytest.raises(RewardError, match=r"'length' returned 4 at index 0 .*outside its range \[-, 2\]"):
+        RewardScorer([spec(mod, "length", range=[None, 2])]).score(["q"], ["abcd"], None, {})
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"range": [1, 0]}, r"range: low 1 is above high 0"),
+    ({"range": [0]}, r"range: expected \[low, high\]"),
+    ({"clip": "yes"}, r"clip: expected true or false"),
+])
+def test_bad_range_keys_are_one_line(mod, kw, message):
+    with pytest.raises(RewardError, match=message):
+        spec(mod, "length", **kw)
 
 
 def test_on_error_default_fills_and_counts(mod):
@@ -74,7 +113,7 @@ def test_batch_only_failure_blames_the_batch(mod):
 @pytest.mark.parametrize("name, message", [
     ("short", r"rewards\[0\] 'short' returned 1 values for 2 completions"),
     ("text", r"'text' returned str 'high' at index 0; expected a float or None"),
-    ("nan", r"'nan' returned nan at index 0; rewards must be finite"),
+    ("nan", r"'nan' returned nan at index 0 \(prompt='a', completion='x'\); rewards must be finite"),
 ])
 def test_bad_returns_name_the_function(mod, name, message):
     with pytest.raises(RewardError, match=message):

@@ -1,42 +1,24 @@
-"""rewards.code: scoring and sandbox containment (infinite loop, fork bomb, memory, network,
-writes outside the working directory), with and without the in-process audit hook."""
+"""rewards.code: scoring, the judge outside the sandbox (the program never sees an expected value;
+only plain data comes back), the refusal to run without the sandbox's walls. What the sandbox
+contains is `test_sandbox_attacks.py`."""
 
 import json
-import os
-import socket
-import time
-import uuid
+import math
 
 import pytest
 
-from rewards.code import _UID_BASE, code_reward, extract_code, run_tests
+from rewards.code import code_reward, extract_code, run_tests
+from rlkit.errors import RewardError
+from rlkit.reward import RewardScorer, RewardSpec, judge, sandbox
+
+needs_sandbox = pytest.mark.skipif(sandbox.namespaces_problem() is not None,
+                                   reason=f"no sandbox here: {sandbox.namespaces_problem()}")
 
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'", "assert add(2, 2) == 5"]
 
 
 def fenced(code):
     return f"Here you go:\n```python\n{code}\n```\nDone."
-
-
-def sandbox_processes():
-    """Live processes running under a sandbox uid, or children of this test process (other than
-    Python's multiprocessing resource tracker, which a spawn pool of an earlier test leaves for
-    the life of this process)."""
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        uid = int(fields["Uid"].split()[0])
-        if uid >= _UID_BASE or (int(fields["PPid"]) == os.getpid() and fields.get("State", "").split()[0] != "Z"):
-            with open(f"/proc/{pid}/cmdline") as f:
-                cmdline = f.read()[:150]
-            if uid < _UID_BASE and "multiprocessing.resource_tracker" in cmdline:
-                continue
-            left.append((pid, fields["Name"].strip(), fields["State"].strip(), uid, cmdline))
-    return left
 
 
 def test_extract_code():
@@ -46,6 +28,7 @@ def test_extract_code():
     assert extract_code([{"role": "assistant", "content": "```python\nq = 1\n```"}]) == "q = 1\n"
 
 
+@needs_sandbox
 def test_fraction_of_tests_passed():
     good = fenced("def add(a, b):\n    return a + b")
     wrong = fenced("def add(a, b):\n    return a - b")
@@ -55,6 +38,7 @@ def test_fraction_of_tests_passed():
     assert got == [0.75, 0.0, 0.0, None, 0.0]
 
 
+@needs_sandbox
 def test_stdio_tests_and_json_column():
     prog = fenced("n = int(input())\nprint(n * 2)\nprint('完成')")
     tests = json.dumps([{"input": "3", "output": "6\n完成"}, {"input": "5", "output": "10\n完成  \n"},
@@ -64,11 +48,9 @@ def test_stdio_tests_and_json_column():
     assert code_reward([prog], [verification]) == [1.0]
 
 
+@needs_sandbox
 def test_open_r1_verification_info_column():
     """open-r1's code datasets name the column `verification_info` (a JSON string per row)."""
-    from rlkit.errors import RewardError
-    from rlkit.reward import RewardScorer, RewardSpec
-
     prog = fenced("a, b = map(int, input().split())\nprint(a + b)")
     cases = [{"input": "1 2\n", "output": "3\n", "type": "stdin_stdout"},
              {"input": "5 5\n", "output": "11\n", "type": "stdin_stdout"}]
@@ -83,53 +65,114 @@ def test_open_r1_verification_info_column():
         RewardScorer([RewardSpec(fn="rewards.code:code_reward")], columns={"prompt", "answer"})
 
 
+@needs_sandbox
 def test_environment_is_clean_and_workdir_writable(monkeypatch):
     monkeypatch.setenv("RLKIT_TEST_SECRET", "hunter2")
-    code = "import os\nopen('scratch.txt', 'w').write('ok')\n"
-    tests = ["assert 'RLKIT_TEST_SECRET' not in os.environ", "assert open('scratch.txt').read() == 'ok'",
-             "assert os.environ['HOME'] == os.getcwd()"]
+    code = ("import os\nopen('scratch.txt', 'w').write('ok')\n"
+            "def env(): return sorted(os.environ)\ndef scratch(): return open('scratch.txt').read()\n"
+            "def home(): return os.environ['HOME'] == os.getcwd()")
+    tests = ["assert 'RLKIT_TEST_SECRET' not in env()", "assert scratch() == 'ok'", "assert home()"]
     assert run_tests(code, tests).passed == 3
 
 
-ATTACKS = {
-    "infinite_loop": "while True:\n    pass",
-    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-    "large_allocation": "x = bytearray(8 * 1024 ** 3)\ny = [0] * (10 ** 9)",
-    "socket_connect": "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-                      "s.sendall(b'pwned')",
-    "write_outside": "for p in {paths!r}:\n    try:\n        open(p, 'w').write('pwned')\n    except OSError:\n"
-                     "        pass\nraise SystemExit(1)",
-}
+@needs_sandbox
+def test_the_program_never_sees_an_expected_value(monkeypatch):
+    """Expected values stay with the judge: literals never leave it, a test's own computed values
+    (math.sqrt(2)) are evaluated in a sandbox without the candidate's code, and the candidate's
+    sandbox gets only the expressions that need its code."""
+    sent = []
+    real = sandbox.run
+
+    def spy(program, payload, limits, isolation="namespaces"):
+        sent.append(json.loads(payload.decode().splitlines()[0]))
+        return real(program, payload, limits, isolation)
+    monkeypatch.setattr(sandbox, "run", spy)
+    code = "import math\ndef root(x):\n    return math.sqrt(x)\ndef pair(): return (1, 'EXPECTED-7f3a')"
+    tests = ["assert root(2) == math.sqrt(2)", "assert pair() == (1, 'EXPECTED-7f3a')",
+             "assert abs(root(9) - 3) < 1e-9 and not root(4) == 3"]
+    assert run_tests(code, tests).passed == 3
+    reference, candidate = sent  # one run without the candidate's code, one with it
+    assert reference["code"] == "" and "math.sqrt(2)" in reference["exprs"]
+    assert candidate["code"] == code and sorted(candidate["exprs"]) == ["pair()", "root(2)", "root(4)", "root(9)"]
+    assert "EXPECTED-7f3a" not in json.dumps(reference) and "math.sqrt(2)" not in candidate["exprs"]
+    sent.clear()
+    assert run_tests(code.replace("math.sqrt(x)", "x ** 0.5"), tests).passed == 3
+    # the test's own values are cached per test list: one run, the candidate's
+    assert [p["code"] for p in sent] == [code.replace("math.sqrt(x)", "x ** 0.5")]
 
 
-@pytest.mark.parametrize("audit", [True, False], ids=["audit_hook", "os_only"])
-@pytest.mark.parametrize("attack", list(ATTACKS))
-def test_containment(attack, audit, tmp_path):
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.2)
-    outside = [str(tmp_path / "escaped.txt"), f"/tmp/rlkit-escape-{uuid.uuid4().hex}.txt",
-               f"/dev/shm/rlkit-escape-{uuid.uuid4().hex}"]
-    code = ATTACKS[attack].format(port=server.getsockname()[1], paths=outside)
-    t0 = time.perf_counter()
-    res = run_tests(code, ["assert True"], timeout_s=2.0, audit=audit)
-    elapsed = time.perf_counter() - t0
-    assert res.score == 0.0
-    assert elapsed < 6.0, elapsed
-    if attack == "infinite_loop":
-        assert res.timed_out
-    assert sandbox_processes() == []
-    assert not any(os.path.exists(p) for p in outside)
-    with pytest.raises(socket.timeout):
-        server.accept()
-    server.close()
+@needs_sandbox
+@pytest.mark.parametrize("returned, expected, passes", [
+    ("(1, 2)", "(1, 2)", True), ("[1, 2]", "(1, 2)", False), ("{3, 1}", "{1, 3}", True),
+    ("{'a': [1, (2,)]}", "{'a': [1, (2,)]}", True), ("b'xy'", "b'xy'", True), ("None", "None", True),
+    ("float('nan')", "float('nan')", False), ("True", "1", True), ("range(3)", "range(3)", False),
+    ("type('S', (str,), {})('x')", "'x'", False), ("object()", "None", False),
+])
+def test_only_plain_data_comes_back(returned, expected, passes):
+    """Values come back by exact type (a str subclass, an object, a range: the test fails) and keep
+    what Python's == tells apart (a tuple is not a list)."""
+    got = run_tests(f"def f():\n    return {returned}", [f"assert f() == {expected}"])
+    assert got.passed == int(passes)
 
 
+@needs_sandbox
+def test_a_test_the_judge_cannot_split_is_one_line():
+    with pytest.raises(judge.TestError, match=r"test case 'check\(f\)' is not one `assert` statement"):
+        run_tests("def f(): pass", ["check(f)"])
+    with pytest.raises(judge.TestError, match="mix assert strings and"):
+        run_tests("def f(): pass", ["assert f() is None", {"input": "", "output": ""}])
+
+
+@needs_sandbox
+def test_a_run_killed_before_every_test_reported_scores_on_crash():
+    loop = fenced("import time\ndef add(a, b):\n    return a + b\ndef slow():\n    while True: pass")
+    tests = ["assert add(1, 2) == 3", "assert slow() == 1"]
+    assert code_reward([loop], [tests], timeout_s=1.0) == [0.0]
+    assert code_reward([loop], [tests], timeout_s=1.0, on_crash=None) == [None]
+    assert run_tests(extract_code(loop), tests, timeout_s=1.0).passed == 1  # what finished still counts
+    assert code_reward([fenced("def add(a, b):\n    return a + b")], [tests[:1]], on_crash=None) == [1.0]
+
+
+def test_without_namespaces_it_refuses_unless_the_recipe_accepts_less(monkeypatch):
+    monkeypatch.setattr(sandbox, "namespaces_problem", lambda python=None: "bubblewrap is not installed")
+    spec = RewardSpec(fn="rewards.code:code_reward")
+    with pytest.raises(RewardError, match=r"^rewards\[0\]\.args\.isolation: cannot sandbox untrusted code here: "
+                                          r"bubblewrap is not installed; or accept .*`rewards\[0\]\.args\.isolation: "
+                                          r"process`"):
+        RewardScorer([spec], columns={"test_cases"})
+    weak = RewardScorer([RewardSpec(fn="rewards.code:code_reward", args={"isolation": "process"})],
+                        columns={"test_cases"})
+    r = weak.score(["p", "p"], [fenced("def add(a, b):\n    return a + b"), fenced("def add(a, b):\n    return None")],
+                   None, {"test_cases": [ADD_TESTS, ADD_TESTS]})
+    assert r.total == [0.75, 0.0]
+
+
+@needs_sandbox
+def test_a_forged_or_broken_score_never_leaves_the_range():
+    """Whatever a candidate does, the reward is a fraction of the tests: within [0, 1]."""
+    attacks = [fenced("import os\nos.write(3, b'{\"i\": 0, \"v\": 500}\\n' * 100)\nos._exit(0)"),
+               fenced("def add(a, b):\n    return float('inf')"), fenced("raise SystemExit(0)")]
+    got = code_reward(attacks, [ADD_TESTS] * 3)
+    assert all(v == 0.0 for v in got) and not any(math.isnan(v) for v in got)
+
+
+@needs_sandbox
 def test_runs_inside_the_scorer_thread_pool():
-    from rlkit.reward import RewardScorer, RewardSpec
-
     s = RewardScorer([RewardSpec(fn="rewards.code:code_reward", args={"timeout_s": 2.0})], columns={"test_cases"})
     r = s.score(["p", "p"], [fenced("def add(a, b):\n    return a + b"), fenced("while True: pass")], None,
                 {"test_cases": [ADD_TESTS, ADD_TESTS]})
     assert r.total == [0.75, 0.0]
+
+
+@needs_sandbox
+def test_a_sandbox_that_does_not_start_stops_the_step_with_its_message(monkeypatch):
+    """Not the candidate's doing, so not a silent 0 for every sample: one line with bubblewrap's words."""
+    real = sandbox._bwrap_args
+    monkeypatch.setattr(sandbox, "_bwrap_args", lambda python, limits: [*real(python, limits)[:1], "--no-such-option",
+                                                                         *real(python, limits)[1:]])
+    with pytest.raises(RewardError, match=r"the code sandbox \(namespaces\) did not start: bwrap: Unknown option "
+                                          r"--no-such-option"):
+        run_tests("def add(a, b):\n    return a + b", ADD_TESTS)
+    s = RewardScorer([RewardSpec(fn="rewards.code:code_reward")], columns={"test_cases"})
+    with pytest.raises(RewardError, match=r"rewards\[0\] 'code_reward' raised RewardError: the code sandbox"):
+        s.score(["p", "q"], [fenced("def add(a, b):\n    return a + b")] * 2, None, {"test_cases": [ADD_TESTS] * 2})

@@ -1,0 +1,256 @@
+"""Run untrusted code walled off by the kernel; what comes back is data for a judge outside.
+
+`run(program, payload, limits, isolation)` starts ``python -I -S -c program`` with ``payload`` on
+its stdin and returns what it wrote on stdout (bounded), whether it timed out or flooded, and
+how long it took. Nothing else of the caller reaches the program.
+
+Isolation (``isolation``):
+* ``"namespaces"`` (the default): bubblewrap (``bwrap``, Debian's ``bubblewrap`` package) puts the
+  program in new user (when not root), mount, PID, network, IPC, UTS and cgroup namespaces: an
+  empty root with only ``/usr``, the interpreter's prefix and the loader cache mounted read-only,
+  a fresh ``/proc`` and ``/dev``, a size-limited scratch ``/tmp`` (its working directory) and
+  ``/dev/shm``, no environment but ``PATH``/``HOME``/``LANG``, a loopback of its own and no other
+  interface, its own session, no capabilities. The driver's files, environment, sockets (TCP,
+  Unix and abstract) and processes do not exist there; everything it writes lives in memory that
+  the kernel frees with the namespaces when the run ends (SysV IPC with its IPC namespace). As root,
+  bubblewrap runs without a user namespace and the program drops to a throwaway uid of its own
+  before anything else, so its process limit is enforced (the kernel does not enforce one for root).
+* ``"process"``: a weaker mode a recipe must ask for, for hosts whose kernel refuses namespaces:
+  a child process in its own session with the same resource limits, the audit hook of `judge`, a
+  throwaway working directory and a clean environment. It does not hide the driver's files,
+  network or processes from a determined program.
+
+Limits in both modes: wall clock (the whole sandbox is killed), CPU seconds, address space,
+processes, open files, file size, no core dumps, and the bytes it may send back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from rlkit.errors import RewardError
+
+ISOLATIONS = ("namespaces", "process")
+_UID_BASE = 1_000_000_000
+_uid_lock = threading.Lock()
+_uid_counter = 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandboxed run may use.
+
+    timeout_s: wall clock of the run (CPU limit: ceil(timeout_s) + 1 s). memory_mb: address space
+    of each process. max_procs: processes and threads (with the first one). scratch_mb: the
+    writable ``/tmp`` and ``/dev/shm`` (each; "namespaces" only), and the largest file it may
+    write. output_kb: bytes it may send back; more, and it is killed (flooded).
+    """
+
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    max_procs: int = 4
+    scratch_mb: int = 64
+    output_kb: int = 1024
+
+    def rlimits(self) -> dict[str, int]:
+        return {"RLIMIT_CPU": math.ceil(self.timeout_s) + 1, "RLIMIT_AS": self.memory_mb << 20,
+                "RLIMIT_FSIZE": self.scratch_mb << 20, "RLIMIT_NOFILE": 64, "RLIMIT_CORE": 0,
+                "RLIMIT_NPROC": self.max_procs}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What came back from one run: stdout (at most ``output_kb``), and how it ended."""
+
+    stdout: bytes
+    timed_out: bool
+    flooded: bool
+    seconds: float
+    stderr: str = ""  # what the sandbox itself said before the program took over (its first 2 KB)
+
+
+def interpreter() -> str:
+    """The Python the sandbox runs: this process's base interpreter (a venv's ``bin/python`` is a
+    link to it; the sandbox runs with ``-I -S``, the standard library only)."""
+    exe = os.path.realpath(sys.executable)
+    return exe if os.path.isfile(exe) else sys.executable
+
+
+def running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def next_uid() -> int:
+    """A throwaway uid for one run as root (unique per process and run)."""
+    global _uid_counter
+    with _uid_lock:
+        _uid_counter += 1
+        return _UID_BASE + (os.getpid() % 100_000) * 1000 + _uid_counter % 1000
+
+
+def _bwrap_args(python: str, limits: Limits) -> list[str]:
+    """bubblewrap's command line: the namespaces and the read-only view described above."""
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None
+    size = str(limits.scratch_mb << 20)
+    args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL"]
+    if running_as_root():  # no user namespace: keep what the program needs to drop to its throwaway uid
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-user"]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    prefix = os.path.dirname(os.path.dirname(python))
+    if not prefix.startswith("/usr/") and prefix != "/usr":
+        parts = prefix.strip("/").split("/")
+        for i in range(1, len(parts)):  # the folders above the prefix: traversable by anyone inside
+            args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
+        args += ["--ro-bind", prefix, prefix]
+    for f in ("/etc/ld.so.cache", "/etc/localtime"):
+        if os.path.exists(f):
+            args += ["--ro-bind", f, f]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm", "--symlink", "/tmp", "/var/tmp",
+             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+             "--setenv", "PYTHONIOENCODING", "utf-8", "--chdir", "/tmp", "--", python]
+    return args
+
+
+@functools.lru_cache(maxsize=4)
+def namespaces_problem(python: str | None = None) -> str | None:
+    """Why the "namespaces" mode cannot run here (one line), or None when it can. Probed once."""
+    python = python or interpreter()
+    if shutil.which("bwrap") is None:
+        return ("bubblewrap is not installed (`bwrap` not on PATH): install Debian's `bubblewrap` package "
+                "(scripts/setup.sh does as root)")
+    try:
+        p = subprocess.run([*_bwrap_args(python, Limits()), "-I", "-S", "-c", "print('ok')"],
+                           capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bubblewrap did not start: {e}"
+    if p.returncode != 0 or p.stdout.strip() != b"ok":
+        why = p.stderr.decode("utf-8", "replace").strip().splitlines()
+        return (f"the kernel refused bubblewrap's namespaces ({why[-1] if why else f'exit {p.returncode}'}; "
+                "user namespaces may be off in this container: sysctl kernel.unprivileged_userns_clone, "
+                "user.max_user_namespaces)")
+    return None
+
+
+def check_isolation(isolation: str, key: str = "isolation") -> None:
+    """Refuse to run untrusted code without the walls the recipe asked for: one line."""
+    if isolation not in ISOLATIONS:
+        raise RewardError(f"{key}: expected one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+    if isolation == "namespaces":
+        problem = namespaces_problem()
+        if problem is not None:
+            raise RewardError(f"{key}: cannot sandbox untrusted code here: {problem}; or accept the weaker "
+                              f"in-process walls with `{key}: process` (see the README's sandbox section)")
+
+
+def run(program: str, payload: bytes, limits: Limits, isolation: str = "namespaces") -> Outcome:
+    """Run ``program`` (Python source) in the sandbox with ``payload`` on stdin; see the module doc.
+
+    The program itself applies the limits it is given in its payload (`judge` writes both);
+    here the wall clock and the output bound are enforced and everything is killed afterwards.
+    """
+    check_isolation(isolation)
+    python = interpreter()
+    work = None
+    if isolation == "namespaces":
+        cmd = [*_bwrap_args(python, limits), "-I", "-S", "-c", program]
+        cwd, env = "/", {"PATH": "/usr/bin:/bin"}
+    else:
+        work = tempfile.mkdtemp(prefix="rlkit-sandbox-")
+        os.chmod(work, 0o700)
+        cmd = [python, "-I", "-S", "-c", program]
+        cwd, env = work, {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    err: list[bytes] = []
+    try:
+        out, timed_out, flooded = _exchange(proc, payload, t0 + limits.timeout_s, limits.output_kb << 10, err)
+    finally:
+        _kill(proc)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    said = b"".join(err)[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
+    return Outcome(out, timed_out, flooded, time.perf_counter() - t0, said)
+
+
+def _exchange(proc: subprocess.Popen, payload: bytes, deadline: float, limit: int,
+              err: list[bytes]) -> tuple[bytes, bool, bool]:
+    """Write ``payload``, read stdout until EOF, the deadline or ``limit`` bytes (and the first
+    bytes of stderr into ``err``: the program points its stderr elsewhere before it runs code)."""
+    sel = selectors.DefaultSelector()
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    os.set_blocking(proc.stdin.fileno(), False)
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    pending = memoryview(payload)
+    if pending:
+        sel.register(proc.stdin, selectors.EVENT_WRITE)
+    else:
+        proc.stdin.close()
+    chunks: list[bytes] = []
+    got = 0
+    try:
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return b"".join(chunks), True, False
+            for key, _ in sel.select(left):
+                if key.fileobj is proc.stdin:
+                    try:
+                        pending = pending[os.write(proc.stdin.fileno(), pending[:65536]):]
+                    except (BrokenPipeError, OSError):
+                        pending = memoryview(b"")
+                    if not pending:
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                if key.fileobj is proc.stderr:
+                    data = os.read(proc.stderr.fileno(), 4096)
+                    if not data or sum(map(len, err)) > 4096:
+                        sel.unregister(proc.stderr)
+                    else:
+                        err.append(data)
+                    continue
+                data = os.read(proc.stdout.fileno(), 65536)
+                if not data:
+                    return b"".join(chunks), False, False
+                chunks.append(data)
+                got += len(data)
+                if got > limit:
+                    return b"".join(chunks)[:limit], False, True
+    finally:
+        sel.close()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the run's whole session (bubblewrap's init takes its PID namespace with it) and reap."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        with contextlib.suppress(OSError):
+            if f is not None:
+                f.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)

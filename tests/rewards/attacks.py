@@ -1,0 +1,196 @@
+"""Adversarial candidates for the code reward's sandbox, each with the traps that tell whether it got out.
+
+Run in the test process (as root) and, through ``python3 -m tests.rewards.attacks NAME AUDIT`` under
+an ordinary user, as that user: each scenario sets up what a driver has (a secret in its
+environment and in a file it can read, TCP, Unix and abstract sockets listening on loopback, another
+process of its own, its checkout), runs one candidate through `rewards.code.run_tests` and reports
+JSON: the score, and every way the candidate got out (an empty list when it was contained).
+Standard library only: the ordinary user runs it with the system's Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SECRET = "s3cret-" + uuid.uuid4().hex
+# Every candidate answers a question whose answer only a breach gives, so a breach scores.
+ATTACKS = {
+    # forging the verdict
+    "eq_always_true": ("class Yes:\n    def __eq__(self, other): return True\n    __hash__ = object.__hash__\n"
+                       "def solve(): return Yes()", ["assert solve() == {secret!r}"]),
+    "builtin_subclass": ("class S(str):\n    def __eq__(self, other): return True\n    __hash__ = str.__hash__\n"
+                         "def solve(): return S('x')", ["assert solve() == {secret!r}"]),
+    "patched_builtins": ("import builtins, operator, math\nbuiltins.abs = lambda x: 0\n"
+                         "builtins.sorted = lambda *a, **k: [1]\n"
+                         "math.isclose = lambda *a, **k: True\noperator.eq = lambda a, b: True\n"
+                         "def solve(): return 1.0",
+                         ["assert abs(solve() - 7.0) < 1e-9", "assert math.isclose(solve(), 7.0)",
+                          "assert sorted([solve()]) == [7.0]"]),
+    "forged_result_lines": ("import os\nfor fd in range(64):\n    for i in range(8):\n        try:\n"
+                            "            os.write(fd, ('{{\"i\": %d, \"v\": true}}\\n'"
+                            "'{{\"i\": %d, \"out\": \"42\"}}\\n' % (i, i)).encode())\n"
+                            "        except OSError:\n            pass\nos._exit(0)",
+                            ["assert solve() == {secret!r}", "assert solve(1) == {secret!r}"]),
+    "early_exit": ("import sys\nsys.exit(0)", ["assert solve() == {secret!r}"]),
+    # reading what the driver has
+    "env_secret": ("import os\ndef solve(): return os.environ.get('RLKIT_ATTACK_SECRET')",
+                   ["assert solve() == {secret!r}"]),
+    "file_secret": ("def solve():\n    return open({secret_file!r}).read()", ["assert solve() == {secret!r}"]),
+    "proc_environ": ("import os\ndef solve():\n    for p in os.listdir('/proc'):\n        try:\n"
+                     "            data = open('/proc/%s/environ' % p, 'rb').read()\n        except OSError:\n"
+                     "            continue\n        if b'RLKIT_ATTACK_SECRET=' in data:\n"
+                     "            return data.split(b'RLKIT_ATTACK_SECRET=')[1].split(b'\\0')[0].decode()",
+                     ["assert solve() == {secret!r}"]),
+    "read_checkout": ("def solve():\n    return len(open({checkout_file!r}).read())",
+                      ["assert solve() == {checkout_len}"]),
+    # reaching out
+    # (the shared temporary folders are the sandbox's own: a write there scores nothing, and must not
+    # reach the driver's; the driver's folders must not be writable at all)
+    "write_outside": ("import os\ndef solve():\n    n = 0\n    for p in {outside!r}:\n        try:\n"
+                      "            open(p, 'w').write('pwned'); n += p in {host_only!r}\n        except OSError:\n"
+                      "            pass\n    return n", ["assert solve() > 0"]),
+    "tcp_loopback": ("import socket\ndef solve():\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+                     "    s.sendall(b'pwned')\n    return 'connected'", ["assert solve() == 'connected'"]),
+    "unix_sockets": ("import socket\ndef solve():\n    n = 0\n    for addr in ({unix_path!r}, '\\0' + {abstract!r}):\n"
+                     "        try:\n            s = socket.socket(socket.AF_UNIX); s.connect(addr)\n"
+                     "            s.sendall(b'pwned'); n += 1\n"
+                     "        except OSError:\n            pass\n    return n", ["assert solve() > 0"]),
+    "signals": ("import os, signal\ndef solve():\n    for pid in ({victim}, {driver}, -1):\n        try:\n"
+                "            os.kill(pid, signal.SIGKILL)\n        except OSError:\n            pass\n    return 0",
+                ["assert solve() == 1"]),
+    # leaving things behind, filling, flooding, bombs
+    "leftovers": ("import ctypes, os\ndef solve():\n    for d in ('.', '/tmp', '/var/tmp', '/dev/shm'):\n        try:\n"
+                  "            os.makedirs(d + '/rlkit-leftover/deep', exist_ok=True)\n"
+                  "            open(d + '/rlkit-leftover/deep/f', 'w').write('x')\n"
+                  "        except OSError:\n            pass\n"
+                  "    try:\n        libc = ctypes.CDLL(None)\n        seg = libc.shmget(0x5eed, 1 << 20, 0o1666)\n"
+                  "        libc.shmat(seg, None, 0)\n    except Exception:\n        pass\n"
+                  "    if os.fork() == 0:\n        os.setsid(); import time; time.sleep(60)\n    return 0",
+                  ["assert solve() == 1"]),
+    "disk_fill": ("def solve():\n    with open('fill', 'wb') as f:\n        for _ in range(4096):\n"
+                  "            f.write(b'x' * (1 << 20))\n    return 0", ["assert solve() == 1"]),
+    "output_flood": ("import os, sys\nfor fd in (3, 4, 1, 2):\n    try:\n        for _ in range(4096):\n"
+                     "            os.write(fd, b'x' * 65536)\n    except OSError:\n        pass\nprint('y' * 10**8)",
+                     ["assert solve() == 1"]),
+    "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+                  ["assert solve() == 1"]),
+    "memory_bomb": ("x = bytearray(8 * 1024 ** 3)\ny = [0] * (10 ** 9)", ["assert solve() == 1"]),
+    "infinite_loop": ("while True:\n    pass", ["assert solve() == 1"]),
+}
+
+
+def _listing(shared: str) -> set[str]:
+    """What the shared temporary folders hold: their entries, and everything in ``shared``."""
+    seen = set()
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        with contextlib.suppress(OSError):
+            seen.update(os.path.join(d, n) for n in os.listdir(d))
+    for root, dirs, files in os.walk(shared):
+        seen.update(os.path.join(root, n) for n in dirs + files)
+    return seen
+
+
+def _sysv_shm() -> set[str]:
+    try:
+        with open("/proc/sysvipc/shm") as f:
+            return {line.split()[1] for line in f.readlines()[1:]}
+    except OSError:
+        return set()
+
+
+def _sandbox_processes() -> list[str]:
+    """Processes of a sandbox still alive (bubblewrap, or the judge's runner)."""
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"cfg = json.loads(sys.stdin.readline())" in cmd or cmd.split(b"\0")[0].endswith(b"bwrap"):
+            left.append(pid)
+    return left
+
+
+def scenario(name: str, audit: bool) -> dict:
+    """Set up the traps, run the candidate, report its score and each way it got out."""
+    from rewards.code import run_tests
+
+    home = tempfile.mkdtemp(prefix="rlkit-attack-")
+    shared = tempfile.mkdtemp(prefix="rlkit-attack-shared-")  # nested world-writable folder
+    os.chmod(shared, 0o1777)
+    secret_file = os.path.join(home, "token.txt")
+    with open(secret_file, "w") as f:
+        f.write(SECRET)
+    os.environ["RLKIT_ATTACK_SECRET"] = SECRET
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(0.1)
+    unix_path, abstract = os.path.join(home, "sock"), "rlkit-attack-" + uuid.uuid4().hex
+    unix_servers = []
+    for addr in (unix_path, "\0" + abstract):
+        u = socket.socket(socket.AF_UNIX)
+        u.bind(addr)
+        u.listen(4)
+        u.settimeout(0.1)
+        unix_servers.append(u)
+    victim = subprocess.Popen(["sleep", "60"])
+    checkout_file = os.path.join(CHECKOUT, "rewards", "code.py")
+    with open(checkout_file) as f:
+        checkout_len = len(f.read())
+    outside = [os.path.join(home, "escaped"), f"/tmp/rlkit-escape-{uuid.uuid4().hex}",
+               f"/var/tmp/rlkit-escape-{uuid.uuid4().hex}", f"/dev/shm/rlkit-escape-{uuid.uuid4().hex}",
+               os.path.join(shared, "escaped"), os.path.join(CHECKOUT, f"rlkit-escape-{uuid.uuid4().hex}")]
+    before, shm_before = _listing(shared), _sysv_shm()
+    code, tests = ATTACKS[name]
+    fill = {"secret": SECRET, "secret_file": secret_file, "checkout_file": checkout_file,
+            "checkout_len": checkout_len, "outside": outside, "port": server.getsockname()[1],
+            "host_only": [outside[0], outside[4], outside[5]], "unix_path": unix_path, "abstract": abstract,
+            "victim": victim.pid, "driver": os.getpid()}
+    t0 = time.perf_counter()
+    verdict = run_tests(code.format(**fill), [t.format(**fill) for t in tests], timeout_s=1.0, audit=audit)
+    seconds = time.perf_counter() - t0
+    escaped = []
+    for s in (server, *unix_servers):
+        try:
+            s.accept()
+            escaped.append(f"a connection reached {s.getsockname()!r}")
+        except OSError:
+            pass
+    if victim.poll() is not None:
+        escaped.append("the driver's other process was killed")
+    victim.kill()
+    victim.wait()
+    escaped += [f"wrote {p}" for p in outside if os.path.exists(p)]
+    new = sorted(_listing(shared) - before)
+    escaped += [f"left {p}" for p in new]
+    escaped += [f"left SysV shared memory {k}" for k in sorted(_sysv_shm() - shm_before)]
+    time.sleep(0.05)
+    escaped += [f"left process {p}" for p in _sandbox_processes()]
+    if seconds > 8:
+        escaped.append(f"took {seconds:.1f} s")
+    for p in outside:
+        if os.path.exists(p):
+            os.unlink(p)
+    del os.environ["RLKIT_ATTACK_SECRET"]
+    for s in (server, *unix_servers):
+        s.close()
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(shared, ignore_errors=True)
+    return {"score": verdict.score, "timed_out": verdict.timed_out, "flooded": verdict.flooded,
+            "seconds": seconds, "escaped": escaped}
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(scenario(sys.argv[1], sys.argv[2] == "1")) + "\n")

@@ -1,0 +1,59 @@
+"""Every adversarial candidate of `tests/rewards/attacks.py` is contained by the code reward's sandbox,
+as root and as an ordinary user, with and without the in-process audit hook (the kernel's walls hold
+on their own): it scores 0, reaches nothing of the driver's and leaves nothing behind."""
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+
+import pytest
+
+from rlkit.reward.sandbox import namespaces_problem
+from tests.rewards.attacks import ATTACKS, CHECKOUT, scenario
+
+pytestmark = pytest.mark.skipif(namespaces_problem() is not None, reason=f"no sandbox here: {namespaces_problem()}")
+USER = "rlkit-sandbox-test"
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def ordinary_user() -> int:
+    """The uid of an ordinary user made for these tests (as root: created when missing)."""
+    try:
+        return pwd.getpwnam(USER).pw_uid
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER],
+                       check=True, capture_output=True)
+        return pwd.getpwnam(USER).pw_uid
+
+
+def check(report: dict, attack: str) -> None:
+    assert report["escaped"] == [], report
+    assert report["score"] == 0.0, report
+    if attack == "infinite_loop":
+        assert report["timed_out"]
+    if attack == "output_flood":
+        assert report["flooded"] or report["timed_out"]
+
+
+@pytest.mark.parametrize("audit", [False, True], ids=["kernel_only", "with_audit_hook"])
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_contained_as_the_driver_user(attack, audit):
+    """As the user the suite runs as (root in CI: the sandbox drops to a throwaway uid)."""
+    check(scenario(attack, audit), attack)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON) or not shutil.which("setpriv"),
+                    reason="needs root (to become an ordinary user), /usr/bin/python3 and setpriv")
+@pytest.mark.parametrize("audit", [False, True], ids=["kernel_only", "with_audit_hook"])
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_contained_as_an_ordinary_user(attack, audit):
+    """The same scenario run by an ordinary user (bubblewrap then adds a user namespace)."""
+    uid = ordinary_user()
+    out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                          SYSTEM_PYTHON, "-m", "tests.rewards.attacks", attack, "1" if audit else "0"],
+                         cwd=CHECKOUT, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": CHECKOUT, "HOME": "/tmp"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    check(json.loads(out.stdout.splitlines()[-1]), attack)
