@@ -46,10 +46,11 @@ def test_contained_as_the_driver_user(attack, audit):
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON) or not shutil.which("setpriv"),
                     reason="needs root (to become an ordinary user), /usr/bin/python3 and setpriv")
-@pytest.mark.parametrize("audit", [False, True], ids=["kernel_only", "with_audit_hook"])
+@pytest.mark.parametrize("audit", [False], ids=["kernel_only"])
 @pytest.mark.parametrize("attack", list(ATTACKS))
 def test_contained_as_an_ordinary_user(attack, audit):
-    """The same scenario run by an ordinary user (bubblewrap then adds a user namespace)."""
+    """The same scenario run by an ordinary user (bubblewrap then adds a user namespace), with the
+    kernel's walls alone (the audit hook on top is the driver-user test's second case)."""
     uid = ordinary_user()
     out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                           SYSTEM_PYTHON, "-m", "tests.rewards.attacks", attack, "1" if audit else "0"],
