@@ -9,8 +9,9 @@ applicable):
 
 The sandboxed program gets the code and the test inputs only; the judge (`rlkit.reward.judge`)
 compares what it sends back, as plain data, with the expected values it never sees. The sandbox
-(`rlkit.reward.sandbox`) is bubblewrap's namespaces, root or not; a host without them is refused
-before launch unless the recipe sets ``isolation: process``. Every case of
+(`rlkit.reward.sandbox`) is bubblewrap's namespaces, root or not (or a SandboxFusion service with
+``isolation: remote``); a host without them is refused before launch unless the recipe sets
+``isolation: process``. Every case of
 ``tests/rewards/test_sandbox_attacks.py`` is contained, as root and as an ordinary user.
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 
 from rlkit.reward.contract import completion_text, needs_one_of, reward_range
 from rlkit.reward.judge import Verdict, judge
-from rlkit.reward.sandbox import Limits, check_isolation
+from rlkit.reward.sandbox import Limits, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -37,7 +38,7 @@ def extract_code(completion: Any) -> str:
 
 def run_tests(code: str, tests: list, *, timeout_s: float = 5.0, memory_mb: int = 512, max_procs: int = 4,
               scratch_mb: int = 64, output_kb: int = 1024, isolation: str = "namespaces",
-              audit: bool = True) -> Verdict:
+              sandbox_url: str | None = None, audit: bool = True) -> Verdict:
     """Judge ``code`` against ``tests`` (see the module doc and `rlkit.reward.sandbox.Limits`).
 
     audit: the in-process audit hook as an extra layer (tests turn it off to show that the
@@ -45,7 +46,7 @@ def run_tests(code: str, tests: list, *, timeout_s: float = 5.0, memory_mb: int 
     """
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs, scratch_mb=scratch_mb,
                     output_kb=output_kb)
-    return judge(code, tests, limits, isolation, audit)
+    return judge(code, tests, Sandbox(isolation, limits, sandbox_url), audit)
 
 
 def _tests_of(t: Any) -> list | None:
@@ -66,21 +67,24 @@ def _tests_of(t: Any) -> list | None:
 
 def _preflight(args: dict[str, Any], key: str) -> None:
     """Before launch: the sandbox the recipe asks for can run here (else one line)."""
-    check_isolation(args.get("isolation", "namespaces"), key=f"{key}.args.isolation")
+    Sandbox(args.get("isolation", "namespaces"), url=args.get("sandbox_url")).check(
+        key=f"{key}.args.isolation", url_key=f"{key}.args.sandbox_url")
 
 
 @reward_range(0.0, 1.0)
 @needs_one_of("test_cases", "verification_info")
 def code_reward(completions: list, test_cases: list | None = None, verification_info: list | None = None,
                 timeout_s: float = 5.0, memory_mb: int = 512, max_procs: int = 4, scratch_mb: int = 64,
-                output_kb: int = 1024, isolation: str = "namespaces", on_crash: float | None = 0.0,
-                workers: int | None = None, **kwargs: Any) -> list[float | None]:
+                output_kb: int = 1024, isolation: str = "namespaces", sandbox_url: str | None = None,
+                on_crash: float | None = 0.0, workers: int | None = None, **kwargs: Any) -> list[float | None]:
     """Fraction of the test cases (``test_cases``, else ``verification_info``) the last fenced
     code block of each completion passes.
 
     0.0 without a code block; None for samples without test cases. ``on_crash``: the score of a
     sample whose sandbox was killed before every test reported (wall clock, output flood), 0.0 or
-    None. Samples run in parallel (``workers``, default: CPU count), each in its own sandbox.
+    None. ``isolation``: "namespaces" (bubblewrap, the default), "remote" (a SandboxFusion
+    ``/run_code`` service at ``sandbox_url``; the judge stays here) or "process" (weaker, see
+    `rlkit.reward.sandbox`). Samples run in parallel (``workers``, default: CPU count), each in its own sandbox.
     """
     column = test_cases if test_cases is not None else verification_info
     if column is None:
@@ -94,7 +98,7 @@ def code_reward(completions: list, test_cases: list | None = None, verification_
         if not codes[i].strip():
             return 0.0
         v = run_tests(codes[i], tests[i], timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs,
-                      scratch_mb=scratch_mb, output_kb=output_kb, isolation=isolation)
+                      scratch_mb=scratch_mb, output_kb=output_kb, isolation=isolation, sandbox_url=sandbox_url)
         return on_crash if (v.timed_out or v.flooded) and v.passed < v.total else v.score
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:

@@ -34,7 +34,7 @@ from typing import Any
 
 from rlkit.errors import RewardError
 from rlkit.reward import sandbox
-from rlkit.reward.sandbox import Limits
+from rlkit.reward.sandbox import Sandbox
 
 # Runs in the sandbox. stdin line 1: JSON {limits, uid, audit, mode, code, exprs | inputs}. Sends one
 # JSON line per expression ({"i", "v"} or {"i", "error"}) or per input ({"i", "out"} or {"i", "error"}).
@@ -289,18 +289,18 @@ class Verdict:
         return self.passed / self.total if self.total else 0.0
 
 
-def _payload(limits: Limits, isolation: str, audit: bool, mode: str, code: str, items: list) -> bytes:
-    uid = sandbox.next_uid() if isolation == "namespaces" and sandbox.running_as_root() else None
-    cfg = {"limits": limits.rlimits(), "uid": uid, "audit": audit, "mode": mode, "code": code,
+def _payload(box: Sandbox, audit: bool, mode: str, code: str, items: list) -> bytes:
+    uid = sandbox.next_uid() if box.isolation == "namespaces" and sandbox.running_as_root() else None
+    cfg = {"limits": box.limits.rlimits(), "uid": uid, "audit": audit, "mode": mode, "code": code,
            "exprs" if mode == "exprs" else "inputs": items}
     return (json.dumps(cfg) + "\n").encode()
 
 
-def _run(code: str, mode: str, items: list, limits: Limits, isolation: str, audit: bool) -> sandbox.Outcome:
+def _run(code: str, mode: str, items: list, box: Sandbox, audit: bool) -> sandbox.Outcome:
     """One sandboxed run; a sandbox that never reached the code (not the code's doing) is an error."""
-    out = sandbox.run(RUNNER, _payload(limits, isolation, audit, mode, code, items), limits, isolation)
+    out = box.run(RUNNER, _payload(box, audit, mode, code, items))
     if not out.stdout.startswith(b'{"ready": true}\n') and not out.timed_out:
-        raise RewardError(f"the code sandbox ({isolation}) did not start: {out.stderr or 'no message'}; "
+        raise RewardError(f"the code sandbox ({box.isolation}) did not start: {out.stderr or 'no message'}; "
                           "the host refused it mid-run (processes, memory, namespaces?)")
     return out
 
@@ -309,7 +309,7 @@ _trusted: dict[str, dict[str, Any]] = {}
 _trusted_lock = threading.Lock()  # one reference run at a time: a run's first step, then cached
 
 
-def trusted_values(sides: list[str], limits: Limits, isolation: str) -> dict[str, Any]:
+def trusted_values(sides: list[str], box: Sandbox) -> dict[str, Any]:
     """The sides a test computes without the candidate (its expected values), evaluated once in a
     sandbox with no candidate code; cached per list of sides."""
     if not sides:
@@ -318,7 +318,7 @@ def trusted_values(sides: list[str], limits: Limits, isolation: str) -> dict[str
     with _trusted_lock:
         if key in _trusted:
             return _trusted[key]
-        got = _lines(_run("", "exprs", sides, limits, isolation, audit=True).stdout)
+        got = _lines(_run("", "exprs", sides, box, audit=True).stdout)
         vals = {}
         for i, src in enumerate(sides):
             rec = got.get(i, {})
@@ -331,19 +331,19 @@ def trusted_values(sides: list[str], limits: Limits, isolation: str) -> dict[str
         return vals
 
 
-def judge(code: str, tests: list, limits: Limits, isolation: str = "namespaces", audit: bool = True) -> Verdict:
+def judge(code: str, tests: list, box: Sandbox, audit: bool = True) -> Verdict:
     """Run ``code`` against ``tests`` in the sandbox and compare here (see the module doc)."""
     if not tests:
         return Verdict(0, 0)
     if all(isinstance(t, dict) for t in tests):
-        return _judge_stdio(code, tests, limits, isolation, audit)
+        return _judge_stdio(code, tests, box, audit)
     if not all(isinstance(t, str) for t in tests):
         raise TestError("test cases mix assert strings and {input, output} cases; use one kind per sample")
     checks = [parse_assert(t) for t in tests]
     sides = list(dict.fromkeys(s for c in checks for s in c.sides))
-    trusted = trusted_values(sides, limits, isolation)
+    trusted = trusted_values(sides, box)
     asked = [s for s in sides if s not in trusted]
-    out = _run(code, "exprs", asked, limits, isolation, audit) if asked else None
+    out = _run(code, "exprs", asked, box, audit) if asked else None
     values = dict(trusted)
     for i, rec in _lines(out.stdout if out else b"").items():
         if 0 <= i < len(asked) and "v" in rec:
@@ -361,8 +361,8 @@ def _norm(s: str) -> str:
     return "\n".join(line.rstrip() for line in s.strip().splitlines())
 
 
-def _judge_stdio(code: str, tests: list[dict], limits: Limits, isolation: str, audit: bool) -> Verdict:
-    out = _run(code, "stdio", [str(t.get("input", "")) for t in tests], limits, isolation, audit)
+def _judge_stdio(code: str, tests: list[dict], box: Sandbox, audit: bool) -> Verdict:
+    out = _run(code, "stdio", [str(t.get("input", "")) for t in tests], box, audit)
     got = _lines(out.stdout)
     passed = 0
     for i, t in enumerate(tests):

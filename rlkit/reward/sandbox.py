@@ -15,6 +15,9 @@ Isolation (``isolation``):
   the kernel frees with the namespaces when the run ends (SysV IPC with its IPC namespace). As root,
   bubblewrap runs without a user namespace and the program drops to a throwaway uid of its own
   before anything else, so its process limit is enforced (the kernel does not enforce one for root).
+* ``"remote"``: an HTTP execution service with SandboxFusion's ``POST /run_code`` API (what verl
+  uses): the same program and payload go to ``url``; its stdout comes back (bounded) and the judge
+  compares here as it does locally. The service's walls are its own.
 * ``"process"``: a weaker mode a recipe must ask for, for hosts whose kernel refuses namespaces:
   a child process in its own session with the same resource limits, the audit hook of `judge`, a
   throwaway working directory and a clean environment. It does not hide the driver's files,
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import selectors
@@ -38,11 +42,13 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
 
 from rlkit.errors import RewardError
 
-ISOLATIONS = ("namespaces", "process")
+ISOLATIONS = ("namespaces", "remote", "process")
 _UID_BASE = 1_000_000_000
 _uid_lock = threading.Lock()
 _uid_counter = 0
@@ -153,46 +159,90 @@ def namespaces_problem(python: str | None = None) -> str | None:
     return None
 
 
-def check_isolation(isolation: str, key: str = "isolation") -> None:
-    """Refuse to run untrusted code without the walls the recipe asked for: one line."""
-    if isolation not in ISOLATIONS:
-        raise RewardError(f"{key}: expected one of {', '.join(ISOLATIONS)}, got {isolation!r}")
-    if isolation == "namespaces":
-        problem = namespaces_problem()
-        if problem is not None:
-            raise RewardError(f"{key}: cannot sandbox untrusted code here: {problem}; or accept the weaker "
-                              f"in-process walls with `{key}: process` (see the README's sandbox section)")
+@dataclass(frozen=True)
+class Sandbox:
+    """Where untrusted code runs (``isolation``, and ``url`` for "remote") and what it may use."""
 
+    isolation: str = "namespaces"
+    limits: Limits = field(default_factory=Limits)
+    url: str | None = None
 
-def run(program: str, payload: bytes, limits: Limits, isolation: str = "namespaces") -> Outcome:
-    """Run ``program`` (Python source) in the sandbox with ``payload`` on stdin; see the module doc.
+    def check(self, key: str = "isolation", url_key: str = "sandbox_url") -> None:
+        """Refuse to run untrusted code without the walls the recipe asked for: one line."""
+        if self.isolation not in ISOLATIONS:
+            raise RewardError(f"{key}: expected one of {', '.join(ISOLATIONS)}, got {self.isolation!r}")
+        if self.isolation == "namespaces":
+            problem = namespaces_problem()
+            if problem is not None:
+                raise RewardError(f"{key}: cannot sandbox untrusted code here: {problem}; or accept the weaker "
+                                  f"in-process walls with `{key}: process`, or name an execution service with "
+                                  f"`{key}: remote` (see the README's sandbox section)")
+        if self.isolation == "remote":
+            if not (self.url or "").startswith(("http://", "https://")):
+                raise RewardError(f"{url_key}: `{key}: remote` needs the service's http(s) URL, got {self.url!r}")
+            try:
+                out = self.run("print('ok')", b"")
+            except RewardError as e:
+                raise RewardError(f"{url_key}: {e}") from None
+            if out.stdout.strip() != b"ok":
+                raise RewardError(f"{url_key}: {self.url} ran `print('ok')` and sent back "
+                                  f"{out.stdout[:80]!r} ({out.stderr or 'no message'}); is it a SandboxFusion "
+                                  "`/run_code` service?")
 
-    The program itself applies the limits it is given in its payload (`judge` writes both);
-    here the wall clock and the output bound are enforced and everything is killed afterwards.
-    """
-    check_isolation(isolation)
-    python = interpreter()
-    work = None
-    if isolation == "namespaces":
-        cmd = [*_bwrap_args(python, limits), "-I", "-S", "-c", program]
-        cwd, env = "/", {"PATH": "/usr/bin:/bin"}
-    else:
-        work = tempfile.mkdtemp(prefix="rlkit-sandbox-")
-        os.chmod(work, 0o700)
-        cmd = [python, "-I", "-S", "-c", program]
-        cwd, env = work, {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    err: list[bytes] = []
-    try:
-        out, timed_out, flooded = _exchange(proc, payload, t0 + limits.timeout_s, limits.output_kb << 10, err)
-    finally:
-        _kill(proc)
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
-    said = b"".join(err)[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
-    return Outcome(out, timed_out, flooded, time.perf_counter() - t0, said)
+    def run(self, program: str, payload: bytes) -> Outcome:
+        """Run ``program`` (Python source) in the sandbox with ``payload`` on stdin; see the module doc.
+
+        The program itself applies the limits it is given in its payload (`judge` writes both);
+        here the wall clock and the output bound are enforced and everything is killed afterwards.
+        """
+        if self.isolation == "remote":
+            return self._post(program, payload)
+        python, limits = interpreter(), self.limits
+        work = None
+        if self.isolation == "namespaces":
+            cmd = [*_bwrap_args(python, limits), "-I", "-S", "-c", program]
+            cwd, env = "/", {"PATH": "/usr/bin:/bin"}
+        else:
+            work = tempfile.mkdtemp(prefix="rlkit-sandbox-")
+            os.chmod(work, 0o700)
+            cmd = [python, "-I", "-S", "-c", program]
+            cwd, env = work, {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        err: list[bytes] = []
+        try:
+            out, timed_out, flooded = _exchange(proc, payload, t0 + limits.timeout_s, limits.output_kb << 10, err)
+        finally:
+            _kill(proc)
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+        said = b"".join(err)[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
+        return Outcome(out, timed_out, flooded, time.perf_counter() - t0, said)
+
+    def _post(self, program: str, payload: bytes) -> Outcome:
+        """One SandboxFusion ``/run_code`` request; its reply read up to the output bound."""
+        limit = self.limits.output_kb << 10
+        body = json.dumps({"code": program, "language": "python", "stdin": payload.decode("utf-8"),
+                           "run_timeout": self.limits.timeout_s, "compile_timeout": 10,
+                           "memory_limit_MB": self.limits.memory_mb}).encode()
+        url = str(self.url).rstrip("/")
+        url = url if url.endswith("/run_code") else url + "/run_code"
+        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=self.limits.timeout_s + 30) as resp:
+                raw = resp.read(4 * limit + 65536)
+        except (urllib.error.URLError, OSError) as e:
+            raise RewardError(f"the remote sandbox {url} did not answer: {getattr(e, 'reason', e)}") from None
+        try:
+            reply = json.loads(raw)
+            result = reply.get("run_result") or {}
+            stdout = str(result.get("stdout") or "").encode("utf-8")
+        except (ValueError, AttributeError):
+            raise RewardError(f"the remote sandbox {url} sent back no SandboxFusion reply: {raw[:120]!r}") from None
+        return Outcome(stdout[:limit], result.get("status") == "TimeLimitExceeded", len(stdout) > limit,
+                       time.perf_counter() - t0, str(result.get("stderr") or reply.get("message") or "")[:2048])
 
 
 def _exchange(proc: subprocess.Popen, payload: bytes, deadline: float, limit: int,

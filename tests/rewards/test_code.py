@@ -2,8 +2,10 @@
 only plain data comes back), the refusal to run without the sandbox's walls. What the sandbox
 contains is `test_sandbox_attacks.py`."""
 
+import http.server
 import json
 import math
+import threading
 
 import pytest
 
@@ -81,12 +83,12 @@ def test_the_program_never_sees_an_expected_value(monkeypatch):
     (math.sqrt(2)) are evaluated in a sandbox without the candidate's code, and the candidate's
     sandbox gets only the expressions that need its code."""
     sent = []
-    real = sandbox.run
+    real = sandbox.Sandbox.run
 
-    def spy(program, payload, limits, isolation="namespaces"):
+    def spy(self, program, payload):
         sent.append(json.loads(payload.decode().splitlines()[0]))
-        return real(program, payload, limits, isolation)
-    monkeypatch.setattr(sandbox, "run", spy)
+        return real(self, program, payload)
+    monkeypatch.setattr(sandbox.Sandbox, "run", spy)
     code = "import math\ndef root(x):\n    return math.sqrt(x)\ndef pair(): return (1, 'EXPECTED-7f3a')"
     tests = ["assert root(2) == math.sqrt(2)", "assert pair() == (1, 'EXPECTED-7f3a')",
              "assert abs(root(9) - 3) < 1e-9 and not root(4) == 3"]
@@ -176,3 +178,67 @@ def test_a_sandbox_that_does_not_start_stops_the_step_with_its_message(monkeypat
     s = RewardScorer([RewardSpec(fn="rewards.code:code_reward")], columns={"test_cases"})
     with pytest.raises(RewardError, match=r"rewards\[0\] 'code_reward' raised RewardError: the code sandbox"):
         s.score(["p", "q"], [fenced("def add(a, b):\n    return a + b")] * 2, None, {"test_cases": [ADD_TESTS] * 2})
+
+
+class SandboxFusion(http.server.BaseHTTPRequestHandler):
+    """A stand-in for a SandboxFusion service's `POST /run_code`, running each request in this
+    machine's bubblewrap sandbox; it counts what it was sent."""
+
+    seen: list[dict] = []
+
+    def do_POST(self):  # noqa: N802 — http.server's name
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        SandboxFusion.seen.append(req)
+        box = sandbox.Sandbox("namespaces", sandbox.Limits(timeout_s=req["run_timeout"]))
+        out = box.run(req["code"], req["stdin"].encode())
+        body = json.dumps({"status": "Success", "run_result": {
+            "status": "TimeLimitExceeded" if out.timed_out else "Finished", "stdout": out.stdout.decode(),
+            "stderr": out.stderr, "return_code": 0}}).encode()
+        self.send_response(404 if self.path != "/run_code" else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fusion():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SandboxFusion)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    SandboxFusion.seen.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@needs_sandbox
+def test_a_remote_sandboxfusion_service_runs_the_code_and_the_judge_stays_here(fusion):
+    """`isolation: remote` sends the program and the inputs to the service; the expected values never
+    leave, so a forged reply from inside the service's sandbox scores nothing either."""
+    args = {"isolation": "remote", "sandbox_url": fusion}
+    s = RewardScorer([RewardSpec(fn="rewards.code:code_reward", args=args)], columns={"test_cases"})
+    forged = fenced("import os\nos.write(3, b'{\"i\": 0, \"v\": 3}\\n')\nos._exit(0)")
+    r = s.score(["p"] * 3, [fenced("def add(a, b):\n    return a + b"), fenced("def add(a, b):\n    return None"),
+                            forged], None, {"test_cases": [ADD_TESTS] * 3})
+    assert r.total == [0.75, 0.0, 0.25]  # the forger guessed add(1, 2) == 3 and nothing else
+    assert SandboxFusion.seen and all(req["language"] == "python" for req in SandboxFusion.seen)
+    assert not any("== 5" in req["stdin"] or "'ab'" in req["stdin"] for req in SandboxFusion.seen)
+    stdio = [{"input": "4", "output": "8"}, {"input": "5", "output": "11"}]
+    assert code_reward([fenced("print(int(input()) * 2)")], [stdio], **args) == [0.5]
+
+
+def test_a_remote_service_that_does_not_answer_is_one_line_before_launch():
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = {"isolation": "remote", "sandbox_url": f"http://127.0.0.1:{port}"}
+    with pytest.raises(RewardError, match=r"^rewards\[0\]\.args\.sandbox_url: the remote sandbox "
+                                          rf"http://127.0.0.1:{port}/run_code did not answer: .*refused"):
+        RewardScorer([RewardSpec(fn="rewards.code:code_reward", args=args)], columns={"test_cases"})
+    with pytest.raises(RewardError, match=r"rewards\[0\]\.args\.sandbox_url: `rewards\[0\]\.args\.isolation: "
+                                          r"remote` needs the service's http\(s\) URL, got None"):
+        RewardScorer([RewardSpec(fn="rewards.code:code_reward", args={"isolation": "remote"})],
+                     columns={"test_cases"})
