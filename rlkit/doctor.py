@@ -5,8 +5,9 @@
 Checks: the accelerator and its backend (the device layer), the installed versions against the
 tested lock, DeepSpeed's communication backend (CPU: its shared-memory op built; GPUs / NPUs:
 NCCL / HCCL available), that a tiny vLLM engine starts and generates here, that Ray starts (or
-is reachable at --address), the shared-memory size (Ray's object store) and the free disk where
-runs are written. The engine and Ray run in subprocesses: their output stays out of the report.
+is reachable at --address), the shared-memory size (Ray's object store), the free disk where
+runs are written, and whether code rewards can sandbox model-written code here (bubblewrap).
+The engine and Ray run in subprocesses: their output stays out of the report.
 Exit status: 0 when nothing failed (warnings allowed), 1 when a check failed.
 """
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     checks: list[tuple[str, Callable[[], Check]]] = [
         ("device", device), ("versions", versions), ("communication", comm_backend),
         ("vLLM", engine_starts), ("Ray", lambda: ray_reachable(args.address)), ("shared memory", shared_memory),
-        ("disk", lambda: free_disk(Path(args.output_dir)))]
+        ("disk", lambda: free_disk(Path(args.output_dir))), ("code sandbox", code_sandbox)]
     failed = False
     for name, check in checks:
         if name == "vLLM" and args.skip_engine:
@@ -168,3 +169,13 @@ def free_disk(where: Path) -> Check:
     detail = f"{free / 2**30:.1f} GiB free under {where}"
     return ("warn" if free < DISK_WARN else "ok"), "disk", detail + (" (a 7B checkpoint with optimizer state is "
                                                                       "~80 GB)" if free < DISK_WARN else "")
+
+
+def code_sandbox() -> Check:
+    """A warning, not a failure: only a run with a code reward needs it (and says so before launch)."""
+    from rlkit.reward.sandbox import namespaces_problem
+
+    problem = namespaces_problem()
+    if problem is not None:
+        return "warn", "code sandbox", problem + "; code rewards refuse to run (or set `isolation: remote / process`)"
+    return "ok", "code sandbox", "bubblewrap namespaces work here (code rewards run model-written code in them)"

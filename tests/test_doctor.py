@@ -20,7 +20,7 @@ def test_doctor_passes_on_this_host():
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert [line.split(":")[0].split(maxsplit=1)[1] for line in lines] == [
-        "device", "versions", "communication", "vLLM", "Ray", "shared memory", "disk"]
+        "device", "versions", "communication", "vLLM", "Ray", "shared memory", "disk", "code sandbox"]
     assert all(line.split()[0] in ("ok", "warn") for line in lines), lines
     assert lines[3].startswith("ok    vLLM: a tiny engine started and generated in ")
 
@@ -49,3 +49,11 @@ def test_a_failed_check_is_one_line_and_exit_1(monkeypatch, capsys, tmp_path):
     assert "FAIL  communication: ZeroDivisionError: division by zero" in lines
     disk = next(line for line in lines if "disk:" in line)
     assert f"free under {tmp_path / 'runs'}" in disk  # a folder not made yet: its nearest parent's disk
+
+
+def test_the_code_sandbox_check_says_why_code_rewards_would_refuse(monkeypatch):
+    from rlkit.reward import sandbox
+
+    monkeypatch.setattr(sandbox, "namespaces_problem", lambda python=None: "bubblewrap is not installed")
+    status, what, detail = doctor.code_sandbox()
+    assert (status, what) == ("warn", "code sandbox") and detail.startswith("bubblewrap is not installed; code rewards")
