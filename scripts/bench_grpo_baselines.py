@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import meet, spread
+from benchlib import keep_going, meet, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -54,8 +54,10 @@ def phase_bare_generate(args: argparse.Namespace, model_dir: str, data: str, sam
                            max_model_len=max(128, args.prompt_len + args.max_tokens), kv_cache_gib=1.0)
     times, lengths, batches, spans = [], [], [], []
     meet(barrier)
-    for step in range(steps):
-        prompts = [r["prompt"] for r in rows[step * args.prompts:(step + 1) * args.prompts]]
+    step = 0
+    while keep_going(barrier, step, steps):
+        at = step % steps
+        prompts = [r["prompt"] for r in rows[at * args.prompts:(at + 1) * args.prompts]]
         t0, wall = time.perf_counter(), time.time()
         samples = worker.generate(prompts, n=args.group, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens,
                                   seed=step)
@@ -64,7 +66,9 @@ def phase_bare_generate(args: argparse.Namespace, model_dir: str, data: str, sam
             times.append(dt)
             spans.append((wall, wall + dt))
             lengths += [len(s.token_ids) for s in samples]
-        batches.append([[s.prompt_token_ids, s.token_ids] for s in samples])
+        if step < steps:
+            batches.append([[s.prompt_token_ids, s.token_ids] for s in samples])
+        step += 1
     worker.shutdown()
     Path(samples_out).write_text(json.dumps(batches))
     return {"generate_steps": times, "lengths": lengths, "spans": spans}
@@ -94,7 +98,9 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str,
     batches = json.loads(Path(samples_in).read_text())
     times, spans = [], []
     meet(barrier)
-    for step, samples in enumerate(batches):
+    step = 0
+    while keep_going(barrier, step, len(batches)):
+        samples = batches[step % len(batches)]
         t0, wall = time.perf_counter(), time.time()
         rollouts = [Rollout(p, c, False) for p, c in samples]
         batch = GRPOBatch.collate(rollouts, torch.randn(len(rollouts)), pad)
@@ -117,6 +123,7 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str,
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
             spans.append((wall, wall + times[-1]))
+        step += 1
     return {"train_steps": times, "spans": spans}
 
 

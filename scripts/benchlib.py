@@ -68,6 +68,27 @@ def meet(barrier: str | None, parties: int = 2, timeout_s: float = 600.0) -> Non
         time.sleep(0.01)
 
 
+_OVERTIME: dict[str, float] = {}  # barrier -> when this process finished its own steps
+
+
+def keep_going(barrier: str | None, step: int, steps: int, parties: int = 2, timeout_s: float = 600.0) -> bool:
+    """Whether a process timed beside another (`meet` at `barrier`) takes step `step`: its own
+    `steps`, then more until every party has done its own (so that each runs its steps while the
+    other still runs: only steps inside the time both ran count)."""
+    import os
+    import time
+
+    if step < steps:
+        return True
+    if barrier is None:
+        return False
+    done = Path(barrier) / "done"
+    done.mkdir(exist_ok=True)
+    (done / str(os.getpid())).touch()
+    started = _OVERTIME.setdefault(barrier, time.monotonic())
+    return len(list(done.iterdir())) < parties and time.monotonic() - started < timeout_s
+
+
 def machine() -> str:
     """Whether this CPU has native bf16 matmuls (results differ between machines that do and don't)."""
     try:

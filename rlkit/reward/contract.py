@@ -83,16 +83,20 @@ class RewardSpec:
         if self.timeout_s is not None and not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
             raise RewardError(f"expected a positive number or null, got {self.timeout_s!r}", key="timeout_s")
         if self.on_error is not None:
-            if not isinstance(self.on_error, dict) or set(self.on_error) != {"default"}:
-                raise RewardError(f"expected {{default: <number>}}, got {self.on_error!r}", key="on_error")
-            d = self.on_error["default"]
-            if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
-                raise RewardError(f"expected a finite number, got {d!r}", key="on_error.default")
+            _check_on_error(self.on_error)
         if self.range is not None:
             check_range(self.range, "range")
         for k in ("clip", "fail_fast"):
             if not isinstance(getattr(self, k), bool):
                 raise RewardError(f"expected true or false, got {getattr(self, k)!r}", key=k)
+
+
+def _check_on_error(on_error: Any) -> None:
+    if not isinstance(on_error, dict) or set(on_error) != {"default"}:
+        raise RewardError(f"expected {{default: <number>}}, got {on_error!r}", key="on_error")
+    d = on_error["default"]
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d):
+        raise RewardError(f"expected a finite number, got {d!r}", key="on_error.default")
 
 
 def check_range(bounds: Any, key: str) -> tuple[float | None, float | None]:

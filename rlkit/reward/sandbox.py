@@ -210,14 +210,14 @@ class Sandbox:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
-        err: list[bytes] = []
+        pipes = _Exchange(proc, payload, limits.output_kb << 10)
         try:
-            out, timed_out, flooded = _exchange(proc, payload, t0 + limits.timeout_s, limits.output_kb << 10, err)
+            out, timed_out, flooded = pipes.until(t0 + limits.timeout_s)
         finally:
             _kill(proc)
             if work is not None:
                 shutil.rmtree(work, ignore_errors=True)
-        said = b"".join(err)[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
+        said = b"".join(pipes.err)[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
         return Outcome(out, timed_out, flooded, time.perf_counter() - t0, said)
 
     def _post(self, program: str, payload: bytes) -> Outcome:
@@ -245,53 +245,63 @@ class Sandbox:
                        time.perf_counter() - t0, str(result.get("stderr") or reply.get("message") or "")[:2048])
 
 
-def _exchange(proc: subprocess.Popen, payload: bytes, deadline: float, limit: int,
-              err: list[bytes]) -> tuple[bytes, bool, bool]:
-    """Write ``payload``, read stdout until EOF, the deadline or ``limit`` bytes (and the first
-    bytes of stderr into ``err``: the program points its stderr elsewhere before it runs code)."""
-    sel = selectors.DefaultSelector()
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    os.set_blocking(proc.stdin.fileno(), False)
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    pending = memoryview(payload)
-    if pending:
-        sel.register(proc.stdin, selectors.EVENT_WRITE)
-    else:
-        proc.stdin.close()
-    chunks: list[bytes] = []
-    got = 0
-    try:
-        while True:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                return b"".join(chunks), True, False
-            for key, _ in sel.select(left):
-                if key.fileobj is proc.stdin:
-                    try:
-                        pending = pending[os.write(proc.stdin.fileno(), pending[:65536]):]
-                    except (BrokenPipeError, OSError):
-                        pending = memoryview(b"")
-                    if not pending:
-                        sel.unregister(proc.stdin)
-                        proc.stdin.close()
-                    continue
-                if key.fileobj is proc.stderr:
-                    data = os.read(proc.stderr.fileno(), 4096)
-                    if not data or sum(map(len, err)) > 4096:
-                        sel.unregister(proc.stderr)
-                    else:
-                        err.append(data)
-                    continue
-                data = os.read(proc.stdout.fileno(), 65536)
-                if not data:
-                    return b"".join(chunks), False, False
-                chunks.append(data)
-                got += len(data)
-                if got > limit:
-                    return b"".join(chunks)[:limit], False, True
-    finally:
-        sel.close()
+class _Exchange:
+    """One select loop over a run's pipes: feeds it the payload, keeps the first bytes of its stderr
+    (the program points stderr elsewhere before it runs code) and reads its stdout up to a bound."""
+
+    def __init__(self, proc: subprocess.Popen, payload: bytes, limit: int) -> None:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self.proc, self.pending, self.limit = proc, memoryview(payload), limit
+        self.out: list[bytes] = []
+        self.err: list[bytes] = []
+        self.got = 0
+        self.sel = selectors.DefaultSelector()
+        os.set_blocking(proc.stdin.fileno(), False)
+        self.sel.register(proc.stdout, selectors.EVENT_READ, self._stdout)
+        self.sel.register(proc.stderr, selectors.EVENT_READ, self._stderr)
+        if self.pending:
+            self.sel.register(proc.stdin, selectors.EVENT_WRITE, self._stdin)
+        else:
+            proc.stdin.close()
+
+    def until(self, deadline: float) -> tuple[bytes, bool, bool]:
+        """(stdout, timed out, flooded): at EOF, at the deadline or past the bound."""
+        try:
+            while (left := deadline - time.perf_counter()) > 0:
+                for key, _ in self.sel.select(left):
+                    ended = key.data()
+                    if ended is not None:
+                        return ended
+            return b"".join(self.out), True, False
+        finally:
+            self.sel.close()
+
+    def _stdin(self) -> None:
+        stdin = self.proc.stdin
+        try:
+            self.pending = self.pending[os.write(stdin.fileno(), self.pending[:65536]):]
+        except OSError:  # it closed its stdin: the rest is not wanted
+            self.pending = memoryview(b"")
+        if not self.pending:
+            self.sel.unregister(stdin)
+            stdin.close()
+
+    def _stderr(self) -> None:
+        data = os.read(self.proc.stderr.fileno(), 4096)
+        if not data or sum(map(len, self.err)) > 4096:
+            self.sel.unregister(self.proc.stderr)
+        else:
+            self.err.append(data)
+
+    def _stdout(self) -> tuple[bytes, bool, bool] | None:
+        data = os.read(self.proc.stdout.fileno(), 65536)
+        if not data:
+            return b"".join(self.out), False, False
+        self.out.append(data)
+        self.got += len(data)
+        if self.got > self.limit:
+            return b"".join(self.out)[:self.limit], False, True
+        return None
 
 
 def _kill(proc: subprocess.Popen) -> None:

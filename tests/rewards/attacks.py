@@ -1,7 +1,7 @@
 """Adversarial candidates for the code reward's sandbox, each with the traps that tell whether it got out.
 
-Run in the test process (as root) and, through ``python3 -m tests.rewards.attacks NAME AUDIT`` under
-an ordinary user, as that user: each scenario sets up what a driver has (a secret in its
+Run in the test process (as root) and, through ``python3 -m tests.rewards.attacks AUDIT NAME...``
+under an ordinary user, as that user: each scenario sets up what a driver has (a secret in its
 environment and in a file it can read, TCP, Unix and abstract sockets listening on loopback, another
 process of its own, its checkout), runs one candidate through `rewards.code.run_tests` and reports
 JSON: the score, and every way the candidate got out (an empty list when it was contained).
@@ -192,5 +192,6 @@ def scenario(name: str, audit: bool) -> dict:
             "seconds": seconds, "escaped": escaped}
 
 
-if __name__ == "__main__":
-    sys.stdout.write(json.dumps(scenario(sys.argv[1], sys.argv[2] == "1")) + "\n")
+if __name__ == "__main__":  # python -m tests.rewards.attacks AUDIT NAME...: one JSON report per line
+    for name in sys.argv[2:]:
+        sys.stdout.write(json.dumps({"attack": name, **scenario(name, sys.argv[1] == "1")}) + "\n")
