@@ -17,14 +17,13 @@ compares what it sends back, as plain data, with the expected values it never se
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rlkit.reward.contract import completion_text, needs_one_of, reward_range
-from rlkit.reward.judge import Verdict, judge
+from rlkit.reward.judge import Verdict, cases_of, judge
 from rlkit.reward.sandbox import Limits, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -47,22 +46,6 @@ def run_tests(code: str, tests: list, *, timeout_s: float = 5.0, memory_mb: int 
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs, scratch_mb=scratch_mb,
                     output_kb=output_kb)
     return judge(code, tests, Sandbox(isolation, limits, sandbox_url), audit)
-
-
-def _tests_of(t: Any) -> list | None:
-    if t is None:
-        return None
-    if isinstance(t, str):
-        t = json.loads(t)
-    if isinstance(t, dict):  # open-r1 verification_info / {"inputs": [...], "outputs": [...]}
-        if str(t.get("language", "python")).lower() not in ("python", "python3", "py"):
-            return None  # only Python runs here: not applicable
-        if "test_cases" in t:
-            return _tests_of(t["test_cases"])
-        if "inputs" in t:
-            return [{"input": i, "output": o} for i, o in zip(t["inputs"], t["outputs"])]
-        t = [t]
-    return list(t) or None
 
 
 def _preflight(args: dict[str, Any], key: str) -> None:
@@ -89,16 +72,17 @@ def code_reward(completions: list, test_cases: list | None = None, verification_
     column = test_cases if test_cases is not None else verification_info
     if column is None:
         raise ValueError("code_reward needs a 'test_cases' or 'verification_info' column")
-    tests = [_tests_of(t) for t in column]
+    tests = [cases_of(t) for t in column]
     codes = [extract_code(c) for c in completions]
+    box = Sandbox(isolation, Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs,
+                                    scratch_mb=scratch_mb, output_kb=output_kb), sandbox_url)
 
     def one(i: int) -> float | None:
         if tests[i] is None:
             return None
         if not codes[i].strip():
             return 0.0
-        v = run_tests(codes[i], tests[i], timeout_s=timeout_s, memory_mb=memory_mb, max_procs=max_procs,
-                      scratch_mb=scratch_mb, output_kb=output_kb, isolation=isolation, sandbox_url=sandbox_url)
+        v = judge(codes[i], tests[i], box)
         return on_crash if (v.timed_out or v.flooded) and v.passed < v.total else v.score
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:

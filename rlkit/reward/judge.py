@@ -274,6 +274,36 @@ def _lines(out: bytes) -> dict[int, dict]:
     return got
 
 
+def _values(out: sandbox.Outcome, exprs: list[str]) -> dict[str, Any]:
+    """The plain values a run sent back for its expressions (those it could not send are missing)."""
+    vals = {}
+    for i, rec in _lines(out.stdout).items():
+        if 0 <= i < len(exprs) and "v" in rec:
+            with contextlib.suppress(*_BAD):
+                vals[exprs[i]] = decode(rec["v"])
+    return vals
+
+
+def cases_of(column: Any) -> list | None:
+    """One row's test cases from its ``test_cases`` / ``verification_info`` value: a list, or its
+    JSON string, or open-r1's ``{"language", "test_cases"}`` / ``{"inputs", "outputs"}``. None: no
+    cases, or not Python (not applicable)."""
+    t = column
+    if t is None:
+        return None
+    if isinstance(t, str):
+        t = json.loads(t)
+    if isinstance(t, dict):
+        if str(t.get("language", "python")).lower() not in ("python", "python3", "py"):
+            return None  # only Python runs here: not applicable
+        if "test_cases" in t:
+            return cases_of(t["test_cases"])
+        if "inputs" in t:
+            return [{"input": i, "output": o} for i, o in zip(t["inputs"], t["outputs"])]
+        t = [t]
+    return list(t) or None
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One sample: tests passed of total, and whether the sandbox ended without finishing."""
@@ -318,13 +348,7 @@ def trusted_values(sides: list[str], box: Sandbox) -> dict[str, Any]:
     with _trusted_lock:
         if key in _trusted:
             return _trusted[key]
-        got = _lines(_run("", "exprs", sides, box, audit=True).stdout)
-        vals = {}
-        for i, src in enumerate(sides):
-            rec = got.get(i, {})
-            if "v" in rec:
-                with contextlib.suppress(*_BAD):
-                    vals[src] = decode(rec["v"])
+        vals = _values(_run("", "exprs", sides, box, audit=True), sides)
         if len(_trusted) > 4096:
             _trusted.clear()
         _trusted[key] = vals
@@ -344,11 +368,7 @@ def judge(code: str, tests: list, box: Sandbox, audit: bool = True) -> Verdict:
     trusted = trusted_values(sides, box)
     asked = [s for s in sides if s not in trusted]
     out = _run(code, "exprs", asked, box, audit) if asked else None
-    values = dict(trusted)
-    for i, rec in _lines(out.stdout if out else b"").items():
-        if 0 <= i < len(asked) and "v" in rec:
-            with contextlib.suppress(*_BAD):
-                values[asked[i]] = decode(rec["v"])
+    values = {**trusted, **(_values(out, asked) if out else {})}
     passed = 0
     for c in checks:
         with contextlib.suppress(*_BAD):

@@ -11,8 +11,9 @@ are judged as a solution would be.
 from __future__ import annotations
 
 import ast
-import json
 from typing import Any
+
+from rlkit.reward.judge import cases_of
 
 _ANY = ("class _Any:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
         "    def __lt__(self, other): return True\n    __le__ = __gt__ = __ge__ = __lt__\n"
@@ -40,23 +41,14 @@ _RESOURCES = {
 }
 
 
-def _cases(column: Any) -> Any:
-    """A row's test cases from its ``test_cases`` / ``verification_info`` value (JSON or not)."""
-    if isinstance(column, str):
-        try:
-            column = json.loads(column)
-        except ValueError:
-            return []
-    if isinstance(column, dict):
-        column = column.get("test_cases", [])
-    return column
-
-
 def _called_names(tests: Any) -> list[str]:
     """The plain function names a row's assert tests call (``add`` in ``assert add(1, 2) == 3``)."""
     names: list[str] = []
-    tests = _cases(tests)
-    for t in tests if isinstance(tests, list) else []:
+    try:
+        cases = cases_of(tests) or []
+    except ValueError:  # a JSON string that does not parse: no names to fit
+        cases = []
+    for t in cases:
         if not isinstance(t, str):
             continue
         try:

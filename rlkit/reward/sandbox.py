@@ -1,8 +1,8 @@
 """Run untrusted code walled off by the kernel; what comes back is data for a judge outside.
 
-`run(program, payload, limits, isolation)` starts ``python -I -S -c program`` with ``payload`` on
-its stdin and returns what it wrote on stdout (bounded), whether it timed out or flooded, and
-how long it took. Nothing else of the caller reaches the program.
+`Sandbox(isolation, limits, url).run(program, payload)` starts ``python -I -S -c program`` with
+``payload`` on its stdin and returns what it wrote on stdout (bounded), whether it timed out or
+flooded, and how long it took. Nothing else of the caller reaches the program.
 
 Isolation (``isolation``):
 * ``"namespaces"`` (the default): bubblewrap (``bwrap``, Debian's ``bubblewrap`` package) puts the
@@ -23,7 +23,7 @@ Isolation (``isolation``):
   throwaway working directory and a clean environment. It does not hide the driver's files,
   network or processes from a determined program.
 
-Limits in both modes: wall clock (the whole sandbox is killed), CPU seconds, address space,
+Limits in the local modes: wall clock (the whole sandbox is killed), CPU seconds, address space,
 processes, open files, file size, no core dumps, and the bytes it may send back.
 """
 
@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from rlkit.errors import RewardError
 
 ISOLATIONS = ("namespaces", "remote", "process")
+# the program's whole environment (HOME: its working directory), in both local modes
+_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
 _UID_BASE = 1_000_000_000
 _uid_lock = threading.Lock()
 _uid_counter = 0
@@ -106,8 +108,10 @@ def next_uid() -> int:
         return _UID_BASE + (os.getpid() % 100_000) * 1000 + _uid_counter % 1000
 
 
-def _bwrap_args(python: str, limits: Limits) -> list[str]:
-    """bubblewrap's command line: the namespaces and the read-only view described above."""
+@functools.lru_cache(maxsize=16)
+def _bwrap_args(python: str, limits: Limits) -> tuple[str, ...]:
+    """bubblewrap's command line: the namespaces and the read-only view described above (the same
+    for every run with these limits: built once)."""
     bwrap = shutil.which("bwrap")
     assert bwrap is not None
     size = str(limits.scratch_mb << 20)
@@ -134,9 +138,10 @@ def _bwrap_args(python: str, limits: Limits) -> list[str]:
             args += ["--ro-bind", f, f]
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/tmp",
              "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm", "--symlink", "/tmp", "/var/tmp",
-             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-             "--setenv", "PYTHONIOENCODING", "utf-8", "--chdir", "/tmp", "--", python]
-    return args
+             "--chdir", "/tmp"]
+    for k, v in {**_ENV, "HOME": "/tmp"}.items():
+        args += ["--setenv", k, v]
+    return (*args, "--", python)
 
 
 @functools.lru_cache(maxsize=4)
@@ -201,12 +206,12 @@ class Sandbox:
         work = None
         if self.isolation == "namespaces":
             cmd = [*_bwrap_args(python, limits), "-I", "-S", "-c", program]
-            cwd, env = "/", {"PATH": "/usr/bin:/bin"}
+            cwd, env = "/", {"PATH": _ENV["PATH"]}  # bubblewrap's own: it clears it for the program
         else:
             work = tempfile.mkdtemp(prefix="rlkit-sandbox-")
             os.chmod(work, 0o700)
             cmd = [python, "-I", "-S", "-c", program]
-            cwd, env = work, {"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+            cwd, env = work, {**_ENV, "HOME": work}
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)

@@ -320,6 +320,8 @@ def _validate(r: ResolvedReward, out: Any, n: int, batch: _Batch, clipped: dict[
         raise _BadValue(f"{who} returned {type(out).__name__}; expected a list of {n} floats (None = n/a)")
     if len(out) != n:
         raise _BadValue(f"{who} returned {len(out)} values for {n} completions")
+    low, high = r.bounds or (None, None)
+    lo, hi = -math.inf if low is None else low, math.inf if high is None else high
     vals: list[float | None] = []
     for i, v in enumerate(out):
         if v is None:
@@ -331,18 +333,15 @@ def _validate(r: ResolvedReward, out: Any, n: int, batch: _Batch, clipped: dict[
             raise _BadValue(f"{who} returned {type(v).__name__} {preview(repr(v), 40)} at index {i}; "
                               "expected a float or None")
         v = float(v)
-        low, high = r.bounds or (None, None)
-        out_of = math.isinf(v) or (low is not None and v < low) or (high is not None and v > high)
-        if out_of and r.spec.clip and not math.isnan(v):
-            v = min(max(v, -math.inf if low is None else low), math.inf if high is None else high)
+        if r.spec.clip and not (math.isnan(v) or lo <= v <= hi):
+            v = min(max(v, lo), hi)
             clipped[r.name] = clipped.get(r.name, 0) + 1
-            out_of = math.isinf(v)
-        if math.isnan(v) or out_of:
-            where = f"at index {i} {_sample(batch, i)}"
-            if math.isnan(v) or (math.isinf(v) and not r.bounds):
-                raise _BadValue(f"{who} returned {v} {where}; rewards must be finite")
-            raise _BadValue(f"{who} returned {v:g} {where}, outside its range [{_bound(low)}, {_bound(high)}]; "
-                              "fix it, or set `clip: true` on this reward to clip and count such values")
+        if math.isnan(v) or (math.isinf(v) and lo <= v <= hi):  # no bound on that side to clip to
+            raise _BadValue(f"{who} returned {v} at index {i} {_sample(batch, i)}; rewards must be finite")
+        if not lo <= v <= hi:
+            raise _BadValue(f"{who} returned {v:g} at index {i} {_sample(batch, i)}, outside its range "
+                            f"[{_bound(low)}, {_bound(high)}]; fix it, or set `clip: true` on this reward to clip "
+                            "and count such values")
         vals.append(v)
     return vals
 
@@ -360,8 +359,12 @@ def _failure(r: ResolvedReward, e: BaseException, batch: _Batch, i: int | None) 
     what = f"{type(e).__name__}: {preview(str(e), 300)}"
     where = (f"on sample {i} {_sample(batch, i)}" if i is not None else
              f"on the whole batch of {len(batch[1])} (each sample alone passes)")
-    hint = ("" if r.spec.on_error else "; fix it, or set `on_error: {default: 0.0}` on this reward"
-            if i is None or not r.spec.fail_fast else "; fix it, or drop `fail_fast` to score such samples low")
+    if r.spec.on_error:
+        hint = ""
+    elif i is not None and r.spec.fail_fast:
+        hint = "; fix it, or drop `fail_fast` to score such samples low"
+    else:
+        hint = "; fix it, or set `on_error: {default: 0.0}` on this reward"
     return f"{r.key} {r.name!r} raised {what} {where}{hint}"
 
 
