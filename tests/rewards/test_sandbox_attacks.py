@@ -7,6 +7,8 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -48,16 +50,35 @@ def test_contained_as_the_driver_user(attack, audit):
     check(scenario(attack, audit), attack)
 
 
+def readable_checkout(tmp: Path) -> Path:
+    """The code the scenarios need (rlkit, the shipped rewards, this scenario module), copied where
+    an ordinary user can read it: the checkout itself may sit under a folder only root enters."""
+    copy = tmp / "checkout"
+    for part in ("rlkit", "rewards"):
+        shutil.copytree(Path(CHECKOUT) / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "tests" / "rewards").mkdir(parents=True)
+    for f in ("tests/__init__.py", "tests/rewards/__init__.py", "tests/rewards/attacks.py"):
+        shutil.copy(Path(CHECKOUT) / f, copy / f)
+    for path in (tmp, copy, *copy.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return copy
+
+
 @pytest.fixture(scope="module")
 def ordinary_user_reports() -> dict[str, dict]:
     """Every attack's report from one run of the scenarios as an ordinary user (with the system's Python)."""
     if os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON) or not shutil.which("setpriv"):
         pytest.skip("needs root (to become an ordinary user), /usr/bin/python3 and setpriv")
     uid = ordinary_user()
-    out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                          SYSTEM_PYTHON, "-m", "tests.rewards.attacks", "0", *ATTACKS],
-                         cwd=CHECKOUT, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": CHECKOUT, "HOME": "/tmp"},
-                         capture_output=True, text=True, timeout=300)
+    tmp = Path(tempfile.mkdtemp(prefix="rlkit-attacks-"))  # not under pytest's root-only folders
+    try:
+        code = str(readable_checkout(tmp))
+        out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                              SYSTEM_PYTHON, "-m", "tests.rewards.attacks", "0", *ATTACKS],
+                             cwd=code, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": code, "HOME": "/tmp"},
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert out.returncode == 0, out.stderr[-2000:]
     reports = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     return {r.pop("attack"): r for r in reports}
