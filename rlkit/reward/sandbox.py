@@ -34,6 +34,7 @@ import functools
 import json
 import math
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -276,10 +277,18 @@ class _Exchange:
                 for key, _ in self.sel.select(left):
                     ended = key.data()
                     if ended is not None:
+                        self._rest_of_stderr(min(deadline, time.perf_counter() + 1.0))
                         return ended
             return b"".join(self.out), True, False
         finally:
             self.sel.close()
+
+    def _rest_of_stderr(self, until: float) -> None:
+        """Stdout ended first: the process's last words (bubblewrap's refusal) may still be in the pipe."""
+        err = self.proc.stderr
+        while err.fileno() in self.sel.get_map() and (left := until - time.perf_counter()) > 0:
+            if select.select([err], [], [], left)[0]:
+                self._stderr()
 
     def _stdin(self) -> None:
         stdin = self.proc.stdin

@@ -180,6 +180,13 @@ def test_a_sandbox_that_does_not_start_stops_the_step_with_its_message(monkeypat
         s.score(["p", "q"], [fenced("def add(a, b):\n    return a + b")] * 2, None, {"test_cases": [ADD_TESTS] * 2})
 
 
+def test_words_written_after_the_output_closed_are_still_kept():
+    """bubblewrap may close stdout before its refusal reaches stderr: the message is read, not raced."""
+    box = sandbox.Sandbox("process", sandbox.Limits(timeout_s=5.0))
+    out = box.run("import os, sys, time\nos.close(1)\ntime.sleep(0.3)\nsys.stderr.write('late words')", b"")
+    assert out.stdout == b"" and out.stderr == "late words" and not out.timed_out
+
+
 class SandboxFusion(http.server.BaseHTTPRequestHandler):
     """A stand-in for a SandboxFusion service's `POST /run_code`, running each request in this
     machine's bubblewrap sandbox; it counts what it was sent."""
