@@ -140,10 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(handler=_run_demo, quiet=True)
 
-    from rlkit import doctor, estimate, eval_cli, export, gguf, merge, plot, reward_cli
+    from rlkit import doctor, estimate_cli, eval_cli, export, gguf, merge, plot, reward_cli
 
     doctor.add_parser(sub)
-    estimate.add_parser(sub)
+    estimate_cli.add_parser(sub)
     eval_cli.add_parser(sub)
     export.add_parser(sub)
     gguf.add_parser(sub)

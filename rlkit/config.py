@@ -17,6 +17,7 @@ from rlkit.data.formats import ROW_FORMATS
 from rlkit.data.templates import TEMPLATES
 from rlkit.recipe import check
 from rlkit.tiny import SIZES
+from rlkit.transports import SyncName, colocation_problem
 
 # The accepted values come from the code that reads them (the loader, the templates, tiny models).
 Dtype = Literal["auto", "fp32", "bf16", "fp16"]
@@ -255,9 +256,10 @@ class RolloutConfig:
     # Placement: False = engines in their own actors and devices; True = one engine inside each
     # learner process (hybrid engine), sharing its device, weights handed over in-process.
     colocate: bool = False
-    # auto = in_process when colocated, else object_store; broadcast = NCCL/HCCL group from
-    # learner rank 0 to every engine worker (accelerators; opt-in, not yet checked on a GPU here).
-    sync: Literal["auto", "object_store", "broadcast", "in_process"] = "auto"
+    # The weight-sync transport (rlkit/transports.py): auto = in_process when colocated, else
+    # object_store; broadcast = NCCL/HCCL group from learner rank 0 to every engine worker
+    # (accelerators; opt-in, not yet checked on a GPU here).
+    sync: SyncName = "auto"
     sleep: bool = True  # colocated on an accelerator: vLLM sleep mode frees engine memory while training
     # LoRA/QLoRA policies: merged = send base + adapter merged (every weight, every sync); adapter =
     # engines serve the base with vLLM's LoRA and each sync sends only the adapter (separate
@@ -295,10 +297,8 @@ class RolloutConfig:
     tool_timeout_s: float | None = 30.0  # a tool call running longer fails: its result is an error
 
     def __post_init__(self):
-        check(self.sync != "in_process" or self.colocate, "sync",
-              "in_process sync needs colocate: true (the engine must live in the learner process)")
-        check(self.sync != "broadcast" or not self.colocate, "sync",
-              "colocated engines take weights in-process; use sync: auto or in_process")
+        mismatch = colocation_problem(self.sync, self.colocate)
+        check(mismatch is None, "sync", str(mismatch))
         check(not self.colocate or self.tensor_parallel_size == 1, "tensor_parallel_size",
               "colocated engines are one replica per learner rank (tensor_parallel_size 1); "
               "set colocate: false for tensor-parallel engines")

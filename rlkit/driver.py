@@ -1,76 +1,58 @@
-"""What every stage driver shares: inputs checked before launch, the run directory, the
-curriculum sampler, and Ray with the learner group.
+"""What every stage driver shares before and around its training loop: inputs checked before
+launch, the curriculum sampler, the learners' spec, and Ray with the learner group.
 
-A stage driver (`sft/run.py`, `grpo/run.py`) loads and checks its data first, then opens its
-`RunDir` (config.yaml, rlkit.log, atomic checkpoints, what to resume from, metrics) and starts
-its learners with `learner_group` (which also starts or joins Ray, and stops what it started).
-
-Inside `RunDir.session()` a fault (`FaultError`: an actor died or hung, a full disk) ends the
-run with one line that says which checkpoint a rerun resumes from, Ray's detail going to
-rlkit.log; inside `RunDir.stop_on_signals()` SIGTERM / SIGINT stop the run at the end of the
-current step, after a checkpoint (`checkpoint_due`, `stop_if_signalled`).
+A stage driver (`sft/run.py`, `grpo/run.py`) loads and checks its data first (`prepare_inputs`
+runs the checks every stage shares and the ones the stage hands it), then opens its `RunDir`
+(`rlkit.rundir`) and starts its learners with `learner_group` (which also starts or joins Ray,
+checks the stage's demands on the cluster, and stops what it started). Nothing here knows a stage.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
-import shutil
-import signal
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from rlkit import console, faults, reruns
-from rlkit.checkpoint import CheckpointManager, dir_bytes, resolve_resume
-from rlkit.config import CheckpointConfig, CurriculumConfig
+from rlkit.config import CurriculumConfig
 from rlkit.data.curriculum import CurriculumSampler
-from rlkit.errors import FaultError, Stopped, UserError
-from rlkit.recipe import to_dict
+from rlkit.engine.cluster import Demand
+from rlkit.errors import UserError
+
+if TYPE_CHECKING:
+    from rlkit.engine.engines import RolloutEngines
+    from rlkit.engine.group import LearnerGroup
 
 log = logging.getLogger("rlkit")
-PAYLOAD_FILE = "driver_payload.pt"
-LOG_FILE = "rlkit.log"
-EXIT_STOPPED = 3  # stopped by a signal after the checkpoint of the current step: rerun to resume
-FULL_BELOW = 64 << 20  # free bytes under which a failed write is put down to a full disk
 
 
-def prepare_inputs(cfg: Any, device: Any) -> Any:
+def prepare_inputs(cfg: Any, device: Any, stage: str, checks: Sequence[Callable[[Any, Any], None]] = ()) -> Any:
     """Check the precision against the device, import a GGUF model (`rlkit.gguf`), build the
     offline tiny model / synthetic task where the recipe asks for them and they are missing, check
-    the model (and tokenizer) path and, on an accelerator, the memory estimate against the device.
+    the model (and tokenizer) path, the DeepSpeed section, the stage's own `checks` (each called
+    with the config and the device; GRPO's: the distillation teacher) and, on an accelerator, the
+    memory estimate of `stage` against the device.
     Runs before Ray starts; returns the config the run uses: a GGUF path is its HF folder there,
     and every path is absolute (`rlkit.paths`: actors work in their raylet's folder)."""
     from rlkit.accel import check_precision
+    from rlkit.engine.ds_config import check_deepspeed_config
+    from rlkit.estimate import check_before_launch
     from rlkit.gguf import resolve_models
     from rlkit.models import check_model, ensure_tiny_model
     from rlkit.paths import with_absolute_paths
     from rlkit.tiny import ensure_task_data
 
     cfg = resolve_models(cfg)
-
-    model = cfg.model
-    check_precision(model.dtype, device)
+    check_precision(cfg.model.dtype, device)
     if cfg.qlora is not None:
         check_precision(cfg.qlora.compute_dtype, device, "qlora.compute_dtype")
-    ensure_tiny_model(model)
+    ensure_tiny_model(cfg.model)
     check_model(cfg)
-    if hasattr(cfg, "deepspeed"):
-        from rlkit.engine.ds_config import check_deepspeed_config
-
-        check_deepspeed_config(cfg.deepspeed, cfg.optim)
-    if getattr(cfg, "distill", None):  # on-policy distillation: the teacher scores the student's token ids
-        from rlkit.distill.teacher import check_teacher
-
-        check_teacher(cfg.distill.teacher, model.tokenizer or model.path, device)
-    from rlkit.estimate import check_before_launch
-
-    too_big = check_before_launch(cfg, "grpo" if hasattr(cfg, "grpo") else "sft", device)
+    check_deepspeed_config(cfg.deepspeed, cfg.optim)
+    for check in checks:
+        check(cfg, device)
+    too_big = check_before_launch(cfg, stage, device)
     if too_big and cfg.memory_check == "error":
         raise UserError(f"{too_big}; memory_check: warn launches it anyway")
     if too_big:
@@ -94,23 +76,6 @@ def devices_line(device: Any, learners: int, engines: int = 0, tp: int = 1, colo
             f"x tensor_parallel_size {tp})")
 
 
-def ship_template(model_dir: Path, template: str) -> None:
-    """Write the prompt template a model was trained with into its tokenizer (chat_template), so
-    that serving it with a chat API renders the prompts it learned (the alpaca template; a chat
-    template is the tokenizer's own already)."""
-    from transformers import AutoTokenizer
-
-    from rlkit.data.templates import chat_template_for
-
-    if not (Path(model_dir) / "tokenizer_config.json").exists():
-        return  # no tokenizer was saved with this model
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    jinja = chat_template_for(template, tokenizer)
-    if jinja is not None:
-        tokenizer.chat_template = jinja
-        tokenizer.save_pretrained(model_dir)
-
-
 def curriculum_sampler(curriculum: CurriculumConfig, difficulties: list[str | None], total_steps: int,
                        batch_size: int, seed: int, source: str, row_filter: Any = None) -> CurriculumSampler:
     """The recipe's difficulty schedule over rows with these `difficulty` values (None: no field);
@@ -119,234 +84,13 @@ def curriculum_sampler(curriculum: CurriculumConfig, difficulties: list[str | No
                              curriculum.enabled, source=source, row_filter=row_filter)
 
 
-class RunDir:
-    """`output_dir` of one run: the resolved recipe (config.yaml), checkpoints, metrics, final/."""
-
-    def __init__(self, cfg: Any, stage: str, template: str = "alpaca"):
-        self.path = Path(cfg.output_dir)
-        self.template = template  # the prompt template trained (data.template resolved): final/ ships it
-        self.stage, self.config = stage, to_dict(cfg)
-        self.config_text = yaml.safe_dump({"stage": stage, **self.config}, sort_keys=False, allow_unicode=True)
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            (self.path / LOG_FILE).touch()
-        except (FileExistsError, NotADirectoryError):
-            raise UserError(f"output_dir: {self.path} (or a folder above it) is a file, not a directory; "
-                            "choose another output_dir") from None
-        except PermissionError as e:
-            raise UserError(f"output_dir: cannot write in {self.path} ({e.strerror}: {e.filename}); "
-                            "choose another output_dir") from None
-        checkpoint: CheckpointConfig = cfg.checkpoint
-        self.checkpointing = checkpoint.every > 0
-        self.ckpts = CheckpointManager(self.path / "checkpoints", checkpoint.keep_last)
-        self.stop_signal: int | None = None
-        with self._log_file():
-            self.resume_from = resolve_resume(self.ckpts, checkpoint.resume)
-            current = yaml.safe_load(self.config_text)
-            if self.resume_from is not None:
-                reruns.check_resume(self.resume_from, self.path, current, type(cfg).RESUME_FIXED,
-                                    checkpoint.force_resume)
-            else:
-                reruns.check_fresh_start(self.path, current, cfg.overwrite)
-        (self.path / reruns.CONFIG_FILE).write_text(self.config_text, encoding="utf-8")
-        console.driver_log(self.path)
-
-    def announce(self, line: str) -> None:
-        """A line the console shows before training (the run's plan), also in rlkit.log."""
-        with self._log_file():
-            log.info("%s", line)
-        print(line, file=sys.stderr, flush=True)
-
-    @property
-    def final(self) -> Path:
-        return self.path / "final"
-
-    def resume(self, learners: Any, sampler: CurriculumSampler) -> tuple[int, dict[str, Any]]:
-        """Load the checkpoint to resume from (if any) into the learners and the sampler; returns
-        its step (0 when starting fresh) and the driver state it saved."""
-        if self.resume_from is None:
-            return 0, {}
-        learners.load_checkpoint(self.resume_from)
-        saved = CheckpointManager.load_state(self.resume_from)
-        sampler.load_state_dict(saved["sampler"])
-        log.warning("resumed from %s (step %d)", self.resume_from, saved["step"])
-        return saved["step"], saved.get("driver", {})
-
-    def resume_payload(self) -> Any:
-        """The driver payload of the checkpoint to resume from (None without one)."""
-        if self.resume_from is None or not (self.resume_from / PAYLOAD_FILE).exists():
-            return None
-        import torch
-
-        return torch.load(self.resume_from / PAYLOAD_FILE, weights_only=True)
-
-    def checkpoint(self, step: int, learners: Any, sampler_state: dict, driver: dict | None = None,
-                   protect: set[int] = frozenset(), payload: Any = None) -> None:
-        """An atomic checkpoint after `step`: learner states, then the sampler and driver state.
-        `sampler_state` is the sampler as the next step will find it; `payload` (plain containers
-        of tensors, numbers and strings: e.g. rollouts in flight) goes beside them. A write that
-        fails leaves the earlier checkpoints as they were (a full disk: a `FaultError`)."""
-        latest = self.ckpts.latest()
-        staging = self.ckpts.staging_dir(step)
-        with self._writing(staging, f"checkpoint step {step}", dir_bytes(latest) if latest else None):
-            learners.save_checkpoint(staging)
-            faults.crash_here("checkpoint", "driver")
-            if payload is not None:
-                import torch
-
-                torch.save(payload, staging / PAYLOAD_FILE)
-            (staging / reruns.CONFIG_FILE).write_text(self.config_text, encoding="utf-8")
-            self.ckpts.commit(staging, step, {"sampler": sampler_state, "template": self.template,
-                                              **({"driver": driver} if driver else {})}, protect)
-
-    def save_final(self, learners: Any, tokenizer_dir: str, needed: int | None = None) -> Path:
-        """The final model, written beside `final/` and renamed into place, so a failed save
-        (`needed`: its expected bytes, for the full-disk message) leaves no half model."""
-        staging = self.path / ".tmp-final"
-        shutil.rmtree(staging, ignore_errors=True)
-        with self._writing(staging, "the final save", needed):
-            learners.save_model(staging, tokenizer_dir)
-            ship_template(staging, self.template)
-            shutil.rmtree(self.final, ignore_errors=True)
-            os.replace(staging, self.final)
-        return self.final
-
-    @contextmanager
-    def _writing(self, staging: Path, what: str, needed: int | None) -> Iterator[None]:
-        """Remove `staging` if the writes inside fail; a full disk becomes a one-line `FaultError`
-        naming the path and the bytes `what` needs (`needed`, else at least what it wrote)."""
-        try:
-            yield
-        except BaseException as e:
-            written = dir_bytes(staging)
-            shutil.rmtree(staging, ignore_errors=True)
-            if not isinstance(e, Exception) or not _disk_full(e, staging):
-                raise
-            free = shutil.disk_usage(_existing(staging)).free
-            need = (f"about {_size(needed)}" if needed else f"more than {_size(written)}") + f", {_size(free)} free"
-            raise FaultError(f"{what}: the disk is full under {staging.parent} (it needs {need}): "
-                             "free some space") from e
-
-    def checkpoint_due(self, step: int, every: int, also: bool = False) -> bool:
-        """Whether to checkpoint after `step`: every `every` steps, when `also`, or when a stop
-        signal came during the step (and checkpointing is on)."""
-        faults.crash_here("step", "driver")
-        return bool(every and step % every == 0) or also or (self.stop_signal is not None and self.checkpointing)
-
-    def stop_if_signalled(self, step: int) -> None:
-        """After a stop signal came (`stop_on_signals`): end the run after `step` (`Stopped`)."""
-        if self.stop_signal is None:
-            return
-        name = signal.Signals(self.stop_signal).name
-        if self.checkpointing:
-            raise Stopped(f"stopped by {name} after step {step}; checkpoint step-{step} is written: rerun the "
-                          "same command to resume", EXIT_STOPPED)
-        raise Stopped(f"stopped by {name} after step {step}; no checkpoint is written (checkpoint.every: 0), "
-                      "so a rerun starts over", EXIT_STOPPED)
-
-    @contextmanager
-    def stop_on_signals(self) -> Iterator[None]:
-        """SIGTERM / SIGINT ask the run to stop at the end of the current step (`stop_if_signalled`); a
-        second one stops it at once. Enter it after Ray has started (Ray sets its own handler)."""
-        def handler(signum: int, frame: Any) -> None:
-            if self.stop_signal is not None:
-                raise Stopped(f"stopped by a second {signal.Signals(signum).name} during a step; rerun the same "
-                              "command to resume from the last checkpoint", 128 + signum)
-            self.stop_signal = signum
-            log.warning("%s: stopping after this step%s (send it again to stop at once)",
-                        signal.Signals(signum).name, ", with a checkpoint" if self.checkpointing else "")
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-
-    @contextmanager
-    def session(self) -> Iterator[None]:
-        """The run's life: the log file, and faults as one line naming the checkpoint to resume
-        from (the detail in rlkit.log)."""
-        with self._log_file():
-            try:
-                yield
-            except FaultError as e:
-                log.info("the fault in detail:", exc_info=e)
-                if (self.path / "logs").is_dir():
-                    log.info("each actor's own output (and the libraries' driver-side log): %s", self.path / "logs")
-                latest = self.ckpts.latest()
-                then = (f"the newest checkpoint, {latest.name}, is intact: rerun the same command to resume from it"
-                        if latest else "no checkpoint was written yet, so a rerun starts over")
-                raise FaultError(f"{e}; {then} (details: {self.path / LOG_FILE})") from None
-
-    @contextmanager
-    def _log_file(self) -> Iterator[None]:
-        """rlkit's log records (INFO and up) also go to `output_dir/rlkit.log`; when nothing else
-        shows them, warnings still go to stderr as they did before."""
-        handlers = [logging.FileHandler(self.path / LOG_FILE, encoding="utf-8")]
-        handlers[0].setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handlers[0].setLevel(logging.INFO)
-        if not log.handlers and not logging.getLogger().handlers:
-            handlers.append(logging.StreamHandler())
-            handlers[1].setLevel(logging.WARNING)
-            if console.quiet():
-                handlers[1].setFormatter(logging.Formatter(console.PREFIX + "%(message)s"))
-        level = log.level
-        log.setLevel(min(level or logging.WARNING, logging.INFO))
-        for h in handlers:
-            log.addHandler(h)
-        try:
-            yield
-        finally:
-            for h in handlers:
-                log.removeHandler(h)
-                h.close()
-            log.setLevel(level)
-
-    def logger(self, logging_cfg: Any, total_steps: int, start_step: int) -> Any:
-        """Metrics sinks (JSONL, TensorBoard, wandb, progress); records after `start_step` are dropped."""
-        from rlkit.metrics import MetricsLogger
-
-        return MetricsLogger(self.path, logging_cfg, total_steps, start_step=start_step, config=self.config,
-                             name=self.stage)
-
-
-def _disk_full(error: BaseException, path: Path) -> bool:
-    """Whether `error` (raised writing under `path`) came from a full disk: ENOSPC / EDQUOT in its
-    chain (through Ray task errors too), or almost no space left where it wrote. torch.save on a
-    full disk raises a RuntimeError ("unexpected pos ...") with no errno, hence the second test."""
-    seen: BaseException | None = error
-    for _ in range(10):
-        if seen is None:
-            break
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(seen):
-            return True
-        seen = getattr(seen, "cause", None) or seen.__cause__ or seen.__context__
-    return shutil.disk_usage(_existing(path)).free < FULL_BELOW
-
-
-def _existing(path: Path) -> Path:
-    """`path` or its nearest existing parent."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit} ({n} bytes)"
-    return f"{n} bytes"
-
-
 @contextmanager
-def learner_group(cfg: Any, spec: Any, num: int, device: Any, also: Sequence[Any] = ()) -> Iterator[Any]:
+def learner_group(cfg: Any, spec: Any, num: int, device: Any, demands: Sequence[Demand],
+                  started: Callable[[], None] | None = None) -> Iterator[LearnerGroup]:
     """Start (or join, `ray.address`) Ray and `num` learners; on exit stop the learners and the
-    Ray instance if this call started it. `also`: more `Demand`s the run will make of the cluster
-    (reward actors), checked with the learners' and engines' before anything starts."""
-    from rlkit.distill.teacher import check_teacher_node
+    Ray instance if this call started it. `demands`: all the run will ask of the cluster (the
+    learners' `learner_demand` and the stage's own: engines, a teacher, reward actors), checked
+    before anything starts; `started`: the stage's own check once Ray is up (GRPO: the teacher's node)."""
     from rlkit.engine.cluster import check_resources
     from rlkit.engine.group import LearnerGroup
     from rlkit.engine.placement import start_ray
@@ -354,8 +98,9 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any, also: Sequence[Any
     started_ray = start_ray(cfg.ray, device, Path(cfg.output_dir) / "logs")
     group = None
     try:
-        check_resources([*demands(cfg, num, device), *also])
-        check_teacher_node(getattr(cfg, "distill", None))
+        check_resources(list(demands))
+        if started is not None:
+            started()
         group = LearnerGroup(spec, num, device, cfg.ray, Path(cfg.output_dir))
         yield group
     finally:
@@ -367,29 +112,16 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any, also: Sequence[Any
             ray.shutdown()
 
 
-def demands(cfg: Any, num_learners: int, device: Any) -> list[Any]:
-    """What a stage recipe asks of the Ray cluster: the learners' bundles and, for GRPO with
-    separate engines, the engines'."""
-    from rlkit.engine.cluster import Demand
-    from rlkit.engine.placement import bundle, engine_cpus
+def learner_demand(cfg: Any, num_learners: int, device: Any, key: str) -> Demand:
+    """The learners' bundles on the Ray cluster (`key`: the recipe key that sets their number)."""
+    from rlkit.engine.placement import bundle
 
-    rollout = getattr(cfg, "rollout", None)
-    key = "grpo.num_learners" if rollout is not None else "train.num_learners"
     custom = cfg.ray.resources
-    out = [Demand("learner", num_learners, bundle(device, cfg.ray.cpus_per_actor, custom=custom.learner),
-                  cfg.ray.placement, key, tuple(custom.learner))]
-    if rollout is not None and not rollout.colocate:
-        tp = rollout.tensor_parallel_size
-        out.append(Demand("engine", rollout.num_engines,
-                          bundle(device, engine_cpus(device, cfg.ray, tp), tp, custom=custom.engine),
-                          cfg.ray.placement, "rollout.num_engines", tuple(custom.engine)))
-    if getattr(getattr(cfg, "distill", None), "placement", None) == "actor":  # the teacher's own actor
-        out.append(Demand("teacher", 1, bundle(device, cfg.ray.cpus_per_actor, custom=custom.teacher), "pack",
-                          "distill.placement", tuple(custom.teacher)))
-    return out
+    return Demand("learner", num_learners, bundle(device, cfg.ray.cpus_per_actor, custom=custom.learner),
+                  cfg.ray.placement, key, tuple(custom.learner))
 
 
-def memory_metrics(learners: Any, engines: Any = None) -> dict[str, float]:
+def memory_metrics(learners: LearnerGroup, engines: RolloutEngines | None = None) -> dict[str, float]:
     """The processes' memory (GiB): `memory/learner_peak_gib`, the largest rank's peak (device
     memory allocated on an accelerator, resident memory on a CPU), and `memory/learner_model_gib`,
     that peak less the process before its model was built (what `rlkit estimate` models); the
@@ -409,5 +141,6 @@ def learner_spec(cfg: Any, micro_batch_size: int, grad_accum: int, total_steps: 
     """The learners' build spec from a stage recipe's shared sections."""
     from rlkit.engine.learner import LearnerSpec
 
-    return LearnerSpec(cfg.model, cfg.finetuning, cfg.lora, cfg.qlora, cfg.optim, cfg.deepspeed, micro_batch_size,
-                       grad_accum, total_steps, cfg.seed, cfg.device, reference, teacher)
+    return LearnerSpec(model=cfg.model, finetuning=cfg.finetuning, lora=cfg.lora, qlora=cfg.qlora, optim=cfg.optim,
+                       deepspeed=cfg.deepspeed, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
+                       total_steps=total_steps, seed=cfg.seed, device=cfg.device, reference=reference, teacher=teacher)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -224,11 +224,30 @@ def load_tokenizer(cfg: ModelConfig):
     return tok
 
 
+def load_frozen(cfg: ModelConfig, dtype: torch.dtype | None, device: Any) -> Any:
+    """A frozen copy of a model (a reference, a teacher) on `device`, whole on every rank (`whole`)."""
+    return whole(lambda: load_model(cfg, dtype).to(device))
+
+
+def whole(load: Callable[[], Any]) -> Any:
+    """`load()` with transformers' ZeRO-3 hook off: under ZeRO-3 the policy is partitioned as it
+    loads (the process-wide HfDeepSpeedConfig), but a frozen copy (reference, teacher) must be
+    whole on each rank: nothing gathers its parameters."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        return load()
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
 def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None = None) -> Any:
     """A `AutoModelForCausalLM` in `dtype`; 4-bit bitsandbytes weights when `quant` is given."""
     from transformers import AutoModelForCausalLM
 
-    from rlkit.engine.attention import use_packed_attention
+    from rlkit.attention import use_packed_attention
 
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
@@ -240,7 +259,7 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None =
             load_in_4bit=True, bnb_4bit_quant_type=quant.quant_type,
             bnb_4bit_use_double_quant=quant.double_quant, bnb_4bit_compute_dtype=DTYPES[quant.compute_dtype])
     model = AutoModelForCausalLM.from_pretrained(cfg.path, **kwargs)
-    use_packed_attention(model)  # sdpa, but packed rows attend per sequence (engine/attention.py)
+    use_packed_attention(model)  # sdpa, but packed rows attend per sequence (attention.py)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False

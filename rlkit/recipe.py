@@ -219,18 +219,9 @@ def _convert_dataclass(cls: Any, value: Any, key: str) -> Any:
         raise _invalid(key, f"expected a mapping, got {_describe(value)}")
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    for name in value:
-        if name not in fields:
-            renamed = getattr(cls, "RENAMED", {}).get(name)
-            if renamed:
-                raise _invalid(_join(key, str(name)), f"renamed: use {renamed!r}")
-            elsewhere = getattr(cls, "READ_ELSEWHERE", {}).get(name)
-            if elsewhere:
-                raise _invalid(_join(key, str(name)), f"this stage does not read it ({elsewhere}); remove it")
-            near = nearest_keys(cls, str(name))
-            hint = (f" (did you mean {' or '.join(repr(k) for k in near)}?)" if near
-                    else f" (valid keys: {', '.join(fields)})")
-            raise _invalid(_join(key, str(name)), f"unknown key{hint}")
+    unknown = next((name for name in value if name not in fields), None)
+    if unknown is not None:
+        raise _unknown_key(cls, str(unknown), key, list(fields))
     kwargs = {}
     for name, f in fields.items():
         if name in value:
@@ -248,6 +239,19 @@ def _convert_dataclass(cls: Any, value: Any, key: str) -> Any:
         if e.key is None:
             raise
         raise _invalid(_join(key, e.key), e.message) from None
+
+
+def _unknown_key(cls: Any, name: str, key: str, fields: list[str]) -> ConfigError:
+    """The error for a key `cls` has not: renamed, read by another stage, or the nearest keys."""
+    renamed = getattr(cls, "RENAMED", {}).get(name)
+    if renamed:
+        return _invalid(_join(key, name), f"renamed: use {renamed!r}")
+    elsewhere = getattr(cls, "READ_ELSEWHERE", {}).get(name)
+    if elsewhere:
+        return _invalid(_join(key, name), f"this stage does not read it ({elsewhere}); remove it")
+    near = nearest_keys(cls, name)
+    hint = f" (did you mean {' or '.join(repr(k) for k in near)}?)" if near else f" (valid keys: {', '.join(fields)})"
+    return _invalid(_join(key, name), f"unknown key{hint}")
 
 
 def nearest_keys(cls: Any, name: str) -> list[str]:

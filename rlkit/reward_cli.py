@@ -95,32 +95,41 @@ def _specs(args: argparse.Namespace) -> tuple[list[RewardSpec], str, dict[str, A
         if not args.fn:
             raise UserError("name a reward (module:function) or pass --recipe")
         return [RewardSpec(fn=args.fn, args=extra)], os.getcwd(), {}
-    try:
-        with open(args.recipe, encoding="utf-8") as f:
-            recipe = _yaml().safe_load(f) or {}
-    except OSError as e:
-        raise UserError(f"--recipe: cannot read {args.recipe}: {e.strerror}") from None
-    except Exception as e:  # yaml.YAMLError
-        raise UserError(f"--recipe: {args.recipe} is not valid YAML: {preview(str(e), 200)}") from None
-    entries = recipe.get("rewards") if isinstance(recipe, dict) else None
-    if not isinstance(entries, list) or not entries:
-        raise UserError(f"--recipe: {args.recipe} has no `rewards:` list")
-    specs = []
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict) or "fn" not in e:
-            raise UserError(f"{args.recipe}: rewards[{i}]: expected a mapping with `fn:`")
-        if args.fn and e["fn"] != args.fn:
-            continue
-        try:
-            specs.append(RewardSpec(**{**e, "args": {**(e.get("args") or {}), **extra}}))
-        except TypeError as err:
-            raise UserError(f"{args.recipe}: rewards[{i}]: {err}") from None
-        except RewardError as err:
-            raise UserError(f"{args.recipe}: rewards[{i}].{err}") from None
+    recipe = _read_recipe(args.recipe)
+    specs = [spec for i, e in enumerate(recipe["rewards"]) if (spec := _recipe_spec(args, i, e, extra))]
     if not specs:
         raise UserError(f"--recipe: no reward with fn {args.fn!r} in {args.recipe}")
     data = recipe.get("data") if isinstance(recipe.get("data"), dict) else {}
     return specs, os.path.dirname(os.path.abspath(args.recipe)), data
+
+
+def _read_recipe(path: str) -> dict[str, Any]:
+    """The recipe as YAML data, with a non-empty `rewards:` list (one line otherwise)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            recipe = _yaml().safe_load(f) or {}
+    except OSError as e:
+        raise UserError(f"--recipe: cannot read {path}: {e.strerror}") from None
+    except Exception as e:  # yaml.YAMLError
+        raise UserError(f"--recipe: {path} is not valid YAML: {preview(str(e), 200)}") from None
+    entries = recipe.get("rewards") if isinstance(recipe, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f"--recipe: {path} has no `rewards:` list")
+    return recipe
+
+
+def _recipe_spec(args: argparse.Namespace, i: int, entry: Any, extra: dict[str, Any]) -> RewardSpec | None:
+    """`rewards[i]` of the recipe with the command line's `--arg`s, None when `fn` names another."""
+    if not isinstance(entry, dict) or "fn" not in entry:
+        raise UserError(f"{args.recipe}: rewards[{i}]: expected a mapping with `fn:`")
+    if args.fn and entry["fn"] != args.fn:
+        return None
+    try:
+        return RewardSpec(**{**entry, "args": {**(entry.get("args") or {}), **extra}})
+    except TypeError as err:
+        raise UserError(f"{args.recipe}: rewards[{i}]: {err}") from None
+    except RewardError as err:
+        raise UserError(f"{args.recipe}: rewards[{i}].{err}") from None
 
 
 def _yaml() -> Any:

@@ -83,7 +83,7 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.engine.attention import use_packed_attention
+    from rlkit.attention import use_packed_attention
     from rlkit.engine.logprobs import token_logprobs
     from rlkit.grpo.batch import GRPOBatch, Rollout, plan_micro_batches, plan_token_micro_batches
     from rlkit.grpo.loss import policy_loss

@@ -15,8 +15,8 @@ import torch
 
 from rlkit import stages
 from rlkit.checkpoint import verify
-from rlkit.driver import EXIT_STOPPED, LOG_FILE, RunDir
 from rlkit.errors import FaultError, Stopped, UserError
+from rlkit.rundir import EXIT_STOPPED, LOG_FILE, RunDir
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny-grpo.yaml"
 

@@ -158,7 +158,7 @@ def test_a_launch_on_an_accelerator_warns_or_stops_when_the_plan_does_not_fit(tm
     (model / "config.json").write_text(json.dumps(est.PUBLISHED["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"]))
     strict = dataclasses.replace(cfg, memory_check="error", model=dataclasses.replace(cfg.model, path=str(model)))
     with pytest.raises(UserError, match=r"^memory: a rollout engine needs about .*; memory_check: warn launches it "):
-        prepare_inputs(strict, small)
+        prepare_inputs(strict, small, "grpo")
 
 
 @pytest.mark.slow

@@ -103,7 +103,7 @@ def test_deepspeed_extra_is_checked_against_deepspeed_before_launch(tiny_model, 
     cfg = _sft(tiny_model, task_data, tmp_path, "deepspeed.extra.gradient_accumulation_steps=4")
     with pytest.raises(UserError, match=r"^deepspeed.extra: gradient_accumulation_steps is set by rlkit from the "
                                         r"stage's gradient accumulation: set that instead$"):
-        prepare_inputs(cfg, _cpu())
+        prepare_inputs(cfg, _cpu(), "sft")
 
 
 def _cpu():
@@ -116,14 +116,14 @@ def test_model_options_a_learner_could_not_load_are_one_line(tiny_model, task_da
     cfg = _sft(tiny_model, task_data, tmp_path, "model.attn_implementation=flash_attn2")
     with pytest.raises(UserError, match=r"^model.attn_implementation: 'flash_attn2' is not an attention kernel "
                                         r"transformers has: use one of eager, .*sdpa"):
-        prepare_inputs(cfg, _cpu())
+        prepare_inputs(cfg, _cpu(), "sft")
     import importlib.util
 
     if importlib.util.find_spec("flash_attn") is None:
         cfg = _sft(tiny_model, task_data, tmp_path, "model.attn_implementation=flash_attention_2")
         with pytest.raises(UserError, match=r"^model.attn_implementation: flash_attention_2 needs the flash_attn "
                                             r"package, which is not installed here: install it, or use sdpa$"):
-            prepare_inputs(cfg, _cpu())
+            prepare_inputs(cfg, _cpu(), "sft")
     with pytest.raises(ConfigError, match=r"lora.alpha: must be > 0 \(the adapter's scale is alpha / r\), got 0"):
         _sft(tiny_model, task_data, tmp_path, "finetuning=lora", "lora.alpha=0")
 
@@ -144,10 +144,10 @@ def test_engines_load_the_models_own_tokenizer_and_code(tiny_model):
 def test_engine_values_vllm_would_refuse_are_one_line(tiny_model, task_data, tmp_path):
     with pytest.raises(UserError, match=r"^rollout.max_model_len: 4096 tokens is past the model's context \(1024, "
                                         r"max_position_embeddings of .*\): lower it$"):
-        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.max_model_len=4096"), _cpu())
+        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.max_model_len=4096"), _cpu(), "grpo")
     with pytest.raises(UserError, match=r"^rollout.tensor_parallel_size: 3 does not divide the model's 4 attention "
                                         r"heads: choose a divisor$"):
-        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.tensor_parallel_size=3"), _cpu())
+        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.tensor_parallel_size=3"), _cpu(), "grpo")
     for bad, says in (("rollout.gpu_memory_utilization=1.5", r"rollout.gpu_memory_utilization: must be in \(0, 1\]"),
                       ("rollout.kv_cache_gib=0", "rollout.kv_cache_gib: must be > 0 GiB"),
                       ("rollout.tensor_parallel_size=0", "rollout.tensor_parallel_size: must be >= 1")):
@@ -167,7 +167,7 @@ def test_recipe_values_torch_or_ray_would_refuse_and_an_unknown_architecture(tin
                                                  "model_type": "rlkit_unknown_arch"}))
     with pytest.raises(UserError, match=r"^model.path: transformers cannot read .*odd's config \(.*rlkit_unknown_arch"
                                         r".*\): a newer transformers, or model.trust_remote_code: true"):
-        prepare_inputs(_sft(odd, task_data, tmp_path), _cpu())
+        prepare_inputs(_sft(odd, task_data, tmp_path), _cpu(), "sft")
 
 
 def test_a_model_folder_without_a_tokenizer_and_unserved_adapter_targets_are_one_line(tiny_model, task_data,

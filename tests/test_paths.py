@@ -42,7 +42,7 @@ def test_the_run_gets_absolute_paths_and_a_relative_config_yaml_still_resumes(tm
                  "data.eval=null", "eval.every=0", "data.build_synthetic_if_missing=null", "output_dir=runs/rel"]
     cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml", overrides)
     assert cfg.output_dir == "runs/rel"  # the recipe as written, until the run prepares it
-    run = prepare_inputs(cfg, detect("cpu"))
+    run = prepare_inputs(cfg, detect("cpu"), "sft")
     assert run.output_dir == str(tmp_path / "runs" / "rel") and run.model.path == str(tmp_path / "model")
     # a config.yaml written with the relative spelling (by rlkit before this) compares equal
     assert changes(to_dict(cfg), to_dict(run)) == {}

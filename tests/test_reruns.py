@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rlkit import stages
-from rlkit.driver import RunDir
 from rlkit.errors import UserError
 from rlkit.reruns import changes, flatten
+from rlkit.rundir import RunDir
 from tests.test_driver import RECIPE, _Learners
 
 SFT_RECIPE = RECIPE.parent / "tiny-sft.yaml"

@@ -254,46 +254,57 @@ def call_tools(tool_calls: Sequence[Mapping[str, Any]], tools: Mapping[str, Call
     run one after another (an environment's state sees them in order), async ones together."""
     start = time.perf_counter()
     out = ToolResults(messages=[])
-    results: list[Any] = []
-    waiting: list[tuple[int, str, Any]] = []  # the async calls: (slot, name, future)
-
-    def failed(name: str, message: str) -> tuple[str, dict[str, str]]:
-        out.failures += 1
-        return name, {"error": message}
-
-    for call in tool_calls:
-        out.calls += 1
-        if call.get("type", "function") != "function":
-            results.append(failed(call.get("name", "unknown"), f"Unsupported tool call type: {call['type']}"))
-            continue
-        function = call["function"]
-        name, arguments = function["name"], function.get("arguments") or {}
-        fn = tools.get(name)
-        if fn is None:
-            results.append(failed(name, f"Tool {name} not found."))
-            continue
-        try:
-            if inspect.iscoroutinefunction(fn):
-                waiting.append((len(results), name, asyncio.run_coroutine_threadsafe(fn(**arguments), _loop())))
-                results.append(None)
-            else:
-                results.append((name, _POOL.submit(fn, **arguments).result(timeout=timeout_s)))
-        except (FutureTimeout, TimeoutError):
-            results.append(failed(name, f"Tool {name} timed out after {timeout_s:g} s."))
-        except Exception as e:  # noqa: BLE001 — TRL's rule: the error goes to the model as the result
-            results.append(failed(name, str(e)))
+    started = [_start_call(call, tools, timeout_s) for call in tool_calls]
     deadline = None if timeout_s is None else time.perf_counter() + timeout_s
-    for slot, name, future in waiting:
-        try:
-            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
-            results[slot] = (name, future.result(timeout=left))
-        except (FutureTimeout, TimeoutError):
-            future.cancel()
-            results[slot] = failed(name, f"Tool {name} timed out after {timeout_s:g} s.")
-        except Exception as e:  # noqa: BLE001
-            results[slot] = failed(name, str(e))
-    for name, result in results:
+    for name, result in started:
+        if isinstance(result, _Pending):
+            result = result.wait(name, deadline, timeout_s)
+        out.calls += 1
+        if isinstance(result, _Failed):  # TRL's rule: the error goes to the model as the result
+            out.failures += 1
+            result = {"error": result.message}
         content = result if isinstance(result, list) else str(result)  # a list: content blocks, as TRL
         out.messages.append({"role": "tool", "name": name, "content": content})
     out.seconds = time.perf_counter() - start
     return out
+
+
+@dataclass
+class _Failed:
+    message: str
+
+
+@dataclass
+class _Pending:
+    """An async tool's call, running on the tools' event loop."""
+
+    future: Any
+
+    def wait(self, name: str, deadline: float | None, timeout_s: float | None) -> Any:
+        try:
+            return self.future.result(timeout=None if deadline is None else max(0.0, deadline - time.perf_counter()))
+        except (FutureTimeout, TimeoutError):
+            self.future.cancel()
+            return _Failed(f"Tool {name} timed out after {timeout_s:g} s.")
+        except Exception as e:  # noqa: BLE001
+            return _Failed(str(e))
+
+
+def _start_call(call: Mapping[str, Any], tools: Mapping[str, Callable],
+                timeout_s: float | None) -> tuple[str, Any]:
+    """(name, what it returned | `_Failed` | `_Pending` for an async tool): a sync tool runs now."""
+    if call.get("type", "function") != "function":
+        return call.get("name", "unknown"), _Failed(f"Unsupported tool call type: {call['type']}")
+    function = call["function"]
+    name, arguments = function["name"], function.get("arguments") or {}
+    fn = tools.get(name)
+    if fn is None:
+        return name, _Failed(f"Tool {name} not found.")
+    try:
+        if inspect.iscoroutinefunction(fn):
+            return name, _Pending(asyncio.run_coroutine_threadsafe(fn(**arguments), _loop()))
+        return name, _POOL.submit(fn, **arguments).result(timeout=timeout_s)
+    except (FutureTimeout, TimeoutError):
+        return name, _Failed(f"Tool {name} timed out after {timeout_s:g} s.")
+    except Exception as e:  # noqa: BLE001 — TRL's rule: the error goes to the model as the result
+        return name, _Failed(str(e))

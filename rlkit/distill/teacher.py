@@ -19,6 +19,13 @@ def check_teacher(teacher: Any, student_tokenizer: str, device: Any) -> None:
     check_same_tokenizer(student_tokenizer, teacher.tokenizer or teacher.path)
 
 
+def check_distill(cfg: Any, device: Any) -> None:
+    """A stage check before launch (`driver.prepare_inputs`): a recipe's `distill.teacher`, if it
+    has one, against the student (`model`) and the device."""
+    if cfg.distill is not None:
+        check_teacher(cfg.distill.teacher, cfg.model.tokenizer or cfg.model.path, device)
+
+
 def check_teacher_node(distill: Any) -> None:
     """Once Ray is up: the node `distill.node` names is one of the cluster's (one line otherwise)."""
     from rlkit.engine.cluster import cluster_nodes
@@ -70,7 +77,7 @@ class TeacherWorker:
         dtype = models.resolve_dtype(model.dtype, info.bf16 and info.is_accelerator)
         self.device = info.torch_device
         # frozen and scored as the learner's reference and teacher copies are
-        self.teacher = Reference(None, "full", lambda: models.load_model(model, dtype).to(self.device))
+        self.teacher = Reference(None, "full", lambda: models.load_frozen(model, dtype, self.device))
 
     def ready(self) -> str:
         """The node this teacher runs on (its address), once its model is loaded."""

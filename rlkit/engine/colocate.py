@@ -16,7 +16,9 @@ from typing import Any
 import torch
 
 from rlkit.engine.rollout import RolloutWorker, Sample, cpu_engine_env
-from rlkit.engine.weight_sync import InProcessSync, NamedTensor
+from rlkit.engine.weight_sync import SyncTarget, open_transport
+from rlkit.engine.weights import NamedTensor
+from rlkit.transports import Transport
 
 
 class ColocatedEngine:
@@ -58,10 +60,11 @@ class ColocatedEngine:
             self.worker.llm.sleep(level=1)
             self.asleep = True
 
-    def load_weights(self, named: Iterable[NamedTensor]) -> dict[str, float]:
-        """Load the learner's current weights in place, by reference (no copy, no serialisation)."""
+    def load_weights(self, transport: Transport, named: Iterable[NamedTensor]) -> dict[str, float]:
+        """Load the learner's current weights in place by a colocated `transport` (in_process: by
+        reference, no copy, no serialisation)."""
         self._wake(["weights"])
-        return asdict(InProcessSync(self.worker).push(named))
+        return asdict(open_transport(transport, SyncTarget(self.worker)).push(named))
 
     def _wake(self, tags: list[str] | None = None) -> None:
         if self.asleep:

@@ -120,9 +120,23 @@ def fold_config_file(data: dict[str, Any], batch_keys: dict[str, str],
         found.setdefault(recipe_key, (file_key, value))
 
     rest = dict(file_cfg)
+    _fold_zero(rest, _get(data, "deepspeed.zero_stage") or 0, where, put, found)
+    put("fp16.enabled / bf16.enabled", "model.dtype", _precision(rest, where))
+    put("gradient_clipping", "optim.max_grad_norm", rest.pop("gradient_clipping", "auto"))
+    _fold_optimizer(rest.pop("optimizer", None), where, put)
+    _fold_scheduler(rest.pop("scheduler", None), where, put)
+    claims = _fold_batch(rest, batch_keys, where, put)
+    out = _fill(data, found, where)
+    _set(out, "deepspeed.extra", merge(_drop_auto(rest), _get(data, "deepspeed.extra") or {}))
+    return out, claims
+
+
+def _fold_zero(rest: dict[str, Any], recipe_stage: int, where: str, put: Callable[[str, str, Any], None],
+               found: dict[str, tuple[str, Any]]) -> None:
+    """The file's ZeRO stage and offloads; the rest of `zero_optimization` stays in `rest`."""
     zero = dict(rest.pop("zero_optimization", None) or {})
     put("zero_optimization.stage", "deepspeed.zero_stage", zero.pop("stage", "auto"))
-    stage = found.get("deepspeed.zero_stage", ("", _get(data, "deepspeed.zero_stage") or 0))[1]
+    stage = found.get("deepspeed.zero_stage", ("", recipe_stage))[1]
     for part in ("offload_optimizer", "offload_param"):
         sub = zero.get(part)
         if isinstance(sub, dict) and sub.get("device", "none") != "none":
@@ -134,10 +148,11 @@ def fold_config_file(data: dict[str, Any], batch_keys: dict[str, str],
             zero.pop(part)
     if zero:
         rest["zero_optimization"] = zero
-    put("fp16.enabled / bf16.enabled", "model.dtype", _precision(rest, where))
-    put("gradient_clipping", "optim.max_grad_norm", rest.pop("gradient_clipping", "auto"))
-    _fold_optimizer(rest.pop("optimizer", None), where, put)
-    _fold_scheduler(rest.pop("scheduler", None), where, put)
+
+
+def _fold_batch(rest: dict[str, Any], batch_keys: dict[str, str], where: str,
+                put: Callable[[str, str, Any], None]) -> dict[str, int]:
+    """The file's batch sizes: into the keys the stage has for them, else claims checked later."""
     put("train_micro_batch_size_per_gpu", batch_keys["train_micro_batch_size_per_gpu"],
         rest.pop("train_micro_batch_size_per_gpu", "auto"))
     claims = {}
@@ -149,7 +164,11 @@ def fold_config_file(data: dict[str, Any], batch_keys: dict[str, str],
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}: {key} must be a positive integer or \"auto\", got {value!r}")
             claims[key] = value
+    return claims
 
+
+def _fill(data: dict[str, Any], found: dict[str, tuple[str, Any]], where: str) -> dict[str, Any]:
+    """`data` with what the file sets filled in where the recipe leaves it unset (equal where both do)."""
     out = merge(data, {})
     for recipe_key, (file_key, value) in found.items():
         have = _get(data, recipe_key)
@@ -158,9 +177,7 @@ def fold_config_file(data: dict[str, Any], batch_keys: dict[str, str],
         elif not _same(have, value):
             raise ConfigError(f"{where}: {file_key} is {value!r} but the recipe sets {recipe_key}: {have!r}; "
                               "remove one (the file fills what the recipe leaves unset, \"auto\" takes the recipe's)")
-    extra = _drop_auto(rest)
-    _set(out, "deepspeed.extra", merge(extra, _get(data, "deepspeed.extra") or {}))
-    return out, claims
+    return out
 
 
 def check_batch_claims(claims: dict[str, int], config_file: str, micro: int, accum: int, world: int,
@@ -299,3 +316,13 @@ def check_deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig) -> None:
         what = "; ".join(f"zero_optimization.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in errors[:3])
         raise UserError(f"DeepSpeed rejects {what or str(e).splitlines()[0]} (its keys: "
                         "https://www.deepspeed.ai/docs/config-json/)", "deepspeed.extra") from None
+
+
+def skip_shm_comm_op() -> None:
+    """Keep DeepSpeed from building its shared-memory CPU op when it starts torch.distributed: the
+    op serves only `inference_all_reduce`, which training never calls, and it is a C++ build at
+    the first start on a machine (about 90 s here, and a compiler it needs). DeepSpeed keeps its
+    table of compatible ops in one dict for such edits."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

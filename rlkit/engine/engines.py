@@ -17,16 +17,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
-
 from rlkit.accel import DeviceInfo
 from rlkit.config import ModelConfig, RayConfig, RolloutConfig
 from rlkit.engine.calls import ActorFault, name_actor, unwatch_nodes, wait_all, watch_nodes
 from rlkit.engine.group import LearnerGroup
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.engine.weight_sync import PendingLoads
-from rlkit.errors import FaultError, UserError
+from rlkit.errors import FaultError
 from rlkit.seeding import derive_seed
+from rlkit.transports import TRANSPORTS, Transport, resolve
 
 log = logging.getLogger("rlkit.engines")
 
@@ -54,14 +53,9 @@ def sampling(rollout: RolloutConfig) -> Sampling:
     return Sampling(rollout.temperature, rollout.top_p, rollout.max_tokens, tuple(rollout.stop))
 
 
-def sync_strategy(rollout: RolloutConfig, device: DeviceInfo) -> str:
-    """What `rollout.sync` resolves to on `device`; a user error if it cannot run there."""
-    if rollout.sync == "auto":
-        return "in_process" if rollout.colocate else "object_store"
-    if rollout.sync == "broadcast" and device.weight_sync_backend is None:
-        raise UserError(f"rollout.sync: broadcast needs NCCL/HCCL between devices, but rlkit runs on "
-                        f"{device.kind}; use sync: object_store (or auto)")
-    return rollout.sync
+def sync_transport(rollout: RolloutConfig, device: DeviceInfo) -> Transport:
+    """The weight-sync transport `rollout.sync` means on `device`; a user error if it cannot run there."""
+    return resolve(rollout.sync, rollout.colocate, device.kind, device.weight_sync_backend)
 
 
 def worker_options(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, seed: int,
@@ -93,53 +87,6 @@ def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo
     if rollout.colocate:
         return ColocatedEngines(learners, rollout, model, device, seed)
     return SeparateEngines(rollout, model, device, ray_cfg, seed, learners, adapter)
-
-
-@dataclass(frozen=True)
-class SyncTolerance:
-    """What the parity probe holds the engines to: `nats` on the largest |engine - learner| token
-    logprob (`statistic` "max": fp32, where the two agree to ~1e-5 on CPU) or on the mean over the
-    probe's tokens ("mean": half precision, where single tokens differ by up to ~0.6 nats on a
-    correct sync while the mean stays near 0.05)."""
-
-    nats: float
-    statistic: str
-
-
-def sync_check_tol(rollout: RolloutConfig, model: ModelConfig, quantized_learner: bool = False) -> SyncTolerance:
-    """`rollout.sync_check_tol` (or its default) and the statistic it bounds: the largest
-    difference for fp32 models (default 1e-3 nats), the mean one for bf16/fp16 models (default
-    0.2 nats: SmolLM2-135M in bf16 on CPU measured 0.58 nats on its worst token at the start,
-    before any training, and means of 0.046-0.058 over its first syncs), the largest one and 2.0
-    when the learner's base is 4-bit and the engines' is not (QLoRA with adapter sync: the gap is
-    the quantization, 0.4 nats on the tiny model)."""
-    if quantized_learner and rollout.lora_sync == "adapter":
-        return SyncTolerance(rollout.sync_check_tol or 2.0, "max")
-    if model.dtype == "fp32":
-        return SyncTolerance(rollout.sync_check_tol or 1e-3, "max")
-    return SyncTolerance(rollout.sync_check_tol or 0.2, "mean")
-
-
-def sync_check(engines: RolloutEngines, learners: LearnerGroup, sequences: list[list[int]], tol: SyncTolerance,
-               when: str) -> tuple[float, float]:
-    """Parity probe after a weight sync: the engines and the learner score `sequences` (token
-    ids); returns the largest and the mean |engine - learner| token logprob of the engine that
-    is furthest on `tol.statistic`. Above `tol` (or NaN) a `FaultError` names that engine: its
-    weights are not the learner's."""
-    want = torch.tensor([x for seq in learners.sequence_logprobs(sequences) for x in seq])
-    gaps = [(torch.tensor([x for seq in got for x in seq]) - want).abs()
-            for got in engines.sequence_logprobs(sequences)]
-    stats = [(float(g.max()), float(g.mean())) for g in gaps]
-    checked = [s[0] if tol.statistic == "max" else s[1] for s in stats]
-    worst = max(range(len(checked)), key=lambda i: checked[i] if checked[i] == checked[i] else float("inf"))
-    if not checked[worst] <= tol.nats:
-        far = (f"up to {stats[worst][0]:.3g} nats away" if tol.statistic == "max" else
-               f"{stats[worst][1]:.3g} nats away on average (up to {stats[worst][0]:.3g})")
-        raise FaultError(f"sync check {when}: {engines.names[worst]} scores the check sequences {far} from the "
-                         f"learner (rollout.sync_check_tol {tol.nats:g}, on the {tol.statistic} difference), so "
-                         f"the weight sync did not reach it whole; stopping rather than training on its "
-                         f"samples (checkpoints already written are intact)")
-    return stats[worst]
 
 
 def _shards(prompts: list[str], k: int) -> list[list[str]]:
@@ -199,7 +146,7 @@ class SeparateEngines:
         opts = actor_resources(device, cpus, devices=tp, custom=custom)
         resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
                      **opts.get("resources", {})}
-        self.rollout, self.strategy = rollout, sync_strategy(rollout, device)
+        self.rollout, self.transport = rollout, sync_transport(rollout, device)
         self.timeout, self.adapter, self.learners = rollout.sync_timeout_s or None, adapter, learners
         self.names = [f"engine {i}" for i in range(rollout.num_engines)]
         self.pg = placement_group(device, rollout.num_engines, cpus, ray_cfg.placement, devices=tp, custom=custom)
@@ -298,8 +245,8 @@ class SeparateEngines:
         indices = list(indices)
         handles, names = [self.handles[i] for i in indices], [self.names[i] for i in indices]
         if self.adapter is None:
-            return self.learners.push_weights(handles, self.rollout.sync_bucket_mib, self.strategy, self.timeout,
-                                              names, defer and self.strategy == "object_store")[0]
+            return self.learners.push_weights(self.transport.name, handles, self.rollout.sync_bucket_mib,
+                                              self.timeout, names, defer)[0]
         t0 = time.perf_counter()  # only the LoRA adapter, from learner rank 0 through the object store
         files = ray.put(self.learners.adapter_files(self.timeout))
         sizes = wait_all([h.load_adapter.remote(files) for h in handles], names, phase, self.timeout)
@@ -325,7 +272,7 @@ class SeparateEngines:
 
     def _recover(self, fault: ActorFault, push: bool) -> None:
         """Restart the engines `fault` is about; with `push`, give them the current policy. A fault
-        about no engine of this group, under a broadcast sync, or about an engine out of restarts
+        about no engine of this group, under a transport an engine cannot rejoin, or about an engine out of restarts
         is raised (it ends the run)."""
         import time
 
@@ -341,10 +288,11 @@ class SeparateEngines:
                     n = self.restarts[i]
                     raise FaultError(f"{fault}; it was restarted {n} time{'s' * (n != 1)} already "
                                      f"(rollout.max_restarts {self.rollout.max_restarts})") from fault
-                if self.strategy == "broadcast":
-                    raise FaultError(f"{fault}; a restarted engine cannot join the weight broadcast group, so "
-                                     "engines are not restarted with rollout.sync: broadcast (object_store "
-                                     "restarts them)") from fault
+                if not self.transport.rejoinable:
+                    rejoin = " or ".join(t.name for t in TRANSPORTS.values() if t.rejoinable and not t.colocated)
+                    raise FaultError(f"{fault}; a restarted engine cannot rejoin the weight sync, so engines are "
+                                     f"not restarted with rollout.sync: {self.transport.name} ({rejoin} restarts "
+                                     "them)") from fault
             try:
                 for i in bad:
                     ray.kill(self.handles[i], no_restart=True)
@@ -397,6 +345,7 @@ class ColocatedEngines:
     def __init__(self, learners: LearnerGroup, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo,
                  seed: int):
         self.learners, self.timeout = learners, rollout.sync_timeout_s or None
+        self.transport = sync_transport(rollout, device)
         self.names = [f"engine {rank} (in learner {rank})" for rank in range(learners.size)]
         options = [{**worker_options(rollout, model, device, derive_seed(seed, "engine", rank, bits=31)),
                     "index": rank} for rank in range(learners.size)]
@@ -415,9 +364,8 @@ class ColocatedEngines:
         return self.gather(self.generate_async(prompts, n, sampling, seed))
 
     def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]:
-        """Every rank loads its own engine by reference (in the learner's process: nothing to
-        defer); rank 0's stats."""
-        return learners.push_weights_in_process(self.timeout)[0]
+        """Every rank loads its own engine (a colocated transport: nothing to defer); rank 0's stats."""
+        return learners.push_weights(self.transport.name, timeout_s=self.timeout)[0]
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
         return self.learners.engine_sequence_logprobs(sequences, self.timeout)

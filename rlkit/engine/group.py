@@ -80,23 +80,19 @@ class LearnerGroup:
 
     # ------------------------------------------------------------------ weights
 
-    def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store",
+    def push_weights(self, transport: str, engines: Any = None, bucket_mib: float = 256.0,
                      timeout_s: float | None = None, names: list[str] | None = None,
                      defer: bool = False) -> list[dict[str, Any] | None]:
-        """Current policy -> separate rollout engines. Rank 0 sends and returns its `SyncStats` as a
-        dict; the other ranks only take part in ZeRO-3 gathers (None). Each engine call may take
-        `timeout_s` (a `FaultError` naming the engine); the learners get `SLACK_S` more, so a hung
-        engine is named before its learner. `defer`: see `Learner.push_weights`."""
+        """Current policy -> the rollout engines by `transport` (`rlkit.transports`): see
+        `Learner.push_weights`. Each rank's `SyncStats` dict (None on the ranks that only take part
+        in ZeRO-3 gathers). Each engine call may take `timeout_s` (a `FaultError` naming the
+        engine); the learners get `SLACK_S` more, so a hung engine is named before its learner."""
         return self._timed("push_weights", "the weight sync", timeout_s and timeout_s + SLACK_S,
-                           engines, bucket_mib, strategy, timeout_s, names, defer)
+                           transport, engines, bucket_mib, timeout_s, names, defer)
 
     def adapter_files(self, timeout_s: float | None = None) -> dict[str, bytes]:
         """Rank 0's `Learner.adapter_files` (all ranks take part, for ZeRO-3)."""
         return self._timed("adapter_files", "the adapter sync", timeout_s)[0]
-
-    def push_weights_in_process(self, timeout_s: float | None = None) -> list[dict[str, float]]:
-        """Current policy -> each rank's colocated engine; `SyncStats` dict per rank."""
-        return self._timed("push_weights_in_process", "the weight sync", timeout_s)
 
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """Rank 0's `Learner.sequence_logprobs` (all ranks take part, for ZeRO-3)."""

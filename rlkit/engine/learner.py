@@ -43,30 +43,6 @@ class LearnerSpec:
     teacher: ModelConfig | None = None  # also hold a frozen teacher (on-policy distillation)
 
 
-def skip_shm_comm_op() -> None:
-    """Keep DeepSpeed from building its shared-memory CPU op when it starts torch.distributed: the
-    op serves only `inference_all_reduce`, which training never calls, and it is a C++ build at
-    the first start on a machine (about 90 s here, and a compiler it needs). DeepSpeed keeps its
-    table of compatible ops in one dict for such edits."""
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
-def _whole(load: Callable[[], Any]) -> Any:
-    """`load()` with transformers' ZeRO-3 hook off: under ZeRO-3 the policy is partitioned as it
-    loads (the process-wide HfDeepSpeedConfig), but a frozen copy (reference, teacher) must be
-    whole on each rank: nothing gathers its parameters."""
-    from transformers.integrations import deepspeed as hf_deepspeed
-
-    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
-    hf_deepspeed._hf_deepspeed_config_weak_ref = None
-    try:
-        return load()
-    finally:
-        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
-
-
 class Learner:
     """One rank. Create, then `init_process_group` on every rank at once, then `build`."""
 
@@ -85,7 +61,7 @@ class Learner:
         self.teacher: Any = None
         self.clips = False
         self._ds_hf_config: Any = None  # keeps HfDeepSpeedConfig alive for ZeRO-3 loading
-        self._broadcast: Any = None  # BroadcastSync, set up on the first broadcast push (rank 0)
+        self._transports: dict[str, Any] = {}  # persistent transports (a broadcast group), opened on first push
         self.colocated: Any = None  # ColocatedEngine, see start_engine
 
     # ------------------------------------------------------------------ setup
@@ -112,6 +88,8 @@ class Learner:
               f"{backend} process group at {master_addr}:{master_port}" + (f", gloo on {gloo}" if gloo else ""),
               flush=True)  # to the actor's log
         if not self.device_info.is_accelerator:
+            from rlkit.engine.ds_config import skip_shm_comm_op
+
             skip_shm_comm_op()
         try:
             deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
@@ -170,13 +148,13 @@ class Learner:
             self.engine.enable_backward_allreduce = False
         if spec.reference:
             ref_dtype = self.engine.module.dtype if spec.finetuning == "full" else None
-            self.reference = Reference(self.engine.module, spec.finetuning, lambda: _whole(
-                lambda: models.load_model(spec.model, ref_dtype).to(self.engine.device)))
+            self.reference = Reference(self.engine.module, spec.finetuning,
+                                       lambda: models.load_frozen(spec.model, ref_dtype, self.engine.device))
         if spec.teacher is not None:  # frozen, full weights on this rank, scoring as the reference does
             teacher_dtype = models.resolve_dtype(spec.teacher.dtype, self.device_info.bf16 and
                                                  self.device_info.is_accelerator)
-            self.teacher = Reference(self.engine.module, "full", lambda: _whole(
-                lambda: models.load_model(spec.teacher, teacher_dtype).to(self.engine.device)))
+            self.teacher = Reference(self.engine.module, "full",
+                                     lambda: models.load_frozen(spec.teacher, teacher_dtype, self.engine.device))
         trainable, total = models.trainable_summary(model)
         return {"trainable_params": trainable, "total_params": total, "precision": precision,
                 "device": self.device_info.kind, "zero_stage": spec.deepspeed.zero_stage}
@@ -288,39 +266,42 @@ class Learner:
     # ------------------------------------------------------------------ weights
 
     def _named_weights(self, all_ranks: bool = False):
-        from rlkit.engine.weight_sync import iter_named_weights
+        from rlkit.engine.weights import iter_named_weights
 
         return iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage,
                                   lora_merge=self.spec.finetuning != "full", all_ranks=all_ranks)
 
-    def push_weights(self, engines: list[Any], bucket_mib: float, strategy: str = "object_store",
+    def push_weights(self, transport: str, engines: Any = None, bucket_mib: float = 256.0,
                      timeout_s: float | None = None, names: list[str] | None = None,
                      defer: bool = False) -> dict | None:
-        """Send the current policy (LoRA merged) to separate rollout engines (`names`: theirs in
-        errors): through the Ray object store, or by NCCL/HCCL broadcast (`strategy="broadcast"`,
-        accelerators; the group is set up on first use). Every rank must call (ZeRO-3 gathers
-        layer by layer); rank 0 sends and returns the `SyncStats` as a dict. An engine call over
-        `timeout_s`, or an engine that died, is an `ActorFault` naming the engine, raised after
-        rank 0 has gone through the remaining gathers, so the other ranks are not left waiting in
-        one and the push can be retried. With `defer` (object store) the engines' loads of a
-        policy that fits the store's in-flight buckets are left running: the stats then carry
-        `pending` (`ObjectStoreSync.pending`), for the driver to wait on."""
-        from rlkit.engine.weight_sync import BroadcastSync, ObjectStoreSync
+        """Send the current policy (LoRA merged) to the rollout engines by `transport` (a row of
+        `rlkit.transports`). A colocated transport loads each rank's own engine (every rank
+        gathers); otherwise rank 0 sends to `engines` (actor handles, `names` theirs in errors)
+        while the other ranks take part in the ZeRO-3 gathers and return None. Rank 0 returns the
+        `SyncStats` as a dict. An engine call over `timeout_s`, or an engine that died, is an
+        `ActorFault` naming the engine, raised after rank 0 has gone through the remaining gathers,
+        so the other ranks are not left waiting in one and the push can be retried. With `defer`
+        (a deferrable transport) the engines' loads may be left running: the stats then carry
+        `pending` (`PendingLoads`), for the driver to wait on."""
+        from rlkit.engine.weight_sync import SyncTarget, open_transport
+        from rlkit.transports import TRANSPORTS
 
+        kind = TRANSPORTS[transport]
+        if kind.colocated:
+            return self.colocated.load_weights(kind, self._named_weights(all_ranks=True))
         named = self._named_weights()
         if self.rank != 0:
             for _ in named:  # take part in the gathers
                 pass
             return None
         try:
-            if strategy != "broadcast":
-                sync = ObjectStoreSync(engines, bucket_mib, timeout_s=timeout_s, names=names)
-                stats = asdict(sync.push(named, defer))
-                return {**stats, "pending": sync.pending} if sync.pending else stats
-            if self._broadcast is None:
-                self._broadcast = BroadcastSync.connect(engines, self.engine.device,
-                                                        self.device_info.weight_sync_backend, bucket_mib, timeout_s)
-            return asdict(self._broadcast.push(named))
+            sync = self._transports.get(transport) or open_transport(kind, SyncTarget(
+                engines, bucket_mib, timeout_s, names, self.engine.device, self.device_info.weight_sync_backend))
+            if kind.persistent:
+                self._transports[transport] = sync
+            stats = asdict(sync.push(named, defer and kind.deferrable))
+            pending = getattr(sync, "pending", None)
+            return {**stats, "pending": pending} if pending else stats
         except Exception:
             for _ in named:  # the gathers the other ranks are in (none after a failed gather)
                 pass
@@ -349,11 +330,6 @@ class Learner:
             if self.rank == 0:
                 module.save_pretrained(out, safe_serialization=True)
         return self.rank == 0
-
-    def push_weights_in_process(self) -> dict[str, float]:
-        """Colocated: every rank loads the current policy into its own engine by reference
-        (ZeRO-3: gathered module by module on all ranks)."""
-        return self.colocated.load_weights(self._named_weights(all_ranks=True))
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """(HF name, CPU tensor) of the current policy with LoRA merged; only rank 0 returns tensors."""

@@ -2,7 +2,7 @@
 
 A batch is a dict of tensors: `input_ids` [B, L] right-padded with `attention_mask` [B, L], or a
 padding-free row [1, T] with `position_ids` restarting per sequence and no mask (each sequence
-attends within itself, `engine/attention.py`). Logprobs are in
+attends within itself, `attention.py`). Logprobs are in
 shifted space: position t scores token t+1 from the logits at t, so they are [B, L-1]; a stage
 picks its positions with its own mask (GRPO: `completion_mask[:, 1:]`) and may pass them as
 `positions`, so that only those are scored. With `temperature` the logits are divided by it
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from rlkit.engine.attention import sequence_bounds
+from rlkit.attention import sequence_bounds
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ would make it fit.
 
 from rlkit.estimate.arch import PUBLISHED, Arch, model_config
 from rlkit.estimate.memory import GIB, Hardware, Process, estimate, model_states, verdicts
-from rlkit.estimate.plan import add_parser, check_before_launch, fixes, report
+from rlkit.estimate.plan import check_before_launch, fixes, report
 
-__all__ = ["GIB", "PUBLISHED", "Arch", "Hardware", "Process", "add_parser", "check_before_launch", "estimate",
+__all__ = ["GIB", "PUBLISHED", "Arch", "Hardware", "Process", "check_before_launch", "estimate",
            "fixes", "model_config", "model_states", "report", "verdicts"]

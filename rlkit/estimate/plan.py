@@ -3,10 +3,8 @@ the check every launch on an accelerator runs."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
-from pathlib import Path
 from typing import Any
 
 from rlkit.errors import UserError
@@ -92,41 +90,6 @@ def _half_micro_batch(cfg: Any) -> Any:
         return _set(cfg, "train", micro_batch_size=t.micro_batch_size // 2, grad_accum=t.grad_accum * 2)
     g = cfg.grpo
     return None if g.micro_batch_size < 2 else _set(cfg, "grpo", micro_batch_size=g.micro_batch_size // 2)
-
-
-# ------------------------------------------------------------------ the command
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("estimate", help="memory per process of a recipe, before launch (reads config.json only)",
-                       description="memory per process of a recipe by part, a verdict per device of the hardware, "
-                                   "and the changes that make it fit")
-    p.add_argument("recipe", help="an sft or grpo recipe")
-    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="override recipe keys")
-    p.add_argument("--hardware", default=None, help="e.g. 8xA100-80G, 2x8x910B-64G, 1xH100 (default: no verdict)")
-    p.add_argument("--config", default=None, help="the model's config.json, folder or hub id, when model.path has "
-                                                  "none here (a placeholder, a run not made yet)")
-    p.set_defaults(handler=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    import yaml
-
-    from rlkit import stages
-    from rlkit.gguf import resolve_models
-
-    try:
-        declared = (yaml.safe_load(Path(args.recipe).read_text(encoding="utf-8")) or {}).get("stage", "sft")
-    except (OSError, yaml.YAMLError, AttributeError):
-        declared = "sft"
-    stage = stages.ALIASES.get(declared, declared) if declared in (*stages.STAGES, *stages.ALIASES) else "sft"
-    cfg = resolve_models(stages.load(stage, args.recipe, list(args.overrides)))
-    config, source = model_config(cfg.model.path, args.config)
-    arch = Arch.from_config(config, cfg.model.path)
-    hardware = Hardware.parse(args.hardware) if args.hardware else None
-    for line in report(cfg, stage, arch, source, hardware):
-        print(line)
-    return 0
 
 
 def report(cfg: Any, stage: str, arch: Arch, source: str, hardware: Hardware | None) -> list[str]:

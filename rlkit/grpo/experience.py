@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.loss import soft_overlong_penalty
 from rlkit.grpo.task import Task
 
+if TYPE_CHECKING:
+    from rlkit.engine.engines import RolloutEngines
+
 
 @dataclass
 class Generation:
@@ -28,7 +31,7 @@ class Generation:
     rows: list[dict]
     prompts: list[str]
     futures: list[Any]
-    engines: Any
+    engines: RolloutEngines
     started: float
     version: int = 0  # the policy version (optimizer steps synced into the engines) that generates
     samples: list[Sample] | None = None  # once gathered (or restored from a checkpoint)
@@ -108,8 +111,8 @@ class Experience:
                  "truncated": self.rollouts[i].truncated} for i in picks]
 
 
-def start_generation(indices: list[int], task: Task, engines: Any, sampling: Sampling, group_size: int, seed: int,
-                     version: int = 0) -> Generation:
+def start_generation(indices: list[int], task: Task, engines: RolloutEngines, sampling: Sampling, group_size: int,
+                     seed: int, version: int = 0) -> Generation:
     """Start generating `group_size` completions for each of the train rows `indices` with the
     engines' policy `version`; returns at once."""
     rows = [task.rows[i] for i in indices]
@@ -299,7 +302,8 @@ class Evaluation:
         return total / max(1, len(self.rows))
 
 
-def evaluate_rows(task: Task, rows: list[dict], engines: Any, sampling: Sampling, n: int, seed: int) -> Evaluation:
+def evaluate_rows(task: Task, rows: list[dict], engines: RolloutEngines, sampling: Sampling, n: int,
+                  seed: int) -> Evaluation:
     """`n` seeded completions of each row from `engines` (anything with `generate(prompts, n,
     sampling, seed)` and `idle()`), scored by the task's rewards: the GRPO held-out eval and
     `rlkit eval` alike."""
@@ -316,6 +320,7 @@ def evaluate_rows(task: Task, rows: list[dict], engines: Any, sampling: Sampling
     return Evaluation(rows, prompts, samples, n, result)
 
 
-def evaluate(task: Task, engines: Any, sampling: Sampling, samples_per_prompt: int, seed: int) -> dict[str, float]:
+def evaluate(task: Task, engines: RolloutEngines, sampling: Sampling, samples_per_prompt: int,
+             seed: int) -> dict[str, float]:
     """The held-out rows' `eval/reward` and `eval/<fn>` (see `Evaluation.metrics`)."""
     return evaluate_rows(task, task.eval_rows, engines, sampling, samples_per_prompt, seed).metrics()

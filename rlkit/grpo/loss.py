@@ -154,10 +154,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask:
         old_logp = logp.detach()
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     adv = adv.to(logp.dtype)
-    log_ratio = logp - old_logp
-    if importance_sampling_level == "sequence":
-        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(_log_ratio(logp, old_logp, mask, importance_sampling_level))
 
     per_token, phi = _surrogate(loss_type, logp, old_logp, ratio, adv, mask, epsilon_low, epsilon_high, delta, gates,
                                 is_weights)
@@ -165,13 +162,9 @@ def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask:
         per_token = per_token * keep
     if is_weights is not None and loss_type != "vespo":
         per_token = per_token * is_weights
-    per_token_kl = None
-    if ref_logp is not None:
-        per_token_kl = kl_penalty(logp, ref_logp, kl)
-        if bias_correction_kl:
-            per_token_kl = per_token_kl * ratio
-        if beta != 0.0:
-            per_token = per_token + beta * per_token_kl
+    per_token_kl = None if ref_logp is None else kl_penalty(logp, ref_logp, kl) * (ratio if bias_correction_kl else 1)
+    if per_token_kl is not None and beta != 0.0:
+        per_token = per_token + beta * per_token_kl
 
     loss = aggregate(per_token.expand_as(logp), mask, loss_type, max_completion_length, num_items_in_batch)
     with torch.no_grad():
@@ -180,6 +173,14 @@ def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask:
                           kl_mean=None if per_token_kl is None else _masked_mean(per_token_kl, mask),
                           entropy=None if entropies is None else _masked_mean(entropies, mask),
                           phi_mean=None if phi is None else _masked_mean(phi, mask))
+
+
+def _log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: ISLevel) -> Tensor:
+    """log w per token [B, T], or GSPO's masked mean per sequence [B, 1] (``level="sequence"``)."""
+    log_ratio = logp - old_logp
+    if level == "sequence":
+        return ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    return log_ratio
 
 
 def _surrogate(loss_type: str, logp: Tensor, old_logp: Tensor, ratio: Tensor, adv: Tensor, mask: Tensor,

@@ -68,12 +68,15 @@ class GRPOObjective:
             (("teacher_logp",) if distill is not None and not jsd and distill.coef > 0 and
              distill.placement == "learner" else ())  # placement actor: the teacher's actor attaches them
         gates = SoftGates(**{f.name: getattr(algo, f.name) for f in dataclasses.fields(SoftGates)})
-        return cls(rollout.temperature, algo.epsilon_low, algo.epsilon_high, algo.beta, algo.kl, algo.loss_type,
-                   algo.importance_sampling_level, rollout.max_tokens, algo.rollout_correction,
-                   algo.correction_clip_min, algo.correction_clip_max, algo.off_policy_mask_threshold, gates, needs,
-                   distill.coef if distill else 0.0, distill.reward_weight if distill else 1.0,
-                   distill.loss if distill else "reverse_kl", distill.beta if distill else 1.0,
-                   ("teacher",) if jsd and distill.coef > 0 else (), bias_correction_kl=algo.use_bias_correction_kl)
+        opd = {} if distill is None else dict(
+            distill_coef=distill.coef, reward_weight=distill.reward_weight, distill_loss=distill.loss,
+            distill_beta=distill.beta, uses=("teacher",) if jsd and distill.coef > 0 else ())
+        return cls(temperature=rollout.temperature, epsilon_low=algo.epsilon_low, epsilon_high=algo.epsilon_high,
+                   beta=algo.beta, kl=algo.kl, loss_type=algo.loss_type,
+                   importance_sampling_level=algo.importance_sampling_level, max_completion_length=rollout.max_tokens,
+                   correction=algo.rollout_correction, clip_min=algo.correction_clip_min,
+                   clip_max=algo.correction_clip_max, off_policy_threshold=algo.off_policy_mask_threshold,
+                   gates=gates, needs=needs, bias_correction_kl=algo.use_bias_correction_kl, **opd)
 
     def positions(self, batch: dict[str, Tensor]) -> Tensor:
         """The completion tokens (shifted space): the only logprobs the loss reads."""

@@ -27,18 +27,19 @@ import time
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.checkpoint import dir_bytes
 from rlkit.driver import (
-    RunDir,
     curriculum_sampler,
     devices_line,
+    learner_demand,
     learner_group,
     learner_spec,
     memory_metrics,
     prepare_inputs,
 )
+from rlkit.engine.cluster import Demand
 from rlkit.engine.objective import mean_metrics
 from rlkit.grpo.batch import GRPOBatch, plan_micro_batches, plan_token_micro_batches
 from rlkit.grpo.config import GRPOConfig
@@ -46,20 +47,47 @@ from rlkit.grpo.difficulty import OnlineDifficulty
 from rlkit.grpo.experience import Experience, Generation, advantages, collect, evaluate, start_generation
 from rlkit.grpo.objective import GRPOObjective
 from rlkit.grpo.task import Task, load_task, recipe_dir
+from rlkit.rundir import RunDir
 from rlkit.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from rlkit.data.curriculum import CurriculumSampler
+    from rlkit.distill.teacher import TeacherActor
+    from rlkit.engine.engines import RolloutEngines
+    from rlkit.engine.group import LearnerGroup
+    from rlkit.metrics import MetricsLogger
+
+
+def demands(cfg: GRPOConfig, device: Any) -> list[Demand]:
+    """What a GRPO recipe asks of the Ray cluster: the learners' bundles, the separate engines' and
+    the teacher's own actor's (`distill.placement: actor`)."""
+    from rlkit.engine.placement import bundle, engine_cpus
+
+    rollout, custom = cfg.rollout, cfg.ray.resources
+    out = [learner_demand(cfg, cfg.grpo.num_learners, device, "grpo.num_learners")]
+    if not rollout.colocate:
+        tp = rollout.tensor_parallel_size
+        out.append(Demand("engine", rollout.num_engines,
+                          bundle(device, engine_cpus(device, cfg.ray, tp), tp, custom=custom.engine),
+                          cfg.ray.placement, "rollout.num_engines", tuple(custom.engine)))
+    if cfg.distill is not None and cfg.distill.placement == "actor":
+        out.append(Demand("teacher", 1, bundle(device, cfg.ray.cpus_per_actor, custom=custom.teacher), "pack",
+                          "distill.placement", tuple(custom.teacher)))
+    return out
 
 
 def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run GRPO from a loaded recipe; returns the final policy directory. Everything a user can
     get wrong (model path, data, rewards, sync strategy) is checked before Ray starts."""
     from rlkit.accel import detect
-    from rlkit.engine.cluster import Demand, ship_by_value
-    from rlkit.engine.engines import AdapterServing, start_engines, sync_strategy
+    from rlkit.distill.teacher import check_distill, check_teacher_node
+    from rlkit.engine.cluster import ship_by_value
+    from rlkit.engine.engines import AdapterServing, start_engines, sync_transport
 
     g = cfg.grpo
     device = detect(cfg.device)
-    sync_strategy(cfg.rollout, device)
-    cfg = prepare_inputs(cfg, device)
+    sync_transport(cfg.rollout, device)  # one that runs on this device
+    cfg = prepare_inputs(cfg, device, "grpo", checks=[check_distill])
     task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed,
                      cfg.rollout, on_cpu=not device.is_accelerator)
     with closing(task.scorer):
@@ -75,7 +103,8 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         rewards = [Demand("reward actor", 1, bundle, "pack", f"{key}.args", tuple(
             k for k in bundle if k not in ("CPU", "GPU")), f"{key}.args.resources")
             for key, bundle in task.scorer.actor_bundles()]
-        with run.session(), learner_group(cfg, spec, g.num_learners, device, rewards) as learners:
+        with run.session(), learner_group(cfg, spec, g.num_learners, device, [*demands(cfg, device), *rewards],
+                                          started=lambda: check_teacher_node(cfg.distill)) as learners:
             shipped = ship_by_value(task.scorer.modules())
             if shipped:
                 run.announce("rlkit grpo: reward modules go to the Ray workers by value (they are not installed "
@@ -142,8 +171,9 @@ def eval_sampling(cfg: GRPOConfig) -> Any:
     return sample if cfg.eval.temperature is None else dataclasses.replace(sample, temperature=cfg.eval.temperature)
 
 
-def _train(cfg: GRPOConfig, task: Task, sampler: Any, run: RunDir, learners: Any, engines: Any, logger: Any,
-           step: int, saved: list[dict], teacher: Any = None) -> None:
+def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir, learners: LearnerGroup,
+           engines: RolloutEngines, logger: MetricsLogger, step: int, saved: list[dict],
+           teacher: TeacherActor | None = None) -> None:
     """The loop, from `step` to `grpo.steps`; `saved`: the generations a checkpoint held in flight;
     `teacher`: a distillation teacher's own actor (`TeacherActor`), which scores each batch."""
     from rlkit.engine.engines import sampling
@@ -240,7 +270,7 @@ class GenerationQueue:
         return [gen.state_dict() for gen in self.queue if gen.resumable]
 
 
-def _log_examples(cfg: GRPOConfig, task: Task, logger: Any, step: int, exp: Experience, adv: Any) -> None:
+def _log_examples(cfg: GRPOConfig, task: Task, logger: MetricsLogger, step: int, exp: Experience, adv: Any) -> None:
     """At each logging step, `logging.completions` of the step's completions to rollouts.jsonl."""
     n, g = cfg.logging.completions, cfg.grpo
     if n and step % cfg.logging.every == 0:
@@ -257,12 +287,12 @@ def _observe(online: OnlineDifficulty | None, exp: Experience) -> dict[str, floa
     return online.metrics()
 
 
-def _sync_check(cfg: GRPOConfig, task: Task, engines: Any, learners: Any, step: int,
+def _sync_check(cfg: GRPOConfig, task: Task, engines: RolloutEngines, learners: LearnerGroup, step: int,
                 due: bool = False) -> dict[str, float]:
     """The parity probe (`rollout.sync_check_every`) after the sync that made policy `step`, when
     it is due: the engines and the learner score the first train and held-out prompts; a
     `FaultError` names an engine that disagrees."""
-    from rlkit.engine.engines import sync_check, sync_check_tol
+    from rlkit.engine.parity import sync_check, sync_check_tol
 
     every = cfg.rollout.sync_check_every
     if not every or not (due or step % every == 0):

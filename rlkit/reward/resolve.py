@@ -71,21 +71,7 @@ def _err(key: str, spec: RewardSpec, msg: str) -> RewardError:
 def _load_module(key: str, spec: RewardSpec, mod: str, base_dir: str | None) -> ModuleType:
     if mod.endswith(".py") or "/" in mod or os.sep in mod:
         path = mod if os.path.isabs(mod) else os.path.join(base_dir or os.getcwd(), mod)
-        path = os.path.abspath(path)
-        if not os.path.isfile(path):
-            raise _err(key, spec, f"file {path} not found (paths are relative to the recipe's folder)")
-        modname = f"_rlkit_reward_{zlib.crc32(path.encode()):08x}_{os.path.splitext(os.path.basename(path))[0]}"
-        if modname in sys.modules:
-            return sys.modules[modname]
-        ispec = importlib.util.spec_from_file_location(modname, path)
-        module = importlib.util.module_from_spec(ispec)
-        sys.modules[modname] = module
-        try:
-            ispec.loader.exec_module(module)
-        except Exception as e:  # the user's module failed at import
-            del sys.modules[modname]
-            raise _err(key, spec, f"importing {path} failed: {type(e).__name__}: {e}{_where(e, path)}") from None
-        return module
+        return _load_file(key, spec, os.path.abspath(path))
     extra = [os.path.abspath(d) for d in (base_dir, os.getcwd()) if d]
     try:
         return importlib.import_module(mod)
@@ -94,12 +80,11 @@ def _load_module(key: str, spec: RewardSpec, mod: str, base_dir: str | None) -> 
             raise _err(key, spec, f"importing {mod!r} failed: {e}") from None
         on_path = {os.path.abspath(p or os.curdir) for p in sys.path}
         top = mod.split(".")[0]
+        has = lambda d: os.path.isfile(os.path.join(d, top + ".py")) or os.path.isdir(os.path.join(d, top))
         for d in extra:  # `my_rewards:fn` next to the recipe or in the working directory
-            if d in on_path or not (os.path.isfile(os.path.join(d, top + ".py"))
-                                    or os.path.isdir(os.path.join(d, top))):
-                continue
-            sys.path.insert(0, d)
-            return _load_module(key, spec, mod, None)
+            if d not in on_path and has(d):
+                sys.path.insert(0, d)
+                return _load_module(key, spec, mod, None)
         looked = ", ".join(["the Python path", *extra])
         raise _err(key, spec, f"no module {mod!r} (looked in {looked}); "
                               "write 'package.module:function' or 'path/to/file.py:function'") from None
@@ -107,6 +92,24 @@ def _load_module(key: str, spec: RewardSpec, mod: str, base_dir: str | None) -> 
         raise
     except Exception as e:
         raise _err(key, spec, f"importing {mod!r} failed: {type(e).__name__}: {e}{_where(e)}") from None
+
+
+def _load_file(key: str, spec: RewardSpec, path: str) -> ModuleType:
+    """`path/to/file.py:fn`: the file imported once under a name of its own (its path's hash)."""
+    if not os.path.isfile(path):
+        raise _err(key, spec, f"file {path} not found (paths are relative to the recipe's folder)")
+    modname = f"_rlkit_reward_{zlib.crc32(path.encode()):08x}_{os.path.splitext(os.path.basename(path))[0]}"
+    if modname in sys.modules:
+        return sys.modules[modname]
+    ispec = importlib.util.spec_from_file_location(modname, path)
+    module = importlib.util.module_from_spec(ispec)
+    sys.modules[modname] = module
+    try:
+        ispec.loader.exec_module(module)
+    except Exception as e:  # the user's module failed at import
+        del sys.modules[modname]
+        raise _err(key, spec, f"importing {path} failed: {type(e).__name__}: {e}{_where(e, path)}") from None
+    return module
 
 
 def _where(e: BaseException, path: str | None = None) -> str:

@@ -177,15 +177,7 @@ class RewardScorer:
     def _start(self, r: ResolvedReward, batch: _Batch) -> Callable[[float | None], tuple[Any, float]]:
         """Start one call; returns ``wait(timeout) -> (output, seconds)``."""
         if self.parallel == "process":
-            fut = self._process_pool().submit(_process_call, r.spec, self.base_dir, r.key, batch)
-
-            def wait_proc(timeout: float | None) -> tuple[Any, float]:
-                try:
-                    return fut.result(timeout=timeout)
-                except FutureTimeout:
-                    self._kill_pool()
-                    raise _Timeout(f"timed out after {timeout:g} s") from None
-            return wait_proc
+            return self._start_in_process(r, batch)
         box: dict[str, Any] = {}
 
         def target() -> None:
@@ -195,12 +187,8 @@ class RewardScorer:
             except BaseException as e:  # noqa: BLE001 — re-raised in the caller's thread
                 box["exc"] = e
             box["secs"] = time.perf_counter() - t0
-        if self.parallel == "none":
-            target()
-            th = None
-        else:
-            th = threading.Thread(target=target, name=f"reward-{r.name}", daemon=True)
-            th.start()
+        th = None if self.parallel == "none" else threading.Thread(target=target, name=f"reward-{r.name}", daemon=True)
+        (target if th is None else th.start)()
 
         def wait_thread(timeout: float | None) -> tuple[Any, float]:
             if th is not None:
@@ -211,6 +199,18 @@ class RewardScorer:
                 raise box["exc"]
             return box["out"], box["secs"]
         return wait_thread
+
+    def _start_in_process(self, r: ResolvedReward, batch: _Batch) -> Callable[[float | None], tuple[Any, float]]:
+        """`parallel: process`: the call in the pool's spawned process; a timeout kills the pool."""
+        fut = self._process_pool().submit(_process_call, r.spec, self.base_dir, r.key, batch)
+
+        def wait_proc(timeout: float | None) -> tuple[Any, float]:
+            try:
+                return fut.result(timeout=timeout)
+            except FutureTimeout:
+                self._kill_pool()
+                raise _Timeout(f"timed out after {timeout:g} s") from None
+        return wait_proc
 
     def _process_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:

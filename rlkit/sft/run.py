@@ -11,20 +11,26 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlkit.checkpoint import dir_bytes
 from rlkit.driver import (
-    RunDir,
     curriculum_sampler,
     devices_line,
+    learner_demand,
     learner_group,
     learner_spec,
     memory_metrics,
     prepare_inputs,
 )
+from rlkit.rundir import RunDir
 from rlkit.sft.config import SFTConfig, SFTDataConfig, SFTEvalConfig
 from rlkit.sft.objective import NLLObjective
+
+if TYPE_CHECKING:
+    from rlkit.data.curriculum import CurriculumSampler
+    from rlkit.engine.group import LearnerGroup
+    from rlkit.metrics import MetricsLogger
 
 log = logging.getLogger("rlkit")
 
@@ -111,7 +117,7 @@ def shard_step(samples: list[dict], world: int, grad_accum: int, mbs: int, packi
     return [micro_batches(samples[r * per_rank:(r + 1) * per_rank], mbs, packing, pad_id) for r in range(world)]
 
 
-def eval_loss(learners: Any, samples: list[dict], mbs: int, pad_id: int, max_batches: int | None) -> float:
+def eval_loss(learners: LearnerGroup, samples: list[dict], mbs: int, pad_id: int, max_batches: int | None) -> float:
     """Token-mean NLL over `samples`, split across the learners."""
     world = learners.size
     batches = micro_batches(samples, mbs, False, pad_id)
@@ -149,7 +155,7 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     from rlkit.models import load_tokenizer
 
     device = detect(cfg.device)
-    cfg = prepare_inputs(cfg, device)
+    cfg = prepare_inputs(cfg, device, "sft")
     tokenizer = load_tokenizer(cfg.model)
     data = load_sft_data(cfg.data, tokenizer, cfg.seed)
     t = cfg.train
@@ -160,7 +166,8 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     for line in [_plan(cfg, data, total, device), *data.notes]:
         run.announce(line)
     spec = learner_spec(cfg, t.micro_batch_size, t.grad_accum, total)
-    with run.session(), learner_group(cfg, spec, t.num_learners, device) as learners:
+    learners_wanted = learner_demand(cfg, t.num_learners, device, "train.num_learners")
+    with run.session(), learner_group(cfg, spec, t.num_learners, device, [learners_wanted]) as learners:
         step, saved = run.resume(learners, sampler)
         stopping = EarlyStopping(**saved)
         logger = run.logger(cfg.logging, total, step)
@@ -187,8 +194,8 @@ def _plan(cfg: SFTConfig, data: SFTData, total: int, device: Any) -> str:
             f"({total / per_epoch:.2f} epochs); {data.template} template; {devices_line(device, t.num_learners)}")
 
 
-def _train(cfg: SFTConfig, run: RunDir, learners: Any, sampler: Any, data: SFTData, stopping: EarlyStopping,
-           logger: Any, step: int, total: int) -> int:
+def _train(cfg: SFTConfig, run: RunDir, learners: LearnerGroup, sampler: CurriculumSampler, data: SFTData,
+           stopping: EarlyStopping, logger: MetricsLogger, step: int, total: int) -> int:
     """The steps from `step` to `total` (or to early stopping); returns the last step."""
     t, objective = cfg.train, NLLObjective()
     evaluate = lambda: eval_loss(learners, data.eval, t.micro_batch_size, data.pad_id, cfg.eval.max_batches)  # noqa: E731

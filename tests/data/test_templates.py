@@ -140,7 +140,7 @@ def test_ship_template_writes_the_alpaca_one_and_keeps_a_chat_one(tokenizer, tmp
     from transformers import AutoTokenizer
 
     from rlkit.data.templates import ALPACA_CHAT_TEMPLATE
-    from rlkit.driver import ship_template
+    from rlkit.rundir import ship_template
 
     for template, want in (("alpaca", ALPACA_CHAT_TEMPLATE), ("chat", tokenizer.chat_template)):
         tokenizer.save_pretrained(tmp_path / template)

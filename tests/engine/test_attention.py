@@ -1,4 +1,4 @@
-"""rlkit's attention for padding-free rows (`engine/attention.py`): sdpa on each sequence of a
+"""rlkit's attention for padding-free rows (`attention.py`): sdpa on each sequence of a
 packed row. Padded batches get exactly transformers' sdpa; packed rows score and train as the
 padded batch does (fp32 within 1e-6, gradients in fp64 within 1e-12)."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from rlkit.engine.attention import PACKED_SDPA, packed_sdpa, sequence_bounds, use_packed_attention
+from rlkit.attention import PACKED_SDPA, packed_sdpa, sequence_bounds, use_packed_attention
 from rlkit.engine.logprobs import token_logprobs
 from tests.engine.conftest import assert_packed_as_padded
 

@@ -37,18 +37,19 @@ def test_what_fits_is_placed_and_what_does_not_says_why():
 def test_the_recipes_demands_name_their_keys():
     from rlkit import stages
     from rlkit.accel import detect
-    from rlkit.driver import demands
+    from rlkit.driver import learner_demand
+    from rlkit.grpo.run import demands
     from tests.sft.conftest import ROOT
 
     cfg = stages.load("grpo", ROOT / "recipes" / "tiny-grpo.yaml", ["ray.placement=spread"])
-    got = demands(cfg, cfg.grpo.num_learners, detect("cpu"))
+    got = demands(cfg, detect("cpu"))
     assert [(d.what, d.n, d.bundle, d.placement, d.key) for d in got] == [
         ("learner", 2, {"CPU": 1.0}, "spread", "grpo.num_learners"),
         ("engine", 2, {"CPU": 1.0}, "spread", "rollout.num_engines")]
     colocated = stages.load("grpo", ROOT / "recipes" / "tiny-grpo.yaml", ["rollout.colocate=true"])
-    assert [d.what for d in demands(colocated, 2, detect("cpu"))] == ["learner"]
+    assert [d.what for d in demands(colocated, detect("cpu"))] == ["learner"]
     sft = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml", [])
-    assert [d.key for d in demands(sft, 1, detect("cpu"))] == ["train.num_learners"]
+    assert learner_demand(sft, 1, detect("cpu"), "train.num_learners").key == "train.num_learners"
 
 
 def test_custom_resources_go_into_each_roles_bundles_and_are_checked_before_launch(monkeypatch):
@@ -57,15 +58,15 @@ def test_custom_resources_go_into_each_roles_bundles_and_are_checked_before_laun
     own in the run is refused in the recipe."""
     from rlkit import stages
     from rlkit.accel import detect
-    from rlkit.driver import demands
     from rlkit.engine import cluster
     from rlkit.engine.placement import actor_resources
     from rlkit.errors import ConfigError, UserError
+    from rlkit.grpo.run import demands
     from tests.sft.conftest import ROOT
 
     recipe = ROOT / "recipes" / "tiny-grpo.yaml"
     cfg = stages.load("grpo", recipe, ["ray.resources.learner.judge=1", "ray.resources.engine.fast_disk=0.5"])
-    got = demands(cfg, cfg.grpo.num_learners, detect("cpu"))
+    got = demands(cfg, detect("cpu"))
     assert [(d.what, d.bundle, d.custom) for d in got] == [("learner", {"CPU": 1.0, "judge": 1}, ("judge",)),
                                                            ("engine", {"CPU": 1.0, "fast_disk": 0.5}, ("fast_disk",))]
     assert actor_resources(detect("cpu"), 1.0, custom={"judge": 1}) == {"num_cpus": 1.0, "resources": {"judge": 1}}

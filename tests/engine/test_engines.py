@@ -8,17 +8,17 @@ from rlkit.errors import ConfigError
 
 def test_grpo_placement_and_sync_rules(tmp_path):
     from rlkit.accel import detect
-    from rlkit.engine.engines import sync_strategy
+    from rlkit.engine.engines import sync_transport
     from rlkit.errors import UserError
 
     r = tmp_path / "g.yaml"
     r.write_text("stage: grpo\noutput_dir: o\nmodel: {path: m}\ndata: {train: t.jsonl}\n"
                  "rewards: [{fn: 'rewards.exact:exact_match'}]\n")
     cpu = detect("cpu")
-    assert sync_strategy(stages.load("grpo", r).rollout, cpu) == "object_store"
+    assert sync_transport(stages.load("grpo", r).rollout, cpu).name == "object_store"
     colocated = stages.load("grpo", r, ["rollout.colocate=true", "grpo.num_learners=2", "rollout.num_engines=2",
                                         "grpo.micro_batch_size=4"])
-    assert sync_strategy(colocated.rollout, cpu) == "in_process"
+    assert sync_transport(colocated.rollout, cpu).name == "in_process"
     with pytest.raises(ConfigError, match=r"rollout.num_engines: colocated engines are one per learner: set it to "
                                           r"grpo.num_learners \(1\)"):
         stages.load("grpo", r, ["rollout.colocate=true", "rollout.num_engines=2"])
@@ -32,7 +32,7 @@ def test_grpo_placement_and_sync_rules(tmp_path):
         stages.load("grpo", r, ["rollout.colocate=true", "rollout.tensor_parallel_size=2"])
     with pytest.raises(UserError, match="rollout.sync: broadcast needs NCCL/HCCL between devices, but rlkit runs "
                                         "on cpu"):
-        sync_strategy(stages.load("grpo", r, ["rollout.sync=broadcast"]).rollout, cpu)
+        sync_transport(stages.load("grpo", r, ["rollout.sync=broadcast"]).rollout, cpu)
     with pytest.raises(ConfigError, match="eval.samples_per_prompt: must be >= 1, got 0"):
         stages.load("grpo", r, ["eval.samples_per_prompt=0"])
 
@@ -49,7 +49,7 @@ class _Scores:
 
 
 def test_sync_check_names_the_engine_that_disagrees():
-    from rlkit.engine.engines import SyncTolerance, sync_check
+    from rlkit.engine.parity import SyncTolerance, sync_check
     from rlkit.errors import FaultError
 
     fp32 = SyncTolerance(1e-3, "max")
@@ -70,7 +70,7 @@ def test_sync_check_names_the_engine_that_disagrees():
 def test_half_precision_sync_check_bounds_the_mean_gap():
     """bf16 kernels put single tokens ~0.6 nats apart on a correct sync (SmolLM2-135M at the start):
     the probe bounds the mean gap there, so one outlier token passes and a shifted engine does not."""
-    from rlkit.engine.engines import SyncTolerance, sync_check
+    from rlkit.engine.parity import SyncTolerance, sync_check
     from rlkit.errors import FaultError
 
     bf16 = SyncTolerance(0.1, "mean")
@@ -89,7 +89,7 @@ def test_half_precision_sync_check_bounds_the_mean_gap():
 
 def test_sync_check_tolerance_follows_the_model_dtype():
     from rlkit.config import ModelConfig, RolloutConfig
-    from rlkit.engine.engines import SyncTolerance, sync_check_tol
+    from rlkit.engine.parity import SyncTolerance, sync_check_tol
 
     assert sync_check_tol(RolloutConfig(), ModelConfig(path="m", dtype="fp32")) == SyncTolerance(1e-3, "max")
     assert sync_check_tol(RolloutConfig(), ModelConfig(path="m", dtype="bf16")) == SyncTolerance(0.2, "mean")

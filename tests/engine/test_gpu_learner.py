@@ -251,10 +251,10 @@ def test_zero3_bf16_learner_scores_with_whole_reference_and_teacher(learners, mo
     partitioned by transformers' ZeRO-3 hook), score like an fp32 HF forward of their weights
     within bf16's error, and a GRPO step with the teacher's per-token advantage stays finite."""
     from rlkit.config import ModelConfig, RolloutConfig
-    from rlkit.engine.learner import _whole
     from rlkit.grpo.batch import GRPOBatch, Rollout
     from rlkit.grpo.config import DistillConfig, GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective
+    from rlkit.models import whole
     from rlkit.tiny import build_tiny_model
 
     teacher_dir = build_tiny_model(tmp_path / "teacher", SIZE, seed=1)
@@ -267,7 +267,7 @@ def test_zero3_bf16_learner_scores_with_whole_reference_and_teacher(learners, mo
     mb = {"input_ids": torch.tensor([seq]), "attention_mask": torch.ones(1, 48, dtype=torch.long)}
     for source, path in (("reference", model_dir), ("teacher", teacher_dir)):
         got = learner.logprobs([mb], model=source)[0][0].float()
-        want = hf_logprobs(_whole(functools.partial(load_hf, path)), seq)  # (here too the ZeRO-3 hook is on)
+        want = hf_logprobs(whole(functools.partial(load_hf, path)), seq)  # (here too the ZeRO-3 hook is on)
         diff = (got - want).abs()
         print(f"\nZeRO-3 bf16 {source} logprobs vs fp32 HF: max abs diff {diff.max():.4f}, mean {diff.mean():.4f}")
         assert diff.mean() < 0.02 and diff.max() < 0.1, (source, float(diff.max()))

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rlkit.engine.rollout import Sample
-from rlkit.engine.weight_sync import ObjectStoreSync, iter_named_weights
+from rlkit.engine.weight_sync import ObjectStoreSync
+from rlkit.engine.weights import iter_named_weights
 
 from .conftest import hf_logprobs, load_hf, perturb
 

@@ -8,7 +8,8 @@ import socket
 import pytest
 import torch
 
-from rlkit.engine.weight_sync import InProcessSync, bucketize, hf_name, iter_named_weights
+from rlkit.engine.weight_sync import InProcessSync
+from rlkit.engine.weights import bucketize, hf_name, iter_named_weights
 
 from .conftest import hf_logprobs, load_hf, perturb
 
@@ -82,7 +83,7 @@ def test_iter_named_weights_gathers_zero3(tiny_models, monkeypatch):
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
         monkeypatch.setenv(key, value)
-    from rlkit.engine.learner import skip_shm_comm_op
+    from rlkit.engine.ds_config import skip_shm_comm_op
 
     skip_shm_comm_op()  # as the learners do on CPU
     deepspeed.init_distributed(dist_backend="gloo")

@@ -1,0 +1,67 @@
+"""The parity probe after a weight sync: do the engines score tokens as the learner does?
+
+Whatever the transport (`rlkit.transports`), the engines and the learner score the same token
+sequences and the gap is held to a tolerance that depends on the precision, not on the way the
+weights travelled: a transport that dropped or mangled a tensor shows as an engine far away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlkit.config import ModelConfig, RolloutConfig
+from rlkit.errors import FaultError
+
+if TYPE_CHECKING:
+    from rlkit.engine.engines import RolloutEngines
+    from rlkit.engine.group import LearnerGroup
+
+
+@dataclass(frozen=True)
+class SyncTolerance:
+    """What the parity probe holds the engines to: `nats` on the largest |engine - learner| token
+    logprob (`statistic` "max": fp32, where the two agree to ~1e-5 on CPU) or on the mean over the
+    probe's tokens ("mean": half precision, where single tokens differ by up to ~0.6 nats on a
+    correct sync while the mean stays near 0.05)."""
+
+    nats: float
+    statistic: str
+
+
+def sync_check_tol(rollout: RolloutConfig, model: ModelConfig, quantized_learner: bool = False) -> SyncTolerance:
+    """`rollout.sync_check_tol` (or its default) and the statistic it bounds: the largest
+    difference for fp32 models (default 1e-3 nats), the mean one for bf16/fp16 models (default
+    0.2 nats: SmolLM2-135M in bf16 on CPU measured 0.58 nats on its worst token at the start,
+    before any training, and means of 0.046-0.058 over its first syncs), the largest one and 2.0
+    when the learner's base is 4-bit and the engines' is not (QLoRA with adapter sync: the gap is
+    the quantization, 0.4 nats on the tiny model)."""
+    if quantized_learner and rollout.lora_sync == "adapter":
+        return SyncTolerance(rollout.sync_check_tol or 2.0, "max")
+    if model.dtype == "fp32":
+        return SyncTolerance(rollout.sync_check_tol or 1e-3, "max")
+    return SyncTolerance(rollout.sync_check_tol or 0.2, "mean")
+
+
+def sync_check(engines: RolloutEngines, learners: LearnerGroup, sequences: list[list[int]], tol: SyncTolerance,
+               when: str) -> tuple[float, float]:
+    """Parity probe after a weight sync: the engines and the learner score `sequences` (token
+    ids); returns the largest and the mean |engine - learner| token logprob of the engine that
+    is furthest on `tol.statistic`. Above `tol` (or NaN) a `FaultError` names that engine: its
+    weights are not the learner's."""
+    want = torch.tensor([x for seq in learners.sequence_logprobs(sequences) for x in seq])
+    gaps = [(torch.tensor([x for seq in got for x in seq]) - want).abs()
+            for got in engines.sequence_logprobs(sequences)]
+    stats = [(float(g.max()), float(g.mean())) for g in gaps]
+    checked = [s[0] if tol.statistic == "max" else s[1] for s in stats]
+    worst = max(range(len(checked)), key=lambda i: checked[i] if checked[i] == checked[i] else float("inf"))
+    if not checked[worst] <= tol.nats:
+        far = (f"up to {stats[worst][0]:.3g} nats away" if tol.statistic == "max" else
+               f"{stats[worst][1]:.3g} nats away on average (up to {stats[worst][0]:.3g})")
+        raise FaultError(f"sync check {when}: {engines.names[worst]} scores the check sequences {far} from the "
+                         f"learner (rollout.sync_check_tol {tol.nats:g}, on the {tol.statistic} difference), so "
+                         f"the weight sync did not reach it whole; stopping rather than training on its "
+                         f"samples (checkpoints already written are intact)")
+    return stats[worst]

@@ -1,0 +1,124 @@
+"""The structure stays as built: imports run one way (no circle between rlkit's files or folders),
+the actor layer and the shared driver know no stage, and no module or function outgrows its guide
+(ruff's C901 holds the complexity). Read from the source with `ast`; nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("rlkit", "rewards")
+STAGES = ("rlkit.sft", "rlkit.grpo", "rlkit.distill", "rlkit.stages")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _sources() -> dict[str, Path]:
+    """Module name -> file, for every module of rlkit and the shipped rewards."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The modules of `modules` that `name` imports, at its top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            wanted = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package
+                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            wanted = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for target in wanted:  # `from rlkit import stages` names the module rlkit.stages
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+                break
+    return found
+
+
+def _unit(module: str) -> str:
+    """A folder of rlkit counts as one unit (`rlkit.engine`), a top-level file as itself."""
+    parts = module.split(".")
+    if parts[0] == "rewards" or len(parts) == 1:
+        return parts[0]
+    return ".".join(parts[:2]) if (ROOT / parts[0] / parts[1]).is_dir() else module
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    sources = _sources()
+    return {name: _imports(name, path, set(sources)) - {"rlkit"} for name, path in sources.items()}
+
+
+def _circles(edges: dict[str, set[str]]) -> list[str]:
+    """The nodes left on or between circles: a node nothing imports, or that imports nothing left,
+    is taken away until none is; an acyclic graph loses every node."""
+    left = {v: set(ws) for v, ws in edges.items()}
+    for ws in list(left.values()):
+        for w in ws:
+            left.setdefault(w, set())
+    while True:
+        targets = {w for ws in left.values() for w in ws}
+        gone = {v for v, ws in left.items() if not ws or v not in targets}
+        if not gone:
+            return sorted(left)
+        left = {v: ws - gone for v, ws in left.items() if v not in gone}
+
+
+def _why(graph: dict[str, set[str]], part: list[str]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a in graph for b in graph[a] if _unit(a) in part and _unit(b) in part
+                  and _unit(a) != _unit(b))
+
+
+def test_no_import_circle_between_files_or_folders(graph):
+    assert _circles(graph) == []
+    folders: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        folders.setdefault(_unit(a), set()).update(_unit(b) for b in targets if _unit(b) != _unit(a))
+    circles = _circles(folders)
+    assert circles == [], _why(graph, circles)
+
+
+def test_the_actor_layer_and_the_shared_driver_know_no_stage(graph):
+    lower = [m for m in graph if m.startswith("rlkit.engine") or m in ("rlkit.driver", "rlkit.rundir")]
+    assert lower, "the engine package and the driver are where this test expects them"
+    wrong = sorted(f"{m} -> {t}" for m in lower for t in graph[m] if t.startswith(STAGES))
+    assert wrong == []
+
+
+def test_no_module_or_function_outgrows_its_guide():
+    long_modules, long_functions = [], []
+    for name, path in _sources().items():
+        if not name.startswith("rlkit"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
+    assert long_modules == [] and long_functions == []
+
+
+def test_the_checks_see_a_circle_and_a_stage_import():
+    """The helpers above find what they are for (a graph with a circle, an import by name)."""
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
+    assert _circles({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
+    sources = _sources()
+    assert "rlkit.grpo.run" in _imports("rlkit.cli", sources["rlkit.cli"], set(sources)) or \
+        "rlkit.grpo" in _imports("rlkit.cli", sources["rlkit.cli"], set(sources))
