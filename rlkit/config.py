@@ -10,8 +10,9 @@ is one line naming the file and the key before any work starts (see `rlkit.recip
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
+from rlkit.accel import Kind
 from rlkit.data.curriculum import DEFAULT_LEVELS, DEFAULT_PHASES, validate_phases
 from rlkit.data.formats import ROW_FORMATS
 from rlkit.data.templates import TEMPLATES
@@ -24,7 +25,7 @@ Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 DataFormat = Literal[ROW_FORMATS]
 Template = Literal[("auto", *TEMPLATES)]
 TinyName = Literal[tuple(SIZES)]
-Device = Literal["auto", "cuda", "rocm", "npu", "cpu"]
+Device = Literal[("auto", *get_args(Kind))]
 Finetuning = Literal["full", "lora", "qlora"]
 
 
@@ -225,6 +226,45 @@ class RayConfig:
     def __post_init__(self):
         check(self.num_cpus is None or self.num_cpus >= 1, "num_cpus", f"must be >= 1, got {self.num_cpus}")
         check(self.cpus_per_actor > 0, "cpus_per_actor", f"must be > 0, got {self.cpus_per_actor}")
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """The keys every stage recipe has; a stage's type adds its `data` section (kw-only), its own
+    sections and rules (`sft/config.py`, `grpo/config.py`)."""
+
+    model: ModelConfig
+    # run folder: config.yaml, rlkit.log, metrics, checkpoints, final/ (relative to the working directory)
+    output_dir: str
+    overwrite: bool = False  # a fresh run may replace another run's outputs in output_dir
+    # on an accelerator, a plan whose memory estimate exceeds a device: warn (one line), error (stop before
+    # launch) or off; `rlkit estimate` shows the parts
+    memory_check: Literal["warn", "error", "off"] = "warn"
+    seed: int = 42  # seeds sampling, shuffling, generation, initialisation
+    device: Device = "auto"  # auto: the accelerator this host has (CUDA, ROCm, NPU), else CPU
+    finetuning: Finetuning = "full"  # full, lora (needs a lora section) or qlora (4-bit base + LoRA)
+    lora: LoraConfig | None = None
+    qlora: QuantConfig | None = None
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    # keys by their peers' names (TRL, LLaMA-Factory, HF Trainer, verl, OpenRLHF), for the unknown-key hint;
+    # a stage adds its own
+    PEER_NAMES: ClassVar[dict[str, str]] = {
+        "learning_rate": "optim.lr", "lr_scheduler_type": "optim.scheduler", "model_name_or_path": "model.path",
+        "lora_rank": "lora.r", "lora_alpha": "lora.alpha", "lora_target": "lora.target_modules",
+        "deepspeed_stage": "deepspeed.zero_stage", "finetuning_type": "finetuning"}
+    # what a resumed run may not change from its checkpoint's config (checkpoint.force_resume); a stage adds its own
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = (
+        "stage", "model", "finetuning", "lora", "qlora", "data.train", "data.format", "data.dataset",
+        "data.template", "data.skip_bad_rows", "curriculum", "deepspeed.zero_stage")
+
+    def __post_init__(self):
+        check_finetuning(self)
 
 
 def check_finetuning(cfg: Any) -> None:

@@ -9,21 +9,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from rlkit.config import (
-    CheckpointConfig,
-    CurriculumConfig,
     DataConfig,
-    DeepSpeedConfig,
-    Device,
     EvalConfig,
-    Finetuning,
-    LoggingConfig,
-    LoraConfig,
     ModelConfig,
     OptimConfig,
-    QuantConfig,
-    RayConfig,
     RolloutConfig,
-    check_finetuning,
+    StageConfig,
 )
 from rlkit.grpo.advantages import ADVANTAGES
 from rlkit.grpo.correction import CorrectionMode
@@ -214,55 +205,32 @@ class DistillConfig:
               "placement: actor (placement: learner puts a copy beside each learner rank)")
 
 
-@dataclass(frozen=True)
-class GRPOConfig:
-    model: ModelConfig
+@dataclass(frozen=True, kw_only=True)
+class GRPOConfig(StageConfig):
     data: DataConfig
-    # run folder: config.yaml, rlkit.log, metrics, rollouts, checkpoints, final/ (relative to the working directory)
-    output_dir: str
     rewards: tuple[RewardSpec, ...]
-    overwrite: bool = False  # a fresh run may replace another run's outputs in output_dir
-    # on an accelerator, a plan whose memory estimate exceeds a device: warn (one line), error (stop before
-    # launch) or off; `rlkit estimate` shows the parts
-    memory_check: Literal["warn", "error", "off"] = "warn"
-    seed: int = 42  # seeds sampling, generation, initialisation
-    device: Device = "auto"  # auto: the accelerator this host has (CUDA, ROCm, NPU), else CPU
-    finetuning: Finetuning = "full"  # full, lora (needs a lora section) or qlora (4-bit base + LoRA)
-    lora: LoraConfig | None = None
-    qlora: QuantConfig | None = None
     grpo: GRPOAlgoConfig = field(default_factory=GRPOAlgoConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     online_difficulty: OnlineDifficultyConfig | None = None  # None = off
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, scheduler="constant"))
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     eval: GRPOEvalConfig = field(default_factory=GRPOEvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
     distill: DistillConfig | None = None  # on-policy distillation from a teacher (rlkit distill)
 
-    # keys by their TRL / verl / OpenRLHF names, for the unknown-key hint
     PEER_NAMES: ClassVar[dict[str, str]] = {
-        "learning_rate": "optim.lr", "lr_scheduler_type": "optim.scheduler", "model_name_or_path": "model.path",
-        "lora_rank": "lora.r", "lora_alpha": "lora.alpha", "lora_target": "lora.target_modules",
-        "deepspeed_stage": "deepspeed.zero_stage",
+        **StageConfig.PEER_NAMES,
         "max_steps": "grpo.steps", "num_generations": "grpo.group_size", "n_samples_per_prompt": "grpo.group_size",
         "max_completion_length": "rollout.max_tokens", "generate_max_len": "rollout.max_tokens",
         "per_device_train_batch_size": "grpo.micro_batch_size", "num_iterations": "grpo.epochs",
         "init_kl_coef": "grpo.beta", "vllm_num_engines": "rollout.num_engines",
-        "vllm_tensor_parallel_size": "rollout.tensor_parallel_size", "finetuning_type": "finetuning",
+        "vllm_tensor_parallel_size": "rollout.tensor_parallel_size",
         "max_tool_calling_iterations": "rollout.max_tool_calls", "environment_factory": "rollout.environment",
         "teacher_model_name_or_path": "distill.teacher.path"}
-    # what a resumed run may not change from its checkpoint's config (checkpoint.force_resume)
     RESUME_FIXED: ClassVar[tuple[str, ...]] = (
-        "stage", "model", "finetuning", "lora", "qlora", "data.train", "data.format", "data.dataset",
-        "data.template", "data.skip_bad_rows", "curriculum", "grpo.prompts_per_step", "grpo.group_size",
-        "grpo.num_learners", "grpo.micro_batch_size", "grpo.mini_batches", "grpo.max_staleness",
-        "deepspeed.zero_stage")
+        *StageConfig.RESUME_FIXED, "grpo.prompts_per_step", "grpo.group_size", "grpo.num_learners",
+        "grpo.micro_batch_size", "grpo.mini_batches", "grpo.max_staleness")
 
     def __post_init__(self):
-        check_finetuning(self)
+        super().__post_init__()
         check(not (self.ray.resources.engine and self.rollout.colocate), "ray.resources.engine",
               "colocated engines live in the learners' actors: put their resources under ray.resources.learner")
         check(not self.ray.resources.teacher or (self.distill is not None and self.distill.placement == "actor"),

@@ -4,23 +4,12 @@ evaluation sections."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from rlkit.config import (
-    CheckpointConfig,
-    CurriculumConfig,
     DataConfig,
-    DeepSpeedConfig,
-    Device,
     EvalConfig,
-    Finetuning,
-    LoggingConfig,
-    LoraConfig,
-    ModelConfig,
-    OptimConfig,
-    QuantConfig,
-    RayConfig,
-    check_finetuning,
+    StageConfig,
 )
 from rlkit.recipe import check
 
@@ -63,45 +52,21 @@ class SFTTrainConfig:
         check(self.max_steps is None or self.max_steps >= 1, "max_steps", "must be >= 1")
 
 
-@dataclass(frozen=True)
-class SFTConfig:
-    model: ModelConfig
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig(StageConfig):
     data: SFTDataConfig
-    # run folder: config.yaml, rlkit.log, metrics, checkpoints, final/ (relative to the working directory)
-    output_dir: str
-    overwrite: bool = False  # a fresh run may replace another run's outputs in output_dir
-    # on an accelerator, a plan whose memory estimate exceeds a device: warn (one line), error (stop before
-    # launch) or off; `rlkit estimate` shows the parts
-    memory_check: Literal["warn", "error", "off"] = "warn"
-    seed: int = 42  # seeds sampling, shuffling, initialisation
-    device: Device = "auto"  # auto: the accelerator this host has (CUDA, ROCm, NPU), else CPU
-    finetuning: Finetuning = "full"  # full, lora (needs a lora section) or qlora (4-bit base + LoRA)
-    lora: LoraConfig | None = None
-    qlora: QuantConfig | None = None
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
     eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
 
-    # keys by their TRL / LLaMA-Factory / HF Trainer names, for the unknown-key hint
     PEER_NAMES: ClassVar[dict[str, str]] = {
-        "learning_rate": "optim.lr", "lr_scheduler_type": "optim.scheduler", "model_name_or_path": "model.path",
-        "lora_rank": "lora.r", "lora_alpha": "lora.alpha", "lora_target": "lora.target_modules",
-        "deepspeed_stage": "deepspeed.zero_stage",
-        "num_train_epochs": "train.epochs", "per_device_train_batch_size": "train.micro_batch_size",
-        "gradient_accumulation_steps": "train.grad_accum", "max_length": "data.cutoff_len",
-        "max_seq_length": "data.cutoff_len", "finetuning_type": "finetuning"}
-    # what a resumed run may not change from its checkpoint's config (checkpoint.force_resume)
+        **StageConfig.PEER_NAMES, "num_train_epochs": "train.epochs",
+        "per_device_train_batch_size": "train.micro_batch_size", "gradient_accumulation_steps": "train.grad_accum",
+        "max_length": "data.cutoff_len", "max_seq_length": "data.cutoff_len"}
     RESUME_FIXED: ClassVar[tuple[str, ...]] = (
-        "stage", "model", "finetuning", "lora", "qlora", "data.train", "data.format", "data.dataset",
-        "data.template", "data.skip_bad_rows", "data.cutoff_len", "data.packing", "data.mask_history", "curriculum",
-        "train.num_learners", "train.micro_batch_size", "train.grad_accum", "deepspeed.zero_stage")
+        *StageConfig.RESUME_FIXED, "data.cutoff_len", "data.packing", "data.mask_history", "train.num_learners",
+        "train.micro_batch_size", "train.grad_accum")
 
     def __post_init__(self):
-        check_finetuning(self)
+        super().__post_init__()
         check(not (self.ray.resources.engine or self.ray.resources.teacher), "ray.resources",
               "an SFT run has learners only: put their resources under ray.resources.learner")
