@@ -12,14 +12,12 @@ import os
 import sys
 from typing import Any
 
+from rlkit import stages
 from rlkit.errors import Stopped, UserError
 
 EXIT_USER_ERROR = 2
 VERBOSE_HELP = ("show the libraries' output (Ray, DeepSpeed, vLLM, actors) live on the console instead of writing "
                 "it to RUN_DIR/logs/")
-STAGE_HELP = {"sft": "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
-          "grpo": "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe",
-          "distill": "on-policy distillation: the student samples (vLLM), a frozen teacher scores its tokens"}
 
 
 def _add_recipe_stage(sub, name: str, help_text: str) -> None:
@@ -34,7 +32,7 @@ def _add_recipe_stage(sub, name: str, help_text: str) -> None:
 
 
 def _run_stage(args: argparse.Namespace) -> int:
-    from rlkit.stages import load
+    from rlkit.stages import load, resolve, stage
 
     if args.recipe is None:
         raise UserError(f"rlkit {args.stage} needs a recipe: rlkit {args.stage} RECIPE.yaml [key.sub=value ...] "
@@ -43,27 +41,17 @@ def _run_stage(args: argparse.Namespace) -> int:
     if args.address:
         overrides.append(f"ray.address={args.address}")
     cfg = load(args.stage, args.recipe, overrides)
+    row = stage(args.stage)
     if args.print_config:
         import yaml
 
         from rlkit.recipe import to_dict
 
         print(yaml.safe_dump({"stage": args.stage, **to_dict(cfg)}, sort_keys=False, allow_unicode=True), end="")
-        if args.stage != "sft":
-            from rlkit.grpo.task import recipe_dir
-            from rlkit.reward.resolve import describe_rewards
-
-            print("# rewards, resolved:\n" + "\n".join(f"#   {line}" for line in
-                                                       describe_rewards(cfg.rewards, recipe_dir(args.recipe))))
+        notes = resolve(row.notes)(cfg, args.recipe) if row.notes else []
+        print("".join(f"# {line}\n" for line in notes), end="")
         return 0
-    if args.stage == "sft":
-        from rlkit.sft.run import run_sft
-
-        out = run_sft(cfg, recipe_path=args.recipe)
-    else:
-        from rlkit.grpo.run import run_grpo
-
-        out = run_grpo(cfg, recipe_path=args.recipe)
+    out = resolve(row.run)(cfg, recipe_path=args.recipe)
     print(f"rlkit {args.stage}: done; final model in {out}")
     return 0
 
@@ -124,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description="RL post-training for LLMs")
     parser.add_argument("--version", action=_Version, nargs=0, help="rlkit's and the key packages' versions")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for name, help_text in STAGE_HELP.items():
-        _add_recipe_stage(sub, name, help_text)
+    for row in stages.TABLE.values():
+        _add_recipe_stage(sub, row.name, row.help)
 
     p = sub.add_parser("tiny-model", help="build a tiny model + tokenizer offline (no hub)")
     p.add_argument("out_dir")
@@ -187,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 def _options_first(argv: list[str]) -> list[str]:
     """`rlkit grpo R.yaml --address A k=v`: argparse takes no positionals after an option once the
     overrides have begun, so a stage command's options (and the value of `--address`) go first."""
-    if not argv or argv[0] not in STAGE_HELP:
+    if not argv or argv[0] not in stages.TABLE:
         return argv
     options, rest, rest_args = [], argv[1:], []
     i = 0
@@ -203,7 +191,7 @@ def _options_first(argv: list[str]) -> list[str]:
 
 def _dashed_key(argv: list[str]) -> str | None:
     """`rlkit sft R.yaml --max_steps 20`: recipe keys are key=value; say so, with the full key."""
-    if not argv or argv[0] not in STAGE_HELP:
+    if not argv or argv[0] not in stages.TABLE:
         return None
     options = {"--print-config", "--address", "--verbose", "--help", "-h"}
     for i, arg in enumerate(argv[1:], 1):

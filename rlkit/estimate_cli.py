@@ -35,7 +35,7 @@ def _run(args: argparse.Namespace) -> int:
         declared = (yaml.safe_load(Path(args.recipe).read_text(encoding="utf-8")) or {}).get("stage", "sft")
     except (OSError, yaml.YAMLError, AttributeError):
         declared = "sft"
-    stage = stages.ALIASES.get(declared, declared) if declared in (*stages.STAGES, *stages.ALIASES) else "sft"
+    stage = stages.stage(declared).name if declared in stages.TABLE else "sft"
     cfg = resolve_models(stages.load(stage, args.recipe, list(args.overrides)))
     config, source = model_config(cfg.model.path, args.config)
     arch = Arch.from_config(config, cfg.model.path)

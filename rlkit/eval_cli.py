@@ -120,7 +120,7 @@ def _config(args: argparse.Namespace) -> tuple[Any, str | None]:
     else:
         if not args.data or not rewards:
             raise UserError("rlkit eval: give --data and --rewards (or a --recipe that names them)")
-        cfg = build(stages.STAGES["grpo"], {"model": {"path": args.model}, "data": {"train": args.data},
+        cfg = build(stages.config_types()["grpo"], {"model": {"path": args.model}, "data": {"train": args.data},
                                             "rewards": [{"fn": r.fn} for r in rewards], "output_dir": "unused"},
                     "rlkit eval")
         base = os.getcwd()

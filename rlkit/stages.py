@@ -1,4 +1,10 @@
-"""The training stages and their recipe types; `load` reads a recipe for one of them.
+"""The training stages as one table; `load` reads a recipe for one of them.
+
+A stage is a row of `TABLE`: its command's help line, its recipe type and its driver (both
+"module:name", imported when used, so `rlkit --help` loads neither torch nor Ray), the section
+that holds its batch sizes, and the recipe keys a DeepSpeed JSON's batch sizes fill. The command
+line (`cli.py`) and the estimate command read the table; a new stage is its own folder (config,
+objective, driver), a row here, its memory model in `rlkit.estimate` and a test.
 
 `load(stage, path, overrides)` reads the YAML, applies `key.sub=value` overrides and checks
 types and cross-field rules before any work starts; see `rlkit.recipe` for the error format.
@@ -6,49 +12,88 @@ types and cross-field rules before any work starts; see `rlkit.recipe` for the e
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlkit.engine.ds_config import check_batch_claims, fold_config_file
 from rlkit.errors import ConfigError
-from rlkit.grpo.config import GRPOConfig
 from rlkit.recipe import build, merge, nearest_keys, parse_overrides, read_yaml
-from rlkit.sft.config import SFTConfig
-
-STAGES: dict[str, type] = {"sft": SFTConfig, "grpo": GRPOConfig}
-ALIASES = {"distill": "grpo"}  # rlkit distill: a GRPO recipe with a `distill:` section (a teacher)
-# A DeepSpeed JSON's batch keys -> the recipe key that holds each, per stage (GRPO derives
-# its gradient accumulation from the rollout batch: checked after the build instead).
-DS_BATCH_KEYS = {"sft": {"train_micro_batch_size_per_gpu": "train.micro_batch_size",
-                         "gradient_accumulation_steps": "train.grad_accum"},
-                 "grpo": {"train_micro_batch_size_per_gpu": "grpo.micro_batch_size"}}
 
 
-def load(stage: str, path: str | Path, overrides: list[str] | None = None) -> Any:
-    """Read a recipe for `stage`, apply overrides, return the frozen config. Raises ConfigError."""
-    if ALIASES.get(stage, stage) not in STAGES:
-        raise ConfigError(f"unknown stage {stage!r}; expected one of {sorted([*STAGES, *ALIASES])}")
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    help: str
+    config: str = ""  # "module:Class" of its recipe type
+    run: str = ""  # "module:function" of its driver: run(cfg, recipe_path=...) -> the final model's folder
+    batch: str = ""  # the section with micro_batch_size, grad_accum and num_learners
+    # a DeepSpeed JSON's batch keys -> the recipe key that holds each (what is missing is checked after the build)
+    ds_batch_keys: dict[str, str] = field(default_factory=dict)
+    notes: str | None = None  # "module:function": lines `--print-config` adds after the config
+    of: str | None = None  # another stage's recipe type and driver, with a rule of its own (see `load`)
+
+
+TABLE: dict[str, Stage] = {s.name: s for s in (
+    Stage("sft", "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
+          "rlkit.sft.config:SFTConfig", "rlkit.sft.run:run_sft", "train",
+          {"train_micro_batch_size_per_gpu": "train.micro_batch_size",
+           "gradient_accumulation_steps": "train.grad_accum"}),
+    # GRPO derives its gradient accumulation from the rollout batch
+    Stage("grpo", "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe",
+          "rlkit.grpo.config:GRPOConfig", "rlkit.grpo.run:run_grpo", "grpo",
+          {"train_micro_batch_size_per_gpu": "grpo.micro_batch_size"}, notes="rlkit.grpo.task:recipe_notes"),
+    # rlkit distill: a GRPO recipe with a `distill:` section (a teacher)
+    Stage("distill", "on-policy distillation: the student samples (vLLM), a frozen teacher scores its tokens",
+          of="grpo"),
+)}
+ALIASES = {s.name: s.of for s in TABLE.values() if s.of}
+
+
+def stage(name: str) -> Stage:
+    """The row whose recipe type and driver `name` uses (an alias's target)."""
+    if name not in TABLE:
+        raise ConfigError(f"unknown stage {name!r}; expected one of {sorted(TABLE)}")
+    return TABLE[ALIASES.get(name, name)]
+
+
+def resolve(spec: str) -> Any:
+    """The object a "module:name" of the table names."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def config_types() -> dict[str, type]:
+    """Each stage's recipe type (the aliases share theirs), by name."""
+    return {s.name: resolve(s.config) for s in TABLE.values() if not s.of}
+
+
+def load(name: str, path: str | Path, overrides: list[str] | None = None) -> Any:
+    """Read a recipe for stage `name`, apply overrides, return the frozen config. Raises ConfigError."""
+    from rlkit.engine.ds_config import check_batch_claims, fold_config_file
+
+    row = stage(name)
     data = read_yaml(path)
-    declared = data.pop("stage", stage)
-    if ALIASES.get(declared, declared) != ALIASES.get(stage, stage):
-        raise ConfigError(f"{path}: stage: this recipe is for {declared!r}, not {stage!r}")
-    alias, stage = stage, ALIASES.get(stage, stage)
+    declared = data.pop("stage", name)
+    if declared not in TABLE or stage(declared) is not row:
+        raise ConfigError(f"{path}: stage: this recipe is for {declared!r}, not {name!r}")
     if overrides:
         data = merge(data, parse_overrides(overrides))
-    data, claims = fold_config_file(data, DS_BATCH_KEYS[stage], path)
-    cfg = build(STAGES[stage], data, str(path))
+    data, claims = fold_config_file(data, row.ds_batch_keys, path)
+    cfg = build(resolve(row.config), data, str(path))
     if claims:
-        t = cfg.train if stage == "sft" else cfg.grpo
-        keys = "train.micro_batch_size, grad_accum, num_learners" if stage == "sft" else \
-            "grpo.micro_batch_size, num_learners and the rollout batch"
+        t = getattr(cfg, row.batch)
+        extra = ", grad_accum" if "gradient_accumulation_steps" in row.ds_batch_keys else ""
+        keys = f"{row.batch}.micro_batch_size{extra}, num_learners" + (
+            "" if extra else " and the rollout batch")
         check_batch_claims(claims, cfg.deepspeed.config, t.micro_batch_size, t.grad_accum, t.num_learners, keys)
-    if alias == "distill" and cfg.distill is None:
+    if name == "distill" and cfg.distill is None:
         raise ConfigError(f"{path}: distill: rlkit distill needs a distill section naming the teacher "
                           "(distill.teacher.path); without one this is a GRPO recipe (rlkit grpo)")
     return cfg
 
 
-def key_for(stage: str, name: str) -> str:
-    """The recipe key of `stage` that a bare `name` (`max_steps`, `lr`) stands for."""
-    near = nearest_keys(STAGES[ALIASES.get(stage, stage)], name)
+def key_for(name: str, key: str) -> str:
+    """The recipe key of stage `name` that a bare `key` (`max_steps`, `lr`) stands for."""
+    near = nearest_keys(resolve(stage(name).config), key)
     return near[0] if len(near) == 1 else "KEY"

@@ -16,11 +16,11 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> int:
     from rlkit.keys import BEGIN, END, reference
-    from rlkit.stages import STAGES
+    from rlkit.stages import config_types
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="replace the table in README.md")
-    table = reference(STAGES)
+    table = reference(config_types())
     if not parser.parse_args().write:
         print(table, end="")
         return 0

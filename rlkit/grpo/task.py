@@ -125,6 +125,13 @@ def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: st
                  rollout.max_model_len)
 
 
+def recipe_notes(cfg: Any, recipe_path: str | Path | None) -> list[str]:
+    """What `--print-config` adds after a GRPO recipe: its rewards, resolved."""
+    from rlkit.reward.resolve import describe_rewards
+
+    return ["rewards, resolved:", *(f"  {line}" for line in describe_rewards(cfg.rewards, recipe_dir(recipe_path)))]
+
+
 def recipe_dir(recipe_path: str | Path | None) -> str | None:
     """The folder `file.py:function` reward paths are relative to."""
     return str(Path(recipe_path).resolve().parent) if recipe_path else None
