@@ -30,6 +30,7 @@ class Stage:
     batch: str = ""  # the section with micro_batch_size, grad_accum and num_learners
     # a DeepSpeed JSON's batch keys -> the recipe key that holds each (what is missing is checked after the build)
     ds_batch_keys: dict[str, str] = field(default_factory=dict)
+    batch_sizes: str = ""  # what gives its global batch, as a JSON's train_batch_size mismatch names it
     notes: str | None = None  # "module:function": lines `--print-config` adds after the config
     of: str | None = None  # another stage's recipe type and driver, with a rule of its own (see `load`)
 
@@ -38,11 +39,12 @@ TABLE: dict[str, Stage] = {s.name: s for s in (
     Stage("sft", "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
           "rlkit.sft.config:SFTConfig", "rlkit.sft.run:run_sft", "train",
           {"train_micro_batch_size_per_gpu": "train.micro_batch_size",
-           "gradient_accumulation_steps": "train.grad_accum"}),
+           "gradient_accumulation_steps": "train.grad_accum"}, "train.micro_batch_size, grad_accum, num_learners"),
     # GRPO derives its gradient accumulation from the rollout batch
     Stage("grpo", "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe",
           "rlkit.grpo.config:GRPOConfig", "rlkit.grpo.run:run_grpo", "grpo",
-          {"train_micro_batch_size_per_gpu": "grpo.micro_batch_size"}, notes="rlkit.grpo.task:recipe_notes"),
+          {"train_micro_batch_size_per_gpu": "grpo.micro_batch_size"},
+          "grpo.micro_batch_size, num_learners and the rollout batch", notes="rlkit.grpo.task:recipe_notes"),
     # rlkit distill: a GRPO recipe with a `distill:` section (a teacher)
     Stage("distill", "on-policy distillation: the student samples (vLLM), a frozen teacher scores its tokens",
           of="grpo"),
@@ -83,10 +85,8 @@ def load(name: str, path: str | Path, overrides: list[str] | None = None) -> Any
     cfg = build(resolve(row.config), data, str(path))
     if claims:
         t = getattr(cfg, row.batch)
-        extra = ", grad_accum" if "gradient_accumulation_steps" in row.ds_batch_keys else ""
-        keys = f"{row.batch}.micro_batch_size{extra}, num_learners" + (
-            "" if extra else " and the rollout batch")
-        check_batch_claims(claims, cfg.deepspeed.config, t.micro_batch_size, t.grad_accum, t.num_learners, keys)
+        check_batch_claims(claims, cfg.deepspeed.config, t.micro_batch_size, t.grad_accum, t.num_learners,
+                           row.batch_sizes)
     if name == "distill" and cfg.distill is None:
         raise ConfigError(f"{path}: distill: rlkit distill needs a distill section naming the teacher "
                           "(distill.teacher.path); without one this is a GRPO recipe (rlkit grpo)")

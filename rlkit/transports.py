@@ -48,6 +48,11 @@ TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
 SyncName = Literal[("auto", *TRANSPORTS)]  # type: ignore[valid-type]
 
 
+def names(**wanted: bool) -> str:
+    """The names of the rows with these properties, as a message lists them ("a or b")."""
+    return " or ".join(t.name for t in TRANSPORTS.values() if all(getattr(t, k) == v for k, v in wanted.items()))
+
+
 def colocation_problem(name: str, colocate: bool) -> str | None:
     """Why `rollout.sync: name` does not go with `rollout.colocate` (one line), or None."""
     transport = TRANSPORTS.get(name)
@@ -55,8 +60,7 @@ def colocation_problem(name: str, colocate: bool) -> str | None:
         return None
     if transport.colocated:
         return f"{name} sync needs colocate: true (the engine must live in the learner process)"
-    inside = " or ".join(t.name for t in TRANSPORTS.values() if t.colocated)
-    return f"colocated engines take weights in-process; use sync: auto or {inside}"
+    return f"colocated engines take weights in-process; use sync: auto or {names(colocated=True)}"
 
 
 def resolve(name: str, colocate: bool, device_kind: str, collective_backend: str | None) -> Transport:
@@ -64,7 +68,6 @@ def resolve(name: str, colocate: bool, device_kind: str, collective_backend: str
     object_store); a `UserError` when this device cannot run it."""
     transport = TRANSPORTS["in_process" if colocate else "object_store"] if name == "auto" else TRANSPORTS[name]
     if transport.collective and collective_backend is None:
-        others = " or ".join(t.name for t in TRANSPORTS.values() if not t.collective and not t.colocated)
         raise UserError(f"{name} needs NCCL/HCCL between devices, but rlkit runs on {device_kind}; use sync: "
-                        f"{others} (or auto)", "rollout.sync")
+                        f"{names(collective=False, colocated=False)} (or auto)", "rollout.sync")
     return transport

@@ -25,7 +25,7 @@ from rlkit.engine.rollout import Sample, Sampling
 from rlkit.engine.weight_sync import PendingLoads
 from rlkit.errors import FaultError
 from rlkit.seeding import derive_seed
-from rlkit.transports import TRANSPORTS, Transport, resolve
+from rlkit.transports import Transport, names, resolve
 
 log = logging.getLogger("rlkit.engines")
 
@@ -289,10 +289,9 @@ class SeparateEngines:
                     raise FaultError(f"{fault}; it was restarted {n} time{'s' * (n != 1)} already "
                                      f"(rollout.max_restarts {self.rollout.max_restarts})") from fault
                 if not self.transport.rejoinable:
-                    rejoin = " or ".join(t.name for t in TRANSPORTS.values() if t.rejoinable and not t.colocated)
                     raise FaultError(f"{fault}; a restarted engine cannot rejoin the weight sync, so engines are "
-                                     f"not restarted with rollout.sync: {self.transport.name} ({rejoin} restarts "
-                                     "them)") from fault
+                                     f"not restarted with rollout.sync: {self.transport.name} "
+                                     f"({names(rejoinable=True, colocated=False)} restarts them)") from fault
             try:
                 for i in bad:
                     ray.kill(self.handles[i], no_restart=True)
