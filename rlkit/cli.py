@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_run_tiny_model)
 
     p = sub.add_parser("demo", help="run the embedded default end to end on the tiny model")
-    p.add_argument("--out-dir", default="runs/demo")
+    p.add_argument("--out-dir", default="runs", help="where the tiny recipes' runs/ paths go (default runs)")
     p.add_argument("--stages", nargs="*", default=None, choices=["sft", "grpo"], help="subset of the demo's stages")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(handler=_run_demo, quiet=True)

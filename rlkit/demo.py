@@ -1,4 +1,10 @@
-"""The embedded default: build the tiny model and task offline, then SFT and GRPO on CPU."""
+"""The embedded default: the tiny recipes as a user runs them, on CPU.
+
+`rlkit demo` is `rlkit sft recipes/tiny-sft.yaml`, then `rlkit grpo recipes/tiny-grpo.yaml`, then
+`rlkit plot runs/tiny-sft runs/tiny-grpo --out runs/tiny-plots` (the commands the README shows),
+each run told to replace an earlier demo's. The SFT recipe builds the tiny model and the synthetic
+task offline where its paths are empty. `out_dir` moves the recipes' `runs/` paths elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +12,52 @@ from collections.abc import Iterator
 from pathlib import Path
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+RUNS = "runs"  # where every path of the tiny recipes starts
 AGAIN = ("overwrite=true", "checkpoint.resume=never")  # a second demo replaces the first one's runs
+MOVED_KEYS = ("model.path", "data.train", "data.eval", "output_dir")
 
 
-def run_demo(out_dir: str | Path = "runs/demo", stages: list[str] | None = None) -> Iterator[str]:
-    """Yield one line per finished step, naming where its outputs are."""
-    from rlkit.stages import load
-    from rlkit.tiny import build_tiny_model, write_task_data
+def run_demo(out_dir: str | Path = RUNS, stages: list[str] | None = None) -> Iterator[str]:
+    """Yield one line per finished command, naming where its outputs are."""
+    from rlkit.plot import plot_runs
 
     out = Path(out_dir)
-    model_dir = out / "tiny-model"
-    data_dir = out / "data"
-    if not (model_dir / "config.json").exists():
-        build_tiny_model(model_dir, "tiny")
-    paths = write_task_data(data_dir, seed=0)
-    yield f"tiny model: {model_dir}"
-    yield f"synthetic data: {', '.join(str(p) for p in paths.values())}"
-    wanted = stages or ["sft", "grpo"]
-    if "sft" in wanted:
-        from rlkit.sft.run import run_sft
+    ran = []
+    for stage in stages or ["sft", "grpo"]:
+        final = _shown(_run_recipe(stage, out))
+        ran.append(final.parent)
+        line = f"rlkit {stage} recipes/tiny-{stage}.yaml: final model in {final}"
+        if stage == "grpo":
+            line += f"; {_accuracy_line(final.parent / 'metrics.jsonl')}"
+        yield line
+    curves = [p for p in plot_runs(ran, out / "tiny-plots") if p.name == "curves.png"]
+    yield f"rlkit plot: {', '.join(str(p) for p in curves)} (and one PNG per panel beside each)"
 
-        cfg = load("sft", RECIPES / "tiny-sft.yaml", [
-            f"model.path={model_dir}", f"data.train={data_dir / 'sft_train.jsonl'}",
-            f"data.eval={data_dir / 'sft_eval.jsonl'}", f"output_dir={out / 'sft'}", *AGAIN])
-        yield f"sft: final model in {run_sft(cfg, recipe_path=RECIPES / 'tiny-sft.yaml')}"
-    if "grpo" in wanted:
-        from rlkit.grpo.run import run_grpo
 
-        cfg = load("grpo", RECIPES / "tiny-grpo.yaml", [
-            f"model.path={out / 'sft' / 'final'}", f"data.train={data_dir / 'grpo_train.jsonl'}",
-            f"data.eval={data_dir / 'grpo_eval.jsonl'}", f"output_dir={out / 'grpo'}", *AGAIN])
-        final = run_grpo(cfg, recipe_path=RECIPES / "tiny-grpo.yaml")
-        yield f"grpo: final policy in {final}; {_accuracy_line(out / 'grpo' / 'metrics.jsonl')}"
-    ran = [out / stage for stage in ("sft", "grpo") if stage in wanted]
-    if ran:
-        from rlkit.plot import plot_runs
+def _run_recipe(stage: str, out: Path) -> Path:
+    """Run recipes/tiny-<stage>.yaml with its paths under `out` instead of runs/; its final/ folder."""
+    import yaml
 
-        curves = [p for p in plot_runs(ran, out / "plots") if p.name == "curves.png"]
-        yield f"plots: {', '.join(str(p) for p in curves)} (and one PNG per panel beside each)"
+    from rlkit import stages
+
+    recipe = RECIPES / f"tiny-{stage}.yaml"
+    doc = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+    moved = []
+    for key in MOVED_KEYS if out != Path(RUNS) else ():
+        section, _, name = key.rpartition(".")
+        value = (doc.get(section) or {}).get(name) if section else doc.get(name)
+        if isinstance(value, str) and value.startswith(RUNS + "/"):
+            moved.append(f"{key}={out / value[len(RUNS) + 1:]}")
+    cfg = stages.load(stage, recipe, [*moved, *AGAIN])
+    return Path(stages.resolve(stages.stage(stage).run)(cfg, recipe_path=recipe))
+
+
+def _shown(path: Path) -> Path:
+    """`path` relative to the working folder when it is inside it (as the recipe wrote it)."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def _accuracy_line(metrics: Path) -> str:

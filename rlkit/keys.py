@@ -1,7 +1,7 @@
-"""The recipe key reference, generated from the stage config dataclasses (the README's table).
+"""The recipe key reference, generated from the stage config dataclasses (docs/keys.md).
 
 Each key's row holds its type, its default in each stage (— where a stage has no such key) and
-its meaning, taken from the comment on or above its field in the source. The README's table is
+its meaning, taken from the comment on or above its field in the source. The table in docs/keys.md is
 this module's output (`python scripts/key_reference.py --write`), and a test fails when they
 differ, so the reference cannot drift from the code.
 """

@@ -3,7 +3,7 @@
 One PNG per panel (reward, held-out, loss, KL, clip fractions, completion length, time per step,
 learning rate, curriculum mix: each only when a run logged its metrics) and `curves.png` with all
 of them in a grid. Several runs are overlaid, one colour per run. A folder without
-`metrics.jsonl` whose subfolders have one (`runs/demo`: sft/ and grpo/) stands for those runs;
+`metrics.jsonl` whose subfolders have one (a folder of runs) stands for those runs;
 runs of different stages are drawn apart, under DIR/<stage>/. Drawn with matplotlib's Agg
 backend: no display needed.
 """

@@ -1,5 +1,5 @@
 """Print the recipe key reference (every key of both stages: type, defaults, meaning), generated
-from the config dataclasses; `--write` puts it into README.md between its markers.
+from the config dataclasses; `--write` puts it into docs/keys.md between its markers.
 
     python scripts/key_reference.py [--write]
 """
@@ -19,12 +19,12 @@ def main() -> int:
     from rlkit.stages import config_types
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="replace the table in README.md")
+    parser.add_argument("--write", action="store_true", help="replace the table in docs/keys.md")
     table = reference(config_types())
     if not parser.parse_args().write:
         print(table, end="")
         return 0
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "keys.md"
     text = readme.read_text(encoding="utf-8")
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme}: no {BEGIN} ... {END} markers to write between")

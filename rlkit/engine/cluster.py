@@ -185,7 +185,7 @@ def check_nodes_see(node_ids: set[str], who: str, output_dir: Path | None = None
         if missing:
             raise UserError(f"Ray node {address} (it hosts {who}) does not see {missing[0]}: every node that hosts "
                             "learners or engines must see output_dir and model.path at the same path (a shared "
-                            "filesystem such as NFS; see the README's 'Running on a cluster')")
+                            "filesystem such as NFS; see docs/clusters.md)")
 
 
 # ---------------------------------------------------------------------------------- user modules

@@ -80,8 +80,8 @@ def _join_error(address: str, error: BaseException) -> str:
                 "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH to a copy of the head node's token "
                 "(~/.ray/auth_token there), or RAY_AUTH_TOKEN to the token itself")
     first = " ".join(str(error).split())[:200]
-    return (f"could not join a Ray cluster at {address}: {first}. Start one there (`ray start --head`, see the "
-            "README's 'Running on a cluster') or give the address `ray start` printed")
+    return (f"could not join a Ray cluster at {address}: {first}. Start one there (`ray start --head`, see "
+            "docs/clusters.md) or give the address `ray start` printed")
 
 
 def actor_resources(device: DeviceInfo, cpus: float, devices: int = 1,

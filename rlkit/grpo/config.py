@@ -78,7 +78,7 @@ class GRPOAlgoConfig:
     beta: float = 0.0  # KL coefficient; 0 skips the reference model
     kl: KLKind = "k3"  # KL estimator (k1, k2, k3) when beta > 0
     # TRL's use_bias_correction_kl (its default since 1.16): the KL term times the ratio pi / pi_old, which
-    # makes k3's gradient the unbiased reverse-KL one. Off here, as verl and OpenRLHF: see the README.
+    # makes k3's gradient the unbiased reverse-KL one. Off here, as verl and OpenRLHF: see docs/grpo.md.
     use_bias_correction_kl: bool = False
     # The per-token loss and how it is averaged (grpo/loss.py): grpo, bnpo, dr_grpo (Dr. GRPO's
     # constant normaliser), dapo, cispo (epsilon_high is then the weight cap, e.g. 5), sapo, luspo, vespo.
@@ -104,7 +104,7 @@ class GRPOAlgoConfig:
     # (generate, then train), 1 = generate step k+1 while step k trains, K = K steps ahead.
     max_staleness: int = 0
     # Importance weights pi_learner / pi_engine on the policy loss (grpo/correction.py): the
-    # engine/learner numeric gap and staleness. Default token_truncate at 2 (TIS): see the README.
+    # engine/learner numeric gap and staleness. Default token_truncate at 2 (TIS): see docs/grpo.md.
     rollout_correction: CorrectionMode = "token_truncate"
     correction_clip_min: float | None = None  # lower bound of the importance weight (None: none)
     correction_clip_max: float | None = 2.0  # upper bound of the importance weight (None: none)

@@ -182,7 +182,7 @@ class Sandbox:
             if problem is not None:
                 raise RewardError(f"{key}: cannot sandbox untrusted code here: {problem}; or accept the weaker "
                                   f"in-process walls with `{key}: process`, or name an execution service with "
-                                  f"`{key}: remote` (see the README's sandbox section)")
+                                  f"`{key}: remote` (see docs/rewards.md, the sandbox)")
         if self.isolation == "remote":
             if not (self.url or "").startswith(("http://", "https://")):
                 raise RewardError(f"{url_key}: `{key}: remote` needs the service's http(s) URL, got {self.url!r}")
