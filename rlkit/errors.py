@@ -9,6 +9,10 @@ the file and the key's full path (`recipes/x.yaml: rewards[0].weight: ...`).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 
 class UserError(Exception):
     """Any error the user can fix; its message is one line."""
@@ -44,3 +48,22 @@ class Stopped(Exception):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def read_json(path: str | Path, expect: type = dict, what: str = "a JSON object",
+              error: type[UserError] = UserError) -> Any:
+    """The JSON a user's file holds, or one line naming the file: missing, unreadable, the line of
+    invalid JSON, or a value other than `expect` (`what` says what was expected)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{path}: cannot read file ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(value, expect):
+        raise error(f"{path}: expected {what}, got {type(value).__name__}")
+    return value

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkit.errors import DataError
+from rlkit.errors import DataError, read_json
 
 log = logging.getLogger("rlkit")
 
@@ -142,13 +142,7 @@ def _read_saved_dataset(path: str, split: str | None) -> Iterator[tuple[int, Any
 
 def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Records:
     info_path = os.path.join(path, "dataset_info.json") if os.path.isdir(path) else path
-    try:
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{info_path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-    if not isinstance(info, dict):
-        raise DataError(f"{info_path}: expected a JSON object of dataset entries")
+    info = read_json(info_path, dict, "a JSON object of dataset entries", DataError)
     if dataset is None:
         raise DataError(f"{info_path}: name the dataset to use (available: {', '.join(info)})")
     if dataset not in info:

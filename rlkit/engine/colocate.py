@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -64,7 +63,7 @@ class ColocatedEngine:
         """Load the learner's current weights in place by a colocated `transport` (in_process: by
         reference, no copy, no serialisation)."""
         self._wake(["weights"])
-        return asdict(open_transport(transport, SyncTarget(self.worker)).push(named))
+        return open_transport(transport, SyncTarget(self.worker)).push(named).as_dict()
 
     def _wake(self, tags: list[str] | None = None) -> None:
         if self.asleep:

@@ -3,14 +3,13 @@ and a user's own DeepSpeed JSON (``deepspeed.config``) folded into the recipe at
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlkit.config import DeepSpeedConfig, OptimConfig
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, read_json
 from rlkit.recipe import merge
 
 
@@ -196,16 +195,9 @@ def _read_ds_json(name: str, recipe_path: str | Path | None) -> tuple[dict[str, 
     if not path.is_absolute() and recipe_path is not None:
         beside = Path(recipe_path).resolve().parent / path
         path = beside if beside.exists() or not path.exists() else path
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"deepspeed.config: cannot read {name} ({e.strerror or e})") from None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{path}: expected a JSON object (a DeepSpeed config), got {type(cfg).__name__}")
+    if not path.is_file():
+        raise ConfigError(f"deepspeed.config: cannot read {name} (no such file)")
+    cfg = read_json(path, dict, "a JSON object (a DeepSpeed config)", ConfigError)
     return cfg, str(path)
 
 

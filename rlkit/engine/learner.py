@@ -9,11 +9,12 @@ to rollout engines, checkpoints, and can host a colocated vLLM engine (colocate.
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -196,11 +197,12 @@ class Learner:
         batch arrives once; only metrics go back."""
         faults.crash_here("fit", f"learner{self.rank}")
         t0 = time.perf_counter()
-        micro = [mb for step in steps for mb in step]
+        micro = [MicroBatch.of(mb) for step in steps for mb in step]
         for key in objective.needs:
             scored = self.logprobs(micro, objective.temperature, LOGPROB_SOURCES[key], objective.positions)
-            for mb, logp in zip(micro, scored):
-                mb[key] = logp
+            micro = [mb.attach(key, logp) for mb, logp in zip(micro, scored)]
+        starts = list(itertools.accumulate((len(step) for step in steps), initial=0))
+        steps = [micro[a:b] for a, b in itertools.pairwise(starts)]
         seconds = time.perf_counter() - t0
         return FitResult([self.train_step(step, objective) for _ in range(epochs) for step in steps], seconds)
 
@@ -244,7 +246,7 @@ class Learner:
         width = max(len(s) for s in sequences)
         ids = torch.tensor([list(s) + [0] * (width - len(s)) for s in sequences])
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
-        logp = self.logprobs([{"input_ids": ids, "attention_mask": mask}])[0]
+        logp = self.logprobs([MicroBatch({"input_ids": ids, "attention_mask": mask})])[0]
         return [row[:len(s) - 1].tolist() for row, s in zip(logp, sequences)]
 
     def _frozen(self, objective: Objective) -> dict[str, Any]:
@@ -252,7 +254,7 @@ class Learner:
         return {name: getattr(self, name).copy for name in getattr(objective, "uses", ())}
 
     def _to_device(self, batch: MicroBatch) -> MicroBatch:
-        return {k: v.to(self.engine.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return MicroBatch.of(batch).to(self.engine.device)
 
     def _grad_norm_before_step(self) -> float | None:
         """Clip and return the global grad norm where rlkit clips (see `learner_clips`); else None
@@ -299,9 +301,7 @@ class Learner:
                 engines, bucket_mib, timeout_s, names, self.engine.device, self.device_info.weight_sync_backend))
             if kind.persistent:
                 self._transports[transport] = sync
-            stats = asdict(sync.push(named, defer and kind.deferrable))
-            pending = getattr(sync, "pending", None)
-            return {**stats, "pending": pending} if pending else stats
+            return sync.push(named, defer and kind.deferrable).as_dict()
         except Exception:
             for _ in named:  # the gathers the other ranks are in (none after a failed gather)
                 pass

@@ -7,18 +7,66 @@ inside its DeepSpeed step. A new loss is a new objective, in the stage's own pac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from torch import Tensor
 
-MicroBatch = dict[str, Tensor]  # the tensors of one forward/backward, CPU on arrival
-Steps = list[list[MicroBatch]]  # optimizer steps of one rank, each `grad_accum` micro-batches
-
 # Per-token logprobs a learner can attach to micro-batches before its first update (`Learner.fit`):
 # key -> the model that scores the batch. Shifted space, [B, L-1], at the objective's temperature.
 LOGPROB_SOURCES = {"ref_logp": "reference", "old_logp": "policy", "teacher_logp": "teacher"}
+
+
+class MicroBatch(Mapping[str, Any]):
+    """The tensors of one forward/backward, by name: the one batch type that crosses the Ray
+    boundary into a learner (CPU on arrival). A stage builds it from its own typed batch (GRPO:
+    `GRPOBatch.micro_batch`, SFT: its collator), and its objective reads it by the stage's keys.
+    Read-only: the learner never changes one; the logprobs it scores before the first update
+    (`LOGPROB_SOURCES`) give a new batch (`attach`), checked against the rows it holds."""
+
+    __slots__ = ("_tensors",)
+
+    def __init__(self, tensors: Mapping[str, Any]):
+        if "input_ids" not in tensors:
+            raise ValueError(f"a micro-batch needs input_ids (has {', '.join(tensors) or 'nothing'})")
+        self._tensors = dict(tensors)
+
+    @classmethod
+    def of(cls, batch: Mapping[str, Any]) -> MicroBatch:
+        return batch if isinstance(batch, MicroBatch) else cls(batch)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._tensors[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) if isinstance(v, Tensor) else v for k, v in self._tensors.items()}
+        return f"MicroBatch({shapes})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return MicroBatch, (self._tensors,)
+
+    def attach(self, key: str, logp: Tensor) -> MicroBatch:
+        """This batch with the logprobs `key` (a `LOGPROB_SOURCES` name) scored on its rows: one per
+        (shifted) position of the loss layout, [B, L-1]."""
+        if key not in LOGPROB_SOURCES or key in self._tensors:
+            raise ValueError(f"cannot attach {key!r}: not a logprob source, or already there")
+        rows = self._tensors.get("completion_mask", self._tensors.get("labels", self._tensors["input_ids"]))
+        if tuple(logp.shape) != (rows.shape[0], rows.shape[1] - 1):
+            raise ValueError(f"{key} {tuple(logp.shape)} does not fit a batch of {tuple(rows.shape)}")
+        return MicroBatch({**self._tensors, key: logp})
+
+    def to(self, device: Any) -> MicroBatch:
+        return MicroBatch({k: v.to(device) if isinstance(v, Tensor) else v for k, v in self._tensors.items()})
+
+
+Steps = list[list[MicroBatch]]  # optimizer steps of one rank, each `grad_accum` micro-batches
 
 
 class Objective(Protocol):

@@ -37,12 +37,19 @@ from rlkit.transports import Transport
 
 @dataclass(frozen=True)
 class SyncStats:
-    """What one push moved: tensor count, bytes, buckets, wall seconds."""
+    """What one push moved: tensor count, bytes, buckets, wall seconds; and, for a deferred push
+    whose loads were left running, those loads (`PendingLoads`, for the caller to wait on)."""
 
     tensors: int
     bytes: int
     buckets: int
     seconds: float
+    pending: PendingLoads | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as a dict (what crosses the Ray boundary), `pending` only when set."""
+        figures = {"tensors": self.tensors, "bytes": self.bytes, "buckets": self.buckets, "seconds": self.seconds}
+        return {**figures, "pending": self.pending} if self.pending is not None else figures
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,7 @@ class ObjectStoreSync(_Engines):
     take `timeout_s` seconds at most (None: no limit).
 
     `push(named, defer=True)`: a policy of at most `max_inflight` buckets is put and its loads
-    (then the engines' prefix-cache resets) are sent, but not waited for; `pending` then holds
+    (then the engines' prefix-cache resets) are sent, but not waited for; the stats' `pending` holds
     their futures and the buckets, for the caller to wait on (and to load again into an engine
     restarted meanwhile). A larger policy is waited for as without `defer`.
     """
@@ -135,7 +142,6 @@ class ObjectStoreSync(_Engines):
         super().__init__(engines, timeout_s, names)
         self.bucket_mib, self.dtype = bucket_mib, dtype
         self.max_inflight = max(1, max_inflight)
-        self.pending: PendingLoads | None = None
 
     @classmethod
     def open(cls, target: SyncTarget) -> ObjectStoreSync:
@@ -158,15 +164,16 @@ class ObjectStoreSync(_Engines):
             buckets += 1
             while len(pending) >= self.max_inflight + (kept is not None):
                 self.wait(pending.pop(0))
+        left = None
         if kept is not None:  # each engine resets its cache after its loads (one caller: in order)
             resets = [e.reset_prefix_cache.remote() for e in self.engines]
             futures = [f for group in pending for f in group] + resets
-            self.pending = PendingLoads(futures, list(self.owners) * (len(pending) + 1), kept)
+            left = PendingLoads(futures, list(self.owners) * (len(pending) + 1), kept)
         else:
             for futures in pending:
                 self.wait(futures)
             self.reset_prefix_cache()
-        return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start)
+        return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start, left)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """A CPU tensor that owns its storage: a view (ZeRO-1/2 keep every parameter as a view of

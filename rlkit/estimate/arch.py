@@ -3,12 +3,11 @@ folder, rlkit's copy of the shipped recipes' hub models, the hub, or a tiny size
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlkit.errors import UserError
+from rlkit.errors import UserError, read_json
 
 GATED = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "qwen2_moe", "qwen3_moe", "mixtral",
          "deepseek_v2", "deepseek_v3", "phi3", "internlm2", "baichuan", "yi", "olmo2", "granite"}
@@ -179,7 +178,4 @@ def _tiny_config(path: str) -> tuple[dict[str, Any], str] | None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: cannot read it as JSON ({e})") from None
+    return read_json(path, dict, "a model's config.json (a JSON object)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlkit.engine.objective import MicroBatch
 from rlkit.grpo.loss import dapo_normaliser
 
 
@@ -73,9 +74,10 @@ class GRPOBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def micro_batch(self, rows: Sequence[int]) -> dict[str, Tensor]:
+    def micro_batch(self, rows: Sequence[int]) -> MicroBatch:
         """The learner's tensors for `rows`, trimmed to their longest sequence. Keys: input_ids,
-        attention_mask, completion_mask [b, l], advantages [b], engine_logp [b, l-1]."""
+        attention_mask, completion_mask [b, l], advantages [b], engine_logp and teacher_logp
+        [b, l-1] when the batch has them."""
         idx = torch.as_tensor(list(rows), dtype=torch.long)
         length = int(self.attention_mask[idx].sum(1).max())
         out = {"input_ids": self.input_ids[idx, :length], "attention_mask": self.attention_mask[idx, :length],
@@ -83,44 +85,43 @@ class GRPOBatch:
         for key in ("engine_logp", "teacher_logp"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)[idx, :length - 1]
-        return out
+        return MicroBatch(out)
 
-    def packed_micro_batch(self, rows: Sequence[int]) -> dict[str, Tensor]:
+    def packed_micro_batch(self, rows: Sequence[int]) -> MicroBatch:
         """`micro_batch(rows)` with the model's input padding-free: `input_ids` and `position_ids`
         [1, T] hold the rows' sequences one after another (T = their total length; the positions
         restart per sequence, so the model attends within each; no attention mask), and `unpack`
         long [b, l] gives, for each row's position, its place in the packed row (-1 past its end).
         completion_mask, advantages and engine_logp keep the padded [b, l] layout (the loss's)."""
-        out = self.micro_batch(rows)
-        lengths = out["attention_mask"].sum(1)
+        padded = dict(self.micro_batch(rows))
+        mask = padded.pop("attention_mask")
+        lengths = mask.sum(1)
         starts = torch.cumsum(lengths, 0) - lengths
-        steps = torch.arange(out["attention_mask"].shape[1])
+        steps = torch.arange(mask.shape[1])
         real = steps[None, :] < lengths[:, None]
-        out["unpack"] = torch.where(real, starts[:, None] + steps[None, :], torch.full_like(real, -1, dtype=torch.long))
-        out["position_ids"] = steps.expand_as(real)[real][None, :]
-        out["input_ids"] = out["input_ids"][real][None, :]
-        del out["attention_mask"]
-        return out
+        unpack = torch.where(real, starts[:, None] + steps[None, :], torch.full_like(real, -1, dtype=torch.long))
+        return MicroBatch({**padded, "input_ids": padded["input_ids"][real][None, :], "unpack": unpack,
+                           "position_ids": steps.expand_as(real)[real][None, :]})
 
     def completion_tokens(self, rows: Sequence[int] | None = None) -> int:
         """Loss tokens (shifted space: positions 1..L-1) of `rows` (all rows by default)."""
         mask = self.completion_mask[:, 1:] if rows is None else self.completion_mask[list(rows), 1:]
         return int(mask.sum())
 
-    def shards(self, plan: list[list[list[list[int]]]], packed: bool = False) -> list[list[list[dict[str, Tensor]]]]:
+    def shards(self, plan: list[list[list[list[int]]]], packed: bool = False) -> list[list[list[MicroBatch]]]:
         """Micro-batches per [rank][optimizer step][micro-batch] from a `plan_micro_batches` or
         `plan_token_micro_batches` plan ([step][rank][micro-batch] row indices), padded or `packed`
         (`packed_micro_batch`). Every micro-batch also carries the step's DAPO normaliser
         `num_items_in_batch` (the step's loss tokens over all ranks, see `dapo_normaliser`)."""
         world = len(plan[0])
-        shards: list[list[list[dict[str, Tensor]]]] = [[] for _ in range(world)]
+        shards: list[list[list[MicroBatch]]] = [[] for _ in range(world)]
         for step in plan:
             grad_accum = len(step[0])
             tokens = self.completion_tokens([i for rank_rows in step for rows in rank_rows for i in rows])
             norm = torch.tensor(dapo_normaliser(tokens, world, grad_accum), dtype=torch.float64)
             for r, rank_rows in enumerate(step):  # rank r's micro-batches (row index lists) of this step
                 make = self.packed_micro_batch if packed else self.micro_batch
-                shards[r].append([{**make(rows), "num_items_in_batch": norm} for rows in rank_rows])
+                shards[r].append([MicroBatch({**make(rows), "num_items_in_batch": norm}) for rows in rank_rows])
         return shards
 
 

@@ -2,11 +2,12 @@
 tokens of a micro-batch, weighted by the rollout correction of `correction.py`, built once from
 the recipe.
 
-A micro-batch (`GRPOBatch.micro_batch`) holds input_ids, attention_mask, completion_mask,
-advantages, `num_items_in_batch` and `engine_logp` (the sampling engine's logprobs); the learner
-adds `old_logp` (the policy before the step's first update) when the batch is reused, and
-`ref_logp` (the frozen reference) when beta > 0. Without `old_logp`, the policy before the update
-is the detached forward itself: every micro-batch of the first optimizer step sees those weights.
+A micro-batch (`GRPOBatch.micro_batch`, a `MicroBatch`) holds input_ids, attention_mask,
+completion_mask, advantages, `num_items_in_batch` and `engine_logp` (the sampling engine's
+logprobs); the learner attaches (`MicroBatch.attach`) `old_logp` (the policy before the step's
+first update) when the batch is reused, and `ref_logp` (the frozen reference) when beta > 0.
+Without `old_logp`, the policy before the update is the detached forward itself: every
+micro-batch of the first optimizer step sees those weights.
 
 On-policy distillation (a `DistillConfig`): with `loss: reverse_kl` the learner also attaches
 `teacher_logp` and each token's advantage becomes coef x (log p_teacher - log p_student) +

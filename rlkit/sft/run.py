@@ -23,6 +23,7 @@ from rlkit.driver import (
     memory_metrics,
     prepare_inputs,
 )
+from rlkit.engine.objective import MicroBatch
 from rlkit.rundir import RunDir
 from rlkit.sft.config import SFTConfig, SFTDataConfig, SFTEvalConfig
 from rlkit.sft.objective import NLLObjective
@@ -101,17 +102,17 @@ def report_truncation(source: str, lengths: list[int], cutoff_len: int) -> str |
     return None
 
 
-def micro_batches(samples: list[dict], per_micro: int, packing: bool, pad_id: int) -> list[dict]:
+def micro_batches(samples: list[dict], per_micro: int, packing: bool, pad_id: int) -> list[MicroBatch]:
     """Collate consecutive groups of `per_micro` samples, padded or packed padding-free into one
     row (attention stays per sample)."""
     from rlkit.data.collate import pack_collate, pad_collate
 
-    return [pack_collate(chunk) if packing else pad_collate(chunk, pad_id)
+    return [MicroBatch(pack_collate(chunk) if packing else pad_collate(chunk, pad_id))
             for chunk in (samples[i:i + per_micro] for i in range(0, len(samples), per_micro))]
 
 
 def shard_step(samples: list[dict], world: int, grad_accum: int, mbs: int, packing: bool,
-               pad_id: int) -> list[list[dict]]:
+               pad_id: int) -> list[list[MicroBatch]]:
     """Split one global batch into `world` lists of `grad_accum` micro-batches."""
     per_rank = grad_accum * mbs
     return [micro_batches(samples[r * per_rank:(r + 1) * per_rank], mbs, packing, pad_id) for r in range(world)]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rlkit.config import ModelConfig, RolloutConfig
+from rlkit.engine.objective import MicroBatch
 from rlkit.grpo.batch import GRPOBatch, Rollout
 from rlkit.grpo.config import DistillConfig, GRPOAlgoConfig
 from rlkit.grpo.loss import LOSS_TYPES
@@ -51,16 +52,15 @@ def _rollouts(empty: bool) -> tuple[list[Rollout], bool]:
     return rollouts, empty
 
 
-def grpo_micro_batch(empty: bool, packed: bool = False) -> dict[str, torch.Tensor]:
+def grpo_micro_batch(empty: bool, packed: bool = False) -> MicroBatch:
     rollouts, masked = _rollouts(empty)
     batch = GRPOBatch.collate(rollouts, torch.tensor([1.0, -1.0]), PAD, mask_truncated=masked)
     mb = batch.packed_micro_batch([0, 1]) if packed else batch.micro_batch([0, 1])
     tokens = batch.completion_tokens()
-    mb["num_items_in_batch"] = torch.tensor(max(tokens, 1) / 3, dtype=torch.float64)
-    return mb
+    return MicroBatch({**mb, "num_items_in_batch": torch.tensor(max(tokens, 1) / 3, dtype=torch.float64)})
 
 
-def sft_micro_batch(empty: bool) -> dict[str, torch.Tensor]:
+def sft_micro_batch(empty: bool) -> MicroBatch:
     """Two rows; `empty`: the first one's response cut away by the cutoff (labels all -100), the
     second padding only."""
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, PAD, PAD]])
@@ -70,16 +70,16 @@ def sft_micro_batch(empty: bool) -> dict[str, torch.Tensor]:
     if empty:
         ids[1], attn[1] = PAD, 0
         labels[:] = -100
-    return {"input_ids": ids, "attention_mask": attn, "labels": labels}
+    return MicroBatch({"input_ids": ids, "attention_mask": attn, "labels": labels})
 
 
-def _with_frozen(objective, mb: dict[str, torch.Tensor], ref) -> dict[str, torch.Tensor]:
+def _with_frozen(objective, mb: MicroBatch, ref) -> MicroBatch:
     """The logprobs the learner would attach (`needs`), from a frozen model."""
     from rlkit.engine.logprobs import token_logprobs
 
     for key in objective.needs:
         with torch.no_grad():
-            mb[key] = token_logprobs(ref, mb, objective.temperature, positions=objective.positions(mb))[0]
+            mb = mb.attach(key, token_logprobs(ref, mb, objective.temperature, positions=objective.positions(mb))[0])
     return mb
 
 

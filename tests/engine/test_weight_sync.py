@@ -185,3 +185,37 @@ def test_object_store_buckets_hold_each_tensor_not_the_flat_buffer_it_views():
     assert all(torch.equal(h, v) for h, v in zip(hosted, views))
     own = torch.ones(10, 100)
     assert sync._to_host(own).data_ptr() == own.data_ptr()  # a tensor that owns its storage is not copied
+
+
+@pytest.mark.slow
+def test_a_deferred_pushs_loads_belong_to_that_push_only(ray_local):
+    """One object-store transport serves every sync of a run: a deferred push hands back its loads
+    (to wait on, and to load again into an engine restarted meanwhile), and the next push that
+    waits for its own loads hands back none, not the earlier push's (whose buckets are an older
+    policy)."""
+    import ray
+
+    from rlkit.engine.weight_sync import ObjectStoreSync
+
+    @ray.remote(num_cpus=0)
+    class Engine:
+        def __init__(self):
+            self.loaded, self.resets = [], 0
+
+        def update_weights(self, bucket, reset_cache=True):
+            self.loaded += [(name, float(t.sum())) for name, t in bucket]
+
+        def reset_prefix_cache(self):
+            self.resets += 1
+
+        def seen(self):
+            return self.loaded, self.resets
+
+    engines = [Engine.remote(), Engine.remote()]
+    sync = ObjectStoreSync(engines, bucket_mib=1.0, names=["engine 0", "engine 1"])
+    first = sync.push([("w", torch.ones(4))], defer=True)
+    assert first.pending is not None and set(first.as_dict()) == {"tensors", "bytes", "buckets", "seconds", "pending"}
+    ray.get(first.pending.futures)
+    second = sync.push([("w", torch.full((4,), 2.0))])
+    assert second.pending is None and "pending" not in second.as_dict()
+    assert ray.get([e.seen.remote() for e in engines]) == [([("w", 4.0), ("w", 8.0)], 2)] * 2
