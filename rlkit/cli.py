@@ -59,6 +59,14 @@ def _run_stage(args: argparse.Namespace) -> int:
 def _run_tiny_model(args: argparse.Namespace) -> int:
     from rlkit.tiny import SIZES, build_tiny_model, write_task_data
 
+    if args.vlm:
+        from rlkit.tiny_vlm import build_tiny_vlm, write_shape_task
+
+        print(f"tiny vision-language model (Idefics3) written to {build_tiny_vlm(args.out_dir, seed=args.seed)}")
+        if args.data:
+            paths = write_shape_task(args.data, seed=args.seed)
+            print("shape-colour task: " + ", ".join(str(p) for p in paths.values()))
+        return 0
     if args.size not in SIZES:
         raise UserError(f"--size: unknown size {args.size!r}; expected one of {sorted(SIZES)}")
     out = build_tiny_model(args.out_dir, args.size, seed=args.seed)
@@ -120,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="tiny", help="tiny | tiny-untied | 25m")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=None, metavar="DIR", help="also write the synthetic arithmetic task here")
-    p.set_defaults(handler=_run_tiny_model)
+    p.add_argument("--vlm", action="store_true",
+                   help="a tiny vision-language model (Idefics3) instead; --data writes the shape-colour task")
+    p.set_defaults(handler=_run_tiny_model, quiet=True)
 
     p = sub.add_parser("demo", help="run the embedded default end to end on the tiny model")
     p.add_argument("--out-dir", default="runs", help="where the tiny recipes' runs/ paths go (default runs)")
@@ -156,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "quiet", False) and not getattr(args, "print_config", False):
         from rlkit import console
 
-        if args.verbose:
+        if getattr(args, "verbose", False):
             os.environ[console.VERBOSE_ENV] = "1"
         console.quiet_driver()  # before Ray, DeepSpeed, vLLM are imported: their output goes to RUN_DIR/logs/
     try:

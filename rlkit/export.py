@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/x/checkpoints/step-200")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="weights dtype (default fp32)")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, quiet=True)  # DeepSpeed and transformers print at import and save
 
 
 def run(args: argparse.Namespace) -> int:
