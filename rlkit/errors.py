@@ -60,6 +60,13 @@ def read_json(path: str | Path, expect: type = dict, what: str = "a JSON object"
         raise error(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise error(f"{path}: cannot read file ({getattr(e, 'strerror', None) or e})") from None
+    return parse_json(text, path, expect, what, error)
+
+
+def parse_json(text: str, path: str | Path, expect: type = dict, what: str = "a JSON object",
+               error: type[UserError] = UserError) -> Any:
+    """`text` (read from `path`) as JSON of type `expect`, or one line naming the file: the line of
+    invalid JSON, or a value other than `expect`."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:

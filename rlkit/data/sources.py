@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkit.errors import DataError, read_json
+from rlkit.errors import DataError, parse_json, read_json
 
 log = logging.getLogger("rlkit")
 
@@ -95,13 +95,7 @@ def _read_json_file(path: str) -> Iterator[tuple[int, Any]]:
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: cannot read file ({e})") from None
     if path.endswith(".json") and not text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-        if not isinstance(data, list):
-            raise DataError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
-        yield from enumerate(data, start=1)
+        yield from enumerate(parse_json(text, path, list, "a JSON list of rows", DataError), start=1)
         return
     # JSONL (a .json file starting with '{' is read as JSONL too).
     for lineno, line in enumerate(text.splitlines(), start=1):
