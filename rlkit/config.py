@@ -17,14 +17,14 @@ from rlkit.data.curriculum import DEFAULT_LEVELS, DEFAULT_PHASES, validate_phase
 from rlkit.data.formats import ROW_FORMATS
 from rlkit.data.templates import TEMPLATES
 from rlkit.recipe import check
-from rlkit.tiny import SIZES
+from rlkit.tiny import SIZES, VLM
 from rlkit.transports import SyncName, colocation_problem
 
 # The accepted values come from the code that reads them (the loader, the templates, tiny models).
 Dtype = Literal["auto", "fp32", "bf16", "fp16"]
 DataFormat = Literal[ROW_FORMATS]
 Template = Literal[("auto", *TEMPLATES)]
-TinyName = Literal[tuple(SIZES)]
+TinyName = Literal[(*SIZES, VLM)]
 Device = Literal[("auto", *get_args(Kind))]
 Finetuning = Literal["full", "lora", "qlora"]
 
@@ -39,6 +39,10 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     # build an untrained tiny model offline at `path` when nothing is there (the demo's recipes)
     build_tiny_if_missing: TinyName | None = None
+    # vision-language models (LLaMA-Factory's keys): keep the vision tower's weights (LoRA: no adapters there)
+    freeze_vision_tower: bool = True
+    # vision-language models: keep the projector between the towers (false: trained; whole under LoRA)
+    freeze_multi_modal_projector: bool = True
 
     RENAMED: ClassVar[dict[str, str]] = {"tiny": "build_tiny_if_missing"}
 

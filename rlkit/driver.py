@@ -42,6 +42,7 @@ def prepare_inputs(cfg: Any, device: Any, stage: str, checks: Sequence[Callable[
     from rlkit.models import check_model, ensure_tiny_model
     from rlkit.paths import with_absolute_paths
     from rlkit.tiny import ensure_task_data
+    from rlkit.tiny_vlm import write_shape_task
 
     cfg = resolve_models(cfg)
     check_precision(cfg.model.dtype, device)
@@ -57,7 +58,7 @@ def prepare_inputs(cfg: Any, device: Any, stage: str, checks: Sequence[Callable[
         raise UserError(f"{too_big}; memory_check: warn launches it anyway")
     if too_big:
         log.warning("%s", too_big)
-    ensure_task_data(cfg.data)
+    ensure_task_data(cfg.data, write_shape_task)
     return with_absolute_paths(cfg)
 
 

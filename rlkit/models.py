@@ -10,6 +10,13 @@ from typing import Any
 import torch
 
 from rlkit.config import LoraConfig, ModelConfig, QuantConfig
+from rlkit.vision import (
+    auto_class,
+    freeze_vision,
+    is_vision_language,
+    save_processor,
+    vision_language_targets,
+)
 
 log = logging.getLogger("rlkit")
 
@@ -28,12 +35,15 @@ def ensure_tiny_model(cfg: ModelConfig) -> None:
     and say so; only at the tiny recipes' own path (`tiny.own_build_path`): a recipe copied with
     the key and pointed at the user's own (mistyped) model folder gets `check_model_path`'s line."""
     if cfg.build_tiny_if_missing and not (Path(cfg.path) / "config.json").exists():
-        from rlkit.tiny import build_tiny_model, own_build_path
+        from rlkit.tiny import VLM, build_tiny_model, own_build_path
+        from rlkit.tiny_vlm import build_tiny_vlm
 
         if not own_build_path(cfg.path, "model"):
             return
-
-        build_tiny_model(cfg.path, cfg.build_tiny_if_missing)
+        if cfg.build_tiny_if_missing == VLM:
+            build_tiny_vlm(cfg.path)
+        else:
+            build_tiny_model(cfg.path, cfg.build_tiny_if_missing)
         log.warning("model.path %s was missing: built an untrained %r tiny model there "
                     "(model.build_tiny_if_missing)", cfg.path, cfg.build_tiny_if_missing)
 
@@ -44,15 +54,13 @@ def check_lora_targets(cfg: ModelConfig, targets: Sequence[str], config: Any = N
     finds and passes over the others without a word. The model is built on the meta device from
     its config (`config`, read from `cfg.path` if not given; no weights); a name matches a module
     as peft's list does (the whole dotted name, or its end after a dot)."""
-    from transformers import AutoModelForCausalLM
-
     from rlkit.errors import UserError
 
     if "all-linear" in targets:
         return
     config = config or model_config(cfg)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+        model = auto_class(config).from_config(config, trust_remote_code=cfg.trust_remote_code)
     names = [name for name, _ in model.named_modules() if name]
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
@@ -224,6 +232,36 @@ def load_tokenizer(cfg: ModelConfig):
     return tok
 
 
+def load_image_inputs(cfg: ModelConfig, tokenizer: Any) -> Any:
+    """For a vision-language model, its processor wrapped for the driver (`ImageInputs`), using
+    `tokenizer` (the one `load_tokenizer` gave); None for a text-only model. A processor
+    transformers cannot load here is one line."""
+    import importlib.util
+
+    from transformers import AutoProcessor
+
+    from rlkit.data.images import ImageInputs
+    from rlkit.errors import UserError
+
+    if not is_vision_language(model_config(cfg)):
+        return None
+    where = cfg.tokenizer or cfg.path
+    try:
+        processor = AutoProcessor.from_pretrained(where, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError, ImportError, AttributeError) as e:  # AttributeError: a processor class half there
+        reason = " ".join(str(e).split())[:240]
+        if "torchvision" in reason.lower() or importlib.util.find_spec("torchvision") is None:
+            raise UserError(f"{where}: its processor needs torchvision, which is not installed here: install the "
+                            "torchvision build that matches this torch (a model with a PIL image processor, such as "
+                            "Idefics3/SmolVLM, runs without it)", "model.path") from None
+        raise UserError(f"{where} has no processor transformers can load ({reason}): a vision-language model "
+                        "folder holds its processor (preprocessor_config.json)", "model.path") from None
+    processor.tokenizer = tokenizer
+    if not getattr(tokenizer, "chat_template", None) and getattr(processor, "chat_template", None):
+        tokenizer.chat_template = processor.chat_template  # the template that places the images
+    return ImageInputs(processor)
+
+
 def load_frozen(cfg: ModelConfig, dtype: torch.dtype | None, device: Any) -> Any:
     """A frozen copy of a model (a reference, a teacher) on `device`, whole on every rank (`whole`)."""
     return whole(lambda: load_model(cfg, dtype).to(device))
@@ -244,9 +282,8 @@ def whole(load: Callable[[], Any]) -> Any:
 
 
 def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None = None) -> Any:
-    """A `AutoModelForCausalLM` in `dtype`; 4-bit bitsandbytes weights when `quant` is given."""
-    from transformers import AutoModelForCausalLM
-
+    """The model (`auto_class`: causal LM, or image-text-to-text for a vision-language model) in
+    `dtype`; 4-bit bitsandbytes weights when `quant` is given."""
     from rlkit.attention import use_packed_attention
 
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
@@ -258,7 +295,7 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None =
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type=quant.quant_type,
             bnb_4bit_use_double_quant=quant.double_quant, bnb_4bit_compute_dtype=DTYPES[quant.compute_dtype])
-    model = AutoModelForCausalLM.from_pretrained(cfg.path, **kwargs)
+    model = auto_class(model_config(cfg)).from_pretrained(cfg.path, **kwargs)
     use_packed_attention(model)  # sdpa, but packed rows attend per sequence (attention.py)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -286,9 +323,15 @@ def keep_4bit_weights_trainable(model: Any) -> int:
     return count
 
 
-def wrap_for_training(model: Any, finetuning: str, lora: LoraConfig | None) -> Any:
-    """Full: the model itself. LoRA/QLoRA: a peft model with only the adapters trainable."""
+def wrap_for_training(model: Any, finetuning: str, lora: LoraConfig | None, cfg: ModelConfig | None = None) -> Any:
+    """Full: the model itself. LoRA/QLoRA: a peft model with only the adapters trainable. A
+    vision-language model's vision tower and projector are frozen as `cfg` asks; its adapters go
+    on the language model's layers (and the vision tower's, when it trains), and a projector that
+    trains is trained whole."""
+    vlm = cfg is not None and is_vision_language(model.config)
     if finetuning == "full":
+        if vlm:
+            freeze_vision(model, cfg)
         return model
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model, prepare_model_for_kbit_training
@@ -298,8 +341,12 @@ def wrap_for_training(model: Any, finetuning: str, lora: LoraConfig | None) -> A
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=bool(getattr(model, "is_gradient_checkpointing", False)))
         keep_4bit_weights_trainable(model)
+    targets: Any = list(lora.target_modules)
+    whole_modules = None
+    if vlm:
+        targets, whole_modules = vision_language_targets(model, lora.target_modules, cfg)
     peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                              target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+                              target_modules=targets, modules_to_save=whole_modules, task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, peft_cfg)
     if finetuning == "qlora":
         keep_4bit_weights_trainable(peft_model)
@@ -316,12 +363,14 @@ def trainable_summary(model: Any) -> tuple[int, int]:
 def merge_adapter(adapter_dir: str | Path, base: str | Path, out_dir: str | Path, dtype: str = "fp32") -> Path:
     """Merge a peft LoRA adapter into its base model and save a plain HF model directory."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    base_model = AutoModelForCausalLM.from_pretrained(base, dtype=DTYPES.get(dtype, torch.float32))
+    loader = auto_class(AutoConfig.from_pretrained(base))
+    base_model = loader.from_pretrained(base, dtype=DTYPES.get(dtype, torch.float32))
     merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
     out = Path(out_dir)
     merged.save_pretrained(out, safe_serialization=True)
     tok_src = adapter_dir if (Path(adapter_dir) / "tokenizer_config.json").exists() else base
     AutoTokenizer.from_pretrained(tok_src).save_pretrained(out)
+    save_processor(base, out)
     return out

@@ -106,6 +106,8 @@ def _alpaca_row(rng: random.Random, level: str, fact: tuple[str, str] | None = N
 
 TASK_FILES = ("sft_train.jsonl", "sft_eval.jsonl", "grpo_train.jsonl", "grpo_eval.jsonl")  # `write_task_data`'s
 HOME = "tiny"  # the folder the tiny recipes build into (runs/tiny/model, runs/tiny/data)
+VLM = "vlm"  # build_tiny_if_missing's name of the tiny vision-language model (`rlkit/tiny_vlm.py`)
+VLM_HOME = "tiny-vlm"  # where the tiny VLM recipes build it, and write the shape task (same file names)
 
 
 def own_build_path(path: str | Path, kind: str) -> bool:
@@ -115,13 +117,15 @@ def own_build_path(path: str | Path, kind: str) -> bool:
     the key)."""
     parts = Path(path).parts
     if kind == "model":
-        return parts[-2:] == (HOME, "model")
-    return len(parts) >= 3 and parts[-3:-1] == (HOME, "data") and parts[-1] in TASK_FILES
+        return parts[-2:] in ((HOME, "model"), (VLM_HOME, "model"))
+    return len(parts) >= 3 and parts[-3:-1] in ((HOME, "data"), (VLM_HOME, "data")) and parts[-1] in TASK_FILES
 
 
-def ensure_task_data(data: Any) -> None:
+def ensure_task_data(data: Any, shapes: Any = None) -> None:
     """Write the synthetic task where a recipe's `data.build_synthetic_if_missing` asks for it and
-    `data.train` is missing, and say so; only at the tiny recipes' own path (`own_build_path`)."""
+    `data.train` is missing, and say so; only at the tiny recipes' own path (`own_build_path`):
+    the arithmetic task under `tiny/`, the shape-colour task under `tiny-vlm/` (`shapes`, the
+    VLM module's `write_shape_task`, which builds on this one)."""
     import logging
 
     from rlkit.errors import UserError
@@ -131,9 +135,14 @@ def ensure_task_data(data: Any) -> None:
     if not own_build_path(data.train, "data"):  # a copied recipe: the user's own (missing) file
         raise UserError(f"data.train: {data.train} does not exist (data.build_synthetic_if_missing writes the "
                         "synthetic task only at the tiny recipes' own runs/tiny/data/): fix the path")
-    write_task_data(Path(data.train).parent, seed=data.build_synthetic_if_missing)
-    logging.getLogger("rlkit").warning("data.train %s was missing: wrote the synthetic arithmetic task there "
-                                       "(data.build_synthetic_if_missing)", data.train)
+    folder = Path(data.train).parent
+    if folder.parent.name == VLM_HOME:
+        shapes(folder, seed=data.build_synthetic_if_missing)
+    else:
+        write_task_data(folder, seed=data.build_synthetic_if_missing)
+    logging.getLogger("rlkit").warning("data.train %s was missing: wrote the synthetic %s task there "
+                                       "(data.build_synthetic_if_missing)", data.train,
+                                       "shape-colour" if folder.parent.name == VLM_HOME else "arithmetic")
 
 
 def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_eval: int = 64,

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rlkit.data.images import ImageInputs
 from rlkit.data.templates import render_sft, sft_turns
 from rlkit.errors import DataError
 
@@ -38,7 +39,8 @@ def truncate_lengths(prompt_len: int, response_len: int, cutoff_len: int) -> tup
 
 
 def encode_sft(row: dict[str, Any], tokenizer: Any, template: str, cutoff_len: int,
-               mask_history: bool = False, full_lengths: list[int] | None = None) -> dict[str, list[int]]:
+               mask_history: bool = False, full_lengths: list[int] | None = None,
+               images: ImageInputs | None = None) -> dict[str, Any]:
     """Token ids and labels for one SFT row; labels are -100 on prompt tokens.
 
     Every assistant turn is a target (each one's tokens keep their labels, the turns between
@@ -52,9 +54,16 @@ def encode_sft(row: dict[str, Any], tokenizer: Any, template: str, cutoff_len: i
     The first prompt piece is tokenised with the tokenizer's special tokens (e.g. BOS) for the
     alpaca template, without them for the chat template (which writes its own).
     ``full_lengths``, when given, gets the row's length before truncation appended.
+    A row with images (`row["images"]`) needs ``images`` (the model's processor): each piece of
+    prompt is tokenised with the images it places, their marks expanded to the model's image
+    tokens (never trained on); the prompt is then never cut (an image's tokens must stay whole),
+    and the sample keeps its images (`images`) for the collator.
     """
     if tokenizer.eos_token_id is None:
         raise DataError("the tokenizer has no eos token; set eos_token")
+    pictures = list(row.get("images") or ())
+    encode = _piece_encoder(tokenizer, images, pictures)
+
     eos = tokenizer.eos_token
     turns = [render_sft(row, template, tokenizer)] if mask_history else sft_turns(row, template, tokenizer)
     ids: list[int] = []
@@ -62,7 +71,7 @@ def encode_sft(row: dict[str, Any], tokenizer: Any, template: str, cutoff_len: i
     carry = ""
     for k, (prompt, response) in enumerate(turns):
         last = k == len(turns) - 1
-        p_ids = tokenizer(carry + prompt, add_special_tokens=template == "alpaca" and k == 0)["input_ids"]
+        p_ids = encode(carry + prompt, template == "alpaca" and k == 0)
         body = response.rstrip()
         ends_eos = bool(eos) and body.endswith(eos)
         carry = response[len(body):] if ends_eos and not last else ""
@@ -76,10 +85,39 @@ def encode_sft(row: dict[str, Any], tokenizer: Any, template: str, cutoff_len: i
             if full_lengths is not None:
                 full_lengths.append(len(ids) + len(r_ids))
             p_keep, r_keep = truncate_lengths(len(ids), len(r_ids), cutoff_len)
+            if row.get("images") and p_keep < len(ids):
+                raise DataError(f"its prompt with its images is {len(ids)} tokens; with the response it is past "
+                                f"data.cutoff_len {cutoff_len}, and a prompt with images is not cut: raise cutoff_len")
             ids, labels, r_ids = ids[len(ids) - p_keep:], labels[len(labels) - p_keep:], r_ids[:r_keep]
         ids += r_ids
         labels += r_ids
-    return {"input_ids": ids, "labels": labels}
+    if not row.get("images"):
+        return {"input_ids": ids, "labels": labels}
+    if pictures:
+        raise DataError(f"the chat template placed {len(row['images']) - len(pictures)} of the row's "
+                        f"{len(row['images'])} images")
+    labels = [IGNORE_INDEX if i == images.token_id else label for i, label in zip(ids, labels)]
+    return {"input_ids": ids, "labels": labels, "images": list(row["images"])}
+
+
+def _piece_encoder(tokenizer: Any, images: ImageInputs | None, pictures: list[Any]):
+    """`encode(text, special) -> ids` for the pieces of one row: a piece that places images takes
+    the next ones of `pictures` (consumed), tokenised by the processor; others by the tokenizer."""
+    if pictures and images is None:
+        raise DataError("the row has images but the model has no image processor (a text-only model): use a "
+                        "vision-language model, or data without images")
+
+    def encode(text: str, special: bool) -> list[int]:
+        n = images.count(text) if pictures else 0
+        if not n:
+            return tokenizer(text, add_special_tokens=special)["input_ids"]
+        if n > len(pictures):
+            raise DataError(f"the chat template places {n} more images than the row has left ({len(pictures)})")
+        ids = images.encode(text, pictures[:n])
+        del pictures[:n]
+        return ids
+
+    return encode
 
 
 def pad_collate(samples: Sequence[dict[str, list[int]]], pad_id: int) -> dict[str, torch.Tensor]:

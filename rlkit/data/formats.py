@@ -11,11 +11,20 @@ from the first row. Rows are normalised; columns the schema does not name are ke
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit.data.images import (
+    IMAGE_COLUMNS,
+    ImageRowError,
+    check_count,
+    content_parts,
+    count_placeholders,
+    row_images,
+)
 from rlkit.data.sources import MEDIA_COLUMNS, DatasetEntry, Record, read_records
-from rlkit.data.templates import render_alpaca
+from rlkit.data.templates import alpaca_to_messages, render_alpaca
 from rlkit.errors import DataError
 
 log = logging.getLogger("rlkit")
@@ -60,6 +69,7 @@ class _Schema:
     columns: dict[str, str]  # our field -> source column
     tags: dict[str, str] | None = None  # role_tag, content_tag, source role -> our role
     kto_tag: str | None = None  # column of LLaMA-Factory's KTO tag: rows tagged false are dropped
+    images: str | None = None  # column of image paths a dataset_info entry names (None: images or image)
 
 
 def _messages_schema(fmt: str, columns: dict[str, str] | None = None,
@@ -79,6 +89,7 @@ def _entry_schema(entry: DatasetEntry, fmt: str) -> _Schema:
     """The row schema a dataset_info.json entry declares (its `columns` renames our fields)."""
     columns = dict(entry.columns)
     kto = columns.pop("kto_tag", None)
+    images = columns.pop("images", None)
     asked = {"sharegpt": "sharegpt", "openai": "sharegpt"}.get(entry.formatting, "alpaca")
     if fmt not in ("auto", asked):
         raise DataError(f"{entry.where}: formatting is {entry.formatting!r} but format {fmt!r} was asked for")
@@ -86,14 +97,15 @@ def _entry_schema(entry: DatasetEntry, fmt: str) -> _Schema:
         if "tools" in columns:
             raise DataError(f"{entry.where}: has tools (column {columns['tools']!r}); function-calling "
                             "data is not supported yet: use a dataset without tool turns")
-        return _messages_schema(entry.formatting, {k: v for k, v in columns.items() if k in ("messages", "system")},
-                                entry.tags, kto)
+        schema = _messages_schema(entry.formatting, {k: v for k, v in columns.items() if k in ("messages", "system")},
+                                  entry.tags, kto)
+        return _Schema(schema.kind, schema.columns, schema.tags, kto, images)
     bad = sorted(set(columns) - set(_LF_ALPACA_KEYS))
     if bad:
         raise DataError(f"{entry.where}: unknown column key {bad[0]!r} "
-                        f"(expected {', '.join(_LF_ALPACA_KEYS)}, kto_tag)")
+                        f"(expected {', '.join(_LF_ALPACA_KEYS)}, kto_tag, images)")
     return _Schema("alpaca", {**ALPACA_COLUMNS, **{_LF_ALPACA_KEYS[k]: v for k, v in columns.items()}},
-                   kto_tag=kto)
+                   kto_tag=kto, images=images)
 
 
 def _open(path: str, fmt: str, dataset: str | None, split: str | None,
@@ -174,10 +186,25 @@ def _difficulty(row: dict) -> Any:
 
 
 def _no_media(row: dict) -> None:
-    media = next((k for k in MEDIA_COLUMNS if row.get(k)), None)
+    media = next((k for k in MEDIA_COLUMNS if k not in IMAGE_COLUMNS and row.get(k)), None)
     if media:
-        raise _RowError(f"has {media}: rlkit trains text-only models, and the <{media[:-1]}> placeholders "
-                        "would stay in the text; use a text-only dataset")
+        raise _RowError(f"has {media}: rlkit trains on text and images, and the <{media[:-1]}> placeholders "
+                        "would stay in the text; drop that column (or those rows)")
+
+
+def _with_images(out: dict[str, Any], rec: dict, column: str | None, base_dir: str) -> dict[str, Any]:
+    """The converted row `out` with its images (`images`, checked, paths made absolute) when the
+    record `rec` has any; each must be named once in the text, or none of them."""
+    images = row_images(rec, column, base_dir)
+    for c in (column,) if column else IMAGE_COLUMNS:
+        out.pop(c, None)
+    if images:
+        turns = out["messages"] if "messages" in out else alpaca_to_messages(out, with_output=False) \
+            if "instruction" in out else out["prompt"] if isinstance(out["prompt"], list) \
+            else [{"role": "user", "content": out["prompt"]}]
+        check_count(count_placeholders(turns), len(images), "its text")
+        out["images"] = images
+    return out
 
 
 def _alpaca_row(row: dict, schema: _Schema) -> dict[str, Any]:
@@ -215,7 +242,9 @@ def _messages(value: Any, col: str, tags: dict[str, str]) -> list[dict[str, str]
             raise _RowError(f"field {col!r} item {i} is a tool turn ({m.get(rt)!r}); function-calling "
                             "data is supported in the messages format (TRL's: assistant tool_calls, "
                             "role 'tool', a 'tools' column): convert the rows or drop those with tool turns")
-        if not isinstance(m, dict) or not isinstance(m.get(rt), str) or not isinstance(m.get(ct), str):
+        if isinstance(m, dict) and isinstance(m.get(ct), list):  # content parts (text, image)
+            m = {**m, ct: content_parts(m[ct], col, i, m.get(rt))}
+        if not isinstance(m, dict) or not isinstance(m.get(rt), str) or not isinstance(m.get(ct), (str, list)):
             raise _RowError(f"field {col!r} item {i} must be an object with string "
                             f"{rt!r} and {ct!r}")
         if m[rt] not in known:
@@ -261,15 +290,16 @@ def _messages_row(row: dict, schema: _Schema) -> dict[str, Any]:
 
 
 def _validate(records: list[Record], source: str, skip_bad_rows: bool,
-              convert) -> tuple[list[dict[str, Any]], int]:
+              convert, images: str | None = None) -> tuple[list[dict[str, Any]], int]:
     rows, skipped, first_err = [], 0, None
+    base_dir = source if os.path.isdir(source) else os.path.dirname(source)  # relative image paths start here
     for n, rec in records:
         try:
             if not isinstance(rec, dict):
                 raise _RowError(f"expected a JSON object, got {type(rec).__name__}")
             _no_media(rec)
-            rows.append(convert(rec))
-        except _RowError as e:
+            rows.append(_with_images(convert(rec), rec, images, base_dir))
+        except (_RowError, ImageRowError) as e:
             msg = f"{source}: row {n}: {e}"
             if not skip_bad_rows:
                 raise DataError(msg) from None
@@ -296,7 +326,7 @@ def load_rows(path: str, fmt: str = "auto", dataset: str | None = None,
     schema = schema or _detect_schema(records, fmt, source)
     convert = (lambda r: _alpaca_row(r, schema)) if schema.kind == "alpaca" else (
         lambda r: _messages_row(r, schema))
-    rows, skipped = _validate(records, source, skip_bad_rows, convert)
+    rows, skipped = _validate(records, source, skip_bad_rows, convert, schema.images)
     return LoadedRows(rows, schema.kind, skipped, source)
 
 
@@ -343,7 +373,7 @@ def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
         schema = schema or _detect_schema(records, fmt, source)
         convert = (lambda r: _alpaca_prompt(_alpaca_row(r, schema))) if schema.kind == "alpaca" \
             else (lambda r: _messages_prompt(_messages_row(r, schema)))
-    rows, skipped = _validate(records, source, skip_bad_rows, convert)
+    rows, skipped = _validate(records, source, skip_bad_rows, convert, schema.images if schema else None)
     return LoadedRows(rows, "prompts", skipped, source)
 
 

@@ -155,11 +155,11 @@ def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Rec
         raise DataError(f"{where}: is a ranking (chosen/rejected preference) dataset; rlkit trains SFT "
                         "and GRPO, which take no preference pairs: use its prompts with rewards (GRPO) "
                         "or its chosen answers as an SFT dataset")
-    media = [k for k in MEDIA_COLUMNS if k in columns]
+    media = [k for k in MEDIA_COLUMNS if k in columns and k != "images"]
     if media:
-        raise DataError(f"{where}: has {media[0]} (column {columns[media[0]]!r}); rlkit trains text-only "
-                        f"models, and its <{media[0][:-1]}> placeholders would stay in the text: "
-                        "use a text-only dataset")
+        raise DataError(f"{where}: has {media[0]} (column {columns[media[0]]!r}); rlkit trains on text and "
+                        f"images, and its <{media[0][:-1]}> placeholders would stay in the text: "
+                        "use a dataset without them")
     num = entry.get("num_samples")
     if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < 1):
         raise DataError(f"{where}: num_samples must be a positive integer, got {num!r}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlkit.data.images import count_placeholders, image_parts
 from rlkit.errors import DataError
 
 TEMPLATES = ("alpaca", "chat")  # what rows are rendered with; data.template also takes "auto"
@@ -47,7 +48,7 @@ def resolve_template(template: str, row: dict[str, Any], tokenizer: Any, source:
     alpaca and plain-text rows; a named template is used as named."""
     if template != "auto":
         return template
-    chat = "messages" in row or isinstance(row.get("prompt"), list)
+    chat = "messages" in row or isinstance(row.get("prompt"), list) or bool(row.get("images"))
     if chat and not getattr(tokenizer, "chat_template", None):
         raise DataError(f"{source}: data.template: auto renders chat rows with the tokenizer's chat template, and "
                         "this tokenizer has none: set data.template: alpaca, or use a chat model's tokenizer")
@@ -123,10 +124,29 @@ def _check(template: str, tokenizer: Any) -> None:
                         "use template: alpaca or a chat model's tokenizer")
 
 
-def _chat(tokenizer: Any, msgs: list[dict[str, str]], generation_prompt: bool, tools: Any = None) -> str:
-    """The chat template's rendering; `tools`: a row's tool schemas (TRL's `tools` column)."""
+def _chat(tokenizer: Any, msgs: list[dict[str, str]], generation_prompt: bool, tools: Any = None,
+          images: int | None = None) -> str:
+    """The chat template's rendering; `tools`: a row's tool schemas (TRL's `tools` column); `images`
+    (`_images`): None for a text row, else its turns go to the template as text and image parts,
+    with that many images put first (a row whose text names none of them)."""
+    if images is not None:
+        msgs = image_parts(msgs, images)
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt,
                                          tools=tools or None)
+
+
+def _images(row: dict[str, Any], template: str) -> int | None:
+    """None for a row without images; else how many go first in its first user turn (all of them
+    when its text names none, else 0). Images need the chat template, which places them."""
+    n = len(row.get("images") or ())
+    if not n:
+        return None
+    if template != "chat":
+        raise DataError(f"a row with images needs the chat template (the model's places the images), not {template}: "
+                        "set data.template: chat (or auto)")
+    msgs = alpaca_to_messages(row, with_output=False) if "instruction" in row else row.get("messages") or (
+        row["prompt"] if isinstance(row.get("prompt"), list) else [{"role": "user", "content": row["prompt"]}])
+    return 0 if count_placeholders(msgs) else n
 
 
 def _prompt_messages(row: dict[str, Any]) -> list[dict[str, str]]:
@@ -146,8 +166,9 @@ def render_prompt(row: dict[str, Any], template: str, tokenizer: Any = None) -> 
     The tokenizer is only needed for the chat template.
     """
     _check(template, tokenizer)
+    images = _images(row, template)
     if template == "chat":
-        return _chat(tokenizer, _prompt_messages(row), True, row.get("tools"))
+        return _chat(tokenizer, _prompt_messages(row), True, row.get("tools"), images)
     if "instruction" in row:
         f = row
     elif "messages" in row or isinstance(row["prompt"], list):
@@ -166,14 +187,15 @@ def render_sft(row: dict[str, Any], template: str, tokenizer: Any = None) -> tup
     trailing whitespace after it, is cut, since encode_sft appends eos.
     """
     _check(template, tokenizer)
+    images = _images(row, template)
     if template == "alpaca":
         f = row if "instruction" in row else messages_to_alpaca(row["messages"])
         if not f.get("output"):
             raise DataError("render_sft needs a row with a response (output)")
         return render_prompt(f, "alpaca"), f["output"]
     msgs = alpaca_to_messages(row, with_output=True) if "instruction" in row else row["messages"]
-    prompt = _chat(tokenizer, msgs[:-1], True, row.get("tools"))
-    full = _chat(tokenizer, msgs, False, row.get("tools"))
+    prompt = _chat(tokenizer, msgs[:-1], True, row.get("tools"), images)
+    full = _chat(tokenizer, msgs, False, row.get("tools"), images)
     if not full.startswith(prompt):
         raise DataError("the chat template renders the prompt differently inside the full "
                         "conversation; cannot split prompt and response")
@@ -195,6 +217,7 @@ def sft_turns(row: dict[str, Any], template: str, tokenizer: Any = None) -> list
     train its last turn.
     """
     _check(template, tokenizer)
+    images = _images(row, template)
     msgs = alpaca_to_messages(row, with_output=True) if "instruction" in row else row["messages"]
     if template == "alpaca":
         f = row if "instruction" in row else messages_to_alpaca(msgs)
@@ -208,8 +231,8 @@ def sft_turns(row: dict[str, Any], template: str, tokenizer: Any = None) -> list
     else:
         ends = [i + 1 for i, m in enumerate(msgs) if m["role"] == "assistant"]
         tools = row.get("tools")
-        prefixes = [(_chat(tokenizer, msgs[:e - 1], True, tools), _chat(tokenizer, msgs[:e], False, tools))
-                    for e in ends]
+        prefixes = [(_chat(tokenizer, msgs[:e - 1], True, tools, images),
+                     _chat(tokenizer, msgs[:e], False, tools, images)) for e in ends]
     out, done = [], ""
     for k, (prompt, full) in enumerate(prefixes):
         if not prompt.startswith(done):

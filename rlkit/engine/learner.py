@@ -129,7 +129,7 @@ class Learner:
             self._ds_hf_config = HfDeepSpeedConfig(ds_cfg)  # every rank loads: partitioned on load
         load_dtype = torch.float32 if precision != "fp32" and spec.finetuning == "full" else dtype
         model = models.load_model(spec.model, load_dtype, spec.qlora if spec.finetuning == "qlora" else None)
-        model = models.wrap_for_training(model, spec.finetuning, spec.lora)
+        model = models.wrap_for_training(model, spec.finetuning, spec.lora, spec.model)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = None
         if spec.deepspeed.torch_adam:  # torch's fused kernel where it has one (CPU: 3x the per-tensor loop)
@@ -381,6 +381,7 @@ class Learner:
         from transformers import AutoTokenizer
 
         from rlkit import models
+        from rlkit.vision import save_processor
 
         out, module = Path(out_dir), self.engine.module
         if self.spec.finetuning == "full":
@@ -394,4 +395,5 @@ class Learner:
         if self.rank != 0:
             return None
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+        save_processor(tokenizer_dir, out)
         return str(out)

@@ -155,7 +155,14 @@ def _hf_model(model: Any) -> Any:
 
 
 def _model_inputs(hf: Any, batch: dict[str, Tensor]) -> dict[str, Any]:
+    from rlkit.data.images import model_image_inputs
+
     kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask"), "use_cache": False}
+    images = model_image_inputs(batch)
+    for name, value in images.items():  # a vision-language model's pixels, in its dtype
+        kwargs[name] = value.to(hf.dtype) if value.is_floating_point() else value
+    if images and kwargs["attention_mask"] is not None:
+        return kwargs  # the model places its own positions (Qwen2-VL's 3-D M-RoPE: not 0.. per row)
     if "position_ids" in batch:  # packed rows: positions restart per sequence
         kwargs["position_ids"] = batch["position_ids"]
         if kwargs["attention_mask"] is None:  # padding-free: where each sequence starts, for its attention

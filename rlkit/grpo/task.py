@@ -9,7 +9,7 @@ from typing import Any
 
 from rlkit.agent.tools import environment_rewards, load_environments, load_interaction, load_tools
 from rlkit.config import DataConfig, ModelConfig, RolloutConfig
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, DataError
 from rlkit.reward import RewardScorer, RewardSpec
 
 
@@ -54,6 +54,11 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     tokenizer = load_tokenizer(model)
     rows = load_prompts(data.train, data.format, data.dataset, data.skip_bad_rows, seed=seed).rows
     eval_rows = load_prompts(data.eval, data.format, data.dataset, seed=seed).rows if data.eval else []
+    for path, loaded in ((data.train, rows), (data.eval, eval_rows)):
+        with_images = next((n for n, r in enumerate(loaded, 1) if r.get("images")), None)
+        if with_images:
+            raise DataError(f"{path}: row {with_images} has images: rollouts with images are not supported yet (SFT "
+                            "trains on them, docs/vision.md): use prompts without images")
     template = resolve_template(data.template, rows[0], tokenizer, data.train) if rows else data.template
     multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction)
     agent = _agent(rollout, template, tokenizer, recipe_dir) if multi_turn else None
@@ -83,8 +88,6 @@ def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> No
     import logging
 
     from jinja2 import TemplateError
-
-    from rlkit.errors import DataError
 
     cut = 0
     for source, rows in sources:

@@ -30,6 +30,7 @@ from rlkit.sft.objective import NLLObjective
 
 if TYPE_CHECKING:
     from rlkit.data.curriculum import CurriculumSampler
+    from rlkit.data.images import ImageInputs
     from rlkit.engine.group import LearnerGroup
     from rlkit.metrics import MetricsLogger
 
@@ -47,11 +48,13 @@ class SFTData:
     pad_id: int
     template: str = "alpaca"
     notes: list[str] = field(default_factory=list)  # lines for the console before training
+    images: ImageInputs | None = None  # a vision-language model's processor, for rows with images
 
 
-def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0) -> SFTData:
+def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0, images: ImageInputs | None = None) -> SFTData:
     """Load, validate and tokenise `data.train` (and `data.eval`); errors name file and row.
-    `seed` draws a dataset_info entry's `num_samples` rows."""
+    `seed` draws a dataset_info entry's `num_samples` rows; `images`: a vision-language model's
+    processor (rows with images need one)."""
     from jinja2 import TemplateError
 
     from rlkit.data.collate import encode_sft
@@ -69,18 +72,24 @@ def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0) -> SFTData
         lengths: list[int] = []
         encoded = []
         for n, row in enumerate(loaded.rows, 1):
+            if data.packing and row.get("images"):
+                raise DataError(f"{loaded.source}: row {n} has images, and rows with images are not packed (the "
+                                "image features follow the rows): set data.packing: false")
             try:
-                encoded.append(encode_sft(row, tokenizer, template, data.cutoff_len, data.mask_history, lengths))
+                encoded.append(encode_sft(row, tokenizer, template, data.cutoff_len, data.mask_history, lengths,
+                                          images))
             except TemplateError as e:  # the chat template's own check (roles, alternation)
                 raise DataError(f"{loaded.source}: row {n}: the tokenizer's chat template refuses it ({e}); fix the "
                                 "row, or set data.template: alpaca") from None
+            except DataError as e:
+                raise DataError(f"{loaded.source}: row {n}: {e}") from None
         note = report_truncation(loaded.source, lengths, data.cutoff_len)
         notes.extend([note] if note else [])
         return encoded, [r.get("difficulty") for r in loaded.rows]
 
     train, difficulties = encode(data.train, data.skip_bad_rows)
     held_out = encode(data.eval, False)[0] if data.eval else []
-    return SFTData(train, difficulties, held_out, tokenizer.pad_token_id, template, notes)
+    return SFTData(train, difficulties, held_out, tokenizer.pad_token_id, template, notes, images)
 
 
 TRUNCATION_WARN_SHARE = 0.1
@@ -102,26 +111,34 @@ def report_truncation(source: str, lengths: list[int], cutoff_len: int) -> str |
     return None
 
 
-def micro_batches(samples: list[dict], per_micro: int, packing: bool, pad_id: int) -> list[MicroBatch]:
+def micro_batches(samples: list[dict], per_micro: int, packing: bool, pad_id: int,
+                  images: ImageInputs | None = None) -> list[MicroBatch]:
     """Collate consecutive groups of `per_micro` samples, padded or packed padding-free into one
-    row (attention stays per sample)."""
+    row (attention stays per sample); samples with images add the model's pixel inputs."""
     from rlkit.data.collate import pack_collate, pad_collate
 
-    return [MicroBatch(pack_collate(chunk) if packing else pad_collate(chunk, pad_id))
-            for chunk in (samples[i:i + per_micro] for i in range(0, len(samples), per_micro))]
+    out = []
+    for chunk in (samples[i:i + per_micro] for i in range(0, len(samples), per_micro)):
+        tensors = pack_collate(chunk) if packing else pad_collate(chunk, pad_id)
+        if images is not None:
+            tensors.update(images.pixels([s.get("images") for s in chunk], tensors["input_ids"]))
+        out.append(MicroBatch(tensors))
+    return out
 
 
 def shard_step(samples: list[dict], world: int, grad_accum: int, mbs: int, packing: bool,
-               pad_id: int) -> list[list[MicroBatch]]:
+               pad_id: int, images: ImageInputs | None = None) -> list[list[MicroBatch]]:
     """Split one global batch into `world` lists of `grad_accum` micro-batches."""
     per_rank = grad_accum * mbs
-    return [micro_batches(samples[r * per_rank:(r + 1) * per_rank], mbs, packing, pad_id) for r in range(world)]
+    return [micro_batches(samples[r * per_rank:(r + 1) * per_rank], mbs, packing, pad_id, images)
+            for r in range(world)]
 
 
-def eval_loss(learners: LearnerGroup, samples: list[dict], mbs: int, pad_id: int, max_batches: int | None) -> float:
+def eval_loss(learners: LearnerGroup, samples: list[dict], mbs: int, pad_id: int, max_batches: int | None,
+              images: ImageInputs | None = None) -> float:
     """Token-mean NLL over `samples`, split across the learners."""
     world = learners.size
-    batches = micro_batches(samples, mbs, False, pad_id)
+    batches = micro_batches(samples, mbs, False, pad_id, images)
     if max_batches:
         batches = batches[:max_batches]
     # Every rank must run the same number of forwards (ZeRO-3 gathers are collective).
@@ -153,12 +170,12 @@ class EarlyStopping:
 def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     """Run SFT from a loaded recipe; returns the final model directory."""
     from rlkit.accel import detect
-    from rlkit.models import load_tokenizer
+    from rlkit.models import load_image_inputs, load_tokenizer
 
     device = detect(cfg.device)
     cfg = prepare_inputs(cfg, device, "sft")
     tokenizer = load_tokenizer(cfg.model)
-    data = load_sft_data(cfg.data, tokenizer, cfg.seed)
+    data = load_sft_data(cfg.data, tokenizer, cfg.seed, load_image_inputs(cfg.model, tokenizer))
     t = cfg.train
     global_batch = t.micro_batch_size * t.grad_accum * t.num_learners
     total = t.max_steps or max(1, math.ceil(t.epochs * len(data.train) / global_batch))
@@ -199,13 +216,15 @@ def _train(cfg: SFTConfig, run: RunDir, learners: LearnerGroup, sampler: Curricu
            stopping: EarlyStopping, logger: MetricsLogger, step: int, total: int) -> int:
     """The steps from `step` to `total` (or to early stopping); returns the last step."""
     t, objective = cfg.train, NLLObjective()
-    evaluate = lambda: eval_loss(learners, data.eval, t.micro_batch_size, data.pad_id, cfg.eval.max_batches)  # noqa: E731
+    evaluate = lambda: eval_loss(learners, data.eval, t.micro_batch_size, data.pad_id, cfg.eval.max_batches,  # noqa: E731
+                                 data.images)
     if step == 0 and data.eval:
         logger.log(0, {"eval/loss": evaluate()})
     while step < total:
         t0 = time.time()
         batch = [data.train[i] for i in sampler.next_batch()]
-        shards = shard_step(batch, learners.size, t.grad_accum, t.micro_batch_size, cfg.data.packing, data.pad_id)
+        shards = shard_step(batch, learners.size, t.grad_accum, t.micro_batch_size, cfg.data.packing, data.pad_id,
+                            data.images)
         results = learners.train_step(shards, objective)
         step += 1
         metrics = _step_metrics(results, batch, time.time() - t0, sampler.phase_mix(step - 1))

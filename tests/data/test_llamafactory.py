@@ -120,8 +120,8 @@ def lf_dir(tmp_path):
         "eight": {"file_name": "numbers.json", "num_samples": 8},
         "dpo_demo": {"file_name": "numbers.json", "ranking": True,
                      "columns": {"prompt": "instruction", "chosen": "chosen", "rejected": "rejected"}},
-        "mllm_demo": {"file_name": "sharegpt_demo.json", "formatting": "sharegpt",
-                      "columns": {"messages": "conversations", "images": "images"}},
+        "mllm_video_demo": {"file_name": "sharegpt_demo.json", "formatting": "sharegpt",
+                            "columns": {"messages": "conversations", "videos": "videos"}},
         "tools_demo": {"file_name": "sharegpt_demo.json", "formatting": "sharegpt",
                        "columns": {"messages": "conversations", "tools": "tools"}},
         "bad_count": {"file_name": "numbers.json", "num_samples": "3"},
@@ -178,7 +178,7 @@ def test_num_samples_as_llamafactory_draws_them(tmp_path):
 
 @pytest.mark.parametrize("name, message", [
     ("dpo_demo", "is a ranking (chosen/rejected preference) dataset; rlkit trains SFT and GRPO"),
-    ("mllm_demo", "has images (column 'images'); rlkit trains text-only models, and its <image> placeholders"),
+    ("mllm_video_demo", "has videos (column 'videos'); rlkit trains on text and images, and its <video> placeholders"),
     ("tools_demo", "has tools (column 'tools'); function-calling data is not supported yet"),
     ("bad_count", "num_samples must be a positive integer, got '3'"),
 ])
@@ -190,10 +190,10 @@ def test_entries_rlkit_cannot_train_on_are_one_line(tmp_path, name, message):
 
 
 def test_rows_with_media_or_bad_kto_tags(tmp_path):
-    p = write(tmp_path / "mllm.json", [{"messages": [{"role": "user", "content": "<image>这是什么"},
+    p = write(tmp_path / "mllm.json", [{"messages": [{"role": "user", "content": "<video>这是什么"},
                                                      {"role": "assistant", "content": "猫"}],
-                                        "images": ["cat.jpg"]}])
-    with pytest.raises(DataError, match=r"mllm.json: row 1: has images: rlkit trains text-only models"):
+                                        "videos": ["cat.mp4"]}])
+    with pytest.raises(DataError, match=r"mllm.json: row 1: has videos: rlkit trains on text and images"):
         load_rows(str(p))
     write(tmp_path / "kto.json", [{"instruction": "q", "output": "a", "kto": "false"}])
     (tmp_path / "dataset_info.json").write_text(json.dumps(
