@@ -97,6 +97,28 @@ def check_model(cfg: Any) -> None:
         check_lora_targets(cfg.model, cfg.lora.target_modules, config)
     if hasattr(cfg, "rollout"):
         check_engine_shape(config, cfg.model.path, cfg.rollout.max_model_len, cfg.rollout.tensor_parallel_size)
+        check_engine_vision(config, cfg.model.path)
+
+
+# vision-language models vLLM starts without torchvision (their image processors are PIL ones)
+VLLM_WITHOUT_TORCHVISION = ("idefics3", "smolvlm")
+
+
+def check_engine_vision(config: Any, path: str) -> None:
+    """Before launch: vLLM inspects a vision-language model with transformers' fast image
+    processors, which need torchvision; without it the engines fail at start (a CPU-only host: the
+    registry's torchvision builds are CUDA ones, and do not import beside torch+cpu)."""
+    import importlib.util
+
+    from rlkit.errors import UserError
+
+    kind = getattr(config, "model_type", "")
+    if is_vision_language(config) and kind not in VLLM_WITHOUT_TORCHVISION \
+            and importlib.util.find_spec("torchvision") is None:
+        without = ", ".join(VLLM_WITHOUT_TORCHVISION)
+        raise UserError(f"vLLM cannot start {path} ({kind}) here: it loads its image processor with torchvision, "
+                        "which is not installed: install the torchvision build that matches this torch (a GPU "
+                        f"host's install has it), or use a model vLLM serves without it ({without})", "model.path")
 
 
 def check_engine_shape(config: Any, path: str, max_model_len: int, tensor_parallel_size: int) -> None:

@@ -64,9 +64,9 @@ class TinyVLMSize:
         return (self.image // self.patch) ** 2 // self.scale ** 2
 
 
-def build_tiny_vlm(out_dir: str | Path, seed: int = 0, size: TinyVLMSize = TinyVLMSize()) -> Path:
+def build_tiny_vlm(out_dir: str | Path, seed: int = 0, size: TinyVLMSize = TinyVLMSize(), tied: bool = False) -> Path:
     """Write a random-init Idefics3ForConditionalGeneration, its processor and chat template to
-    `out_dir` (safetensors)."""
+    `out_dir` (safetensors); `tied`: the lm_head shares the embeddings (said in the text config)."""
     import torch
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
@@ -82,14 +82,14 @@ def build_tiny_vlm(out_dir: str | Path, seed: int = 0, size: TinyVLMSize = TinyV
                                   chat_template=VLM_CHAT_TEMPLATE)
     config = Idefics3Config(
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"), scale_factor=size.scale,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=tied,
         vision_config={"hidden_size": size.vision_hidden, "intermediate_size": 2 * size.vision_hidden,
                        "num_hidden_layers": size.vision_layers, "num_attention_heads": size.vision_heads,
                        "image_size": size.image, "patch_size": size.patch},
         text_config={"model_type": "llama", "vocab_size": len(tokenizer), "hidden_size": size.hidden,
                      "intermediate_size": size.intermediate, "num_hidden_layers": size.layers,
                      "num_attention_heads": size.heads, "num_key_value_heads": size.kv_heads,
-                     "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+                     "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "tie_word_embeddings": tied,
                      "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
                      "bos_token_id": None},
     )

@@ -50,8 +50,11 @@ BY = {
         (TINY, 'command_on("docs/getting-started.md", "rlkit export")'),
     "rlkit doctor": ("tests/test_doctor.py::test_doctor_passes_on_this_host", '"doctor"'),
     "rlkit sft recipes/tiny-vlm-sft.yaml": (
-        "tests/sft/test_vlm_sft.py::test_the_tiny_vlm_learns_what_only_the_image_tells",
+        "tests/grpo/test_vlm_grpo.py::test_the_tiny_vlm_task_sft_then_grpo_beats_a_text_only_model",
         '"rlkit sft recipes/tiny-vlm-sft.yaml"'),
+    "rlkit grpo recipes/tiny-vlm-grpo.yaml": (
+        "tests/grpo/test_vlm_grpo.py::test_the_tiny_vlm_task_sft_then_grpo_beats_a_text_only_model",
+        '"rlkit grpo recipes/tiny-vlm-grpo.yaml"'),
     "rlkit eval runs/tiny-sft/final --data runs/tiny/data/grpo_eval.jsonl --rewards rewards.exact:exact_match "
     "--samples 4": ("tests/grpo/test_eval_cli.py::test_eval_scores_samples_with_pass_at_k_and_writes_json",
                     '"--samples", "4"'),

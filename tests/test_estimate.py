@@ -18,7 +18,7 @@ from tests.test_cli import ROOT, _rlkit
 # Sizes as their model cards state them (Qwen2.5 / DeepSeek-R1 / Llama 2 / OPT model pages).
 PUBLISHED_SIZES = {"Qwen/Qwen2.5-32B-Instruct": 32.5e9, "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,
                    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 1.78e9, "meta-llama/Llama-2-7b-hf": 6.74e9,
-                   "facebook/opt-6.7b": 6.66e9}
+                   "facebook/opt-6.7b": 6.66e9, "Qwen/Qwen2.5-VL-7B-Instruct": 8.29e9}
 
 
 def _arch(name: str) -> est.Arch:
@@ -46,6 +46,37 @@ def test_the_tiny_models_are_counted_exactly_lora_too(size, tmp_path, tiny_model
                               LoraConfig(r=8, target_modules=list(targets) if targets[0] != "all-linear"
                                          else "all-linear"))
         assert arch.lora_params(8, targets) == sum(p.numel() for p in lora.parameters() if p.requires_grad)
+
+
+def test_a_vision_language_model_is_counted_exactly_with_its_vision_side(tmp_path):
+    """The tiny Idefics3: every parameter, the vision tower and projector as rlkit freezes them, the
+    image tokens of one image; the vision side trains in the learner's states only where the recipe
+    trains it, and the report says which."""
+    from transformers import AutoModelForImageTextToText
+
+    from rlkit.tiny_vlm import build_tiny_vlm
+    from rlkit.vision import vision_parts
+
+    folder = build_tiny_vlm(tmp_path / "vlm")
+    arch = est.Arch.from_config(*est.model_config(str(folder)))
+    model = AutoModelForImageTextToText.from_pretrained(folder)
+    sizes = {n: p.numel() for n, p in model.named_parameters()}
+    parts = {k: sum(sizes[n] for n in names) for k, names in vision_parts(model).items()}
+    assert arch.params == sum(sizes.values()) and arch.language_params == parts["language"]
+    assert (arch.vision.tower, arch.vision.projector, arch.vision.tokens_per_image) == (
+        parts["vision"], parts["projector"], 4)
+    recipe = ROOT / "recipes" / "tiny-vlm-sft.yaml"
+    frozen = stages.load("sft", recipe, [f"model.path={folder}", "model.freeze_vision_tower=true",
+                                        "model.freeze_multi_modal_projector=true"])
+    trained = stages.load("sft", recipe, [f"model.path={folder}"])  # the tiny recipe trains both towers
+
+    def gradients(cfg):
+        return est.estimate(cfg, "sft", arch)[0].parts["gradients"]
+
+    assert gradients(trained) - gradients(frozen) == 4 * (parts["vision"] + parts["projector"])  # fp32
+    line = est.report(frozen, "sft", arch, "here", None)[1]
+    assert line.startswith("  vision tower 0.12M (frozen), projector 0.03M (frozen), language model 0.41M; 4 image "
+                           "tokens per image, inside data.cutoff_len"), line
 
 
 def test_model_states_are_the_zero_papers_figure_1():

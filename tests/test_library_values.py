@@ -187,9 +187,9 @@ def test_a_model_folder_without_a_tokenizer_and_unserved_adapter_targets_are_one
               "rollout.lora_sync=adapter")
 
 
-def test_prompts_with_images_are_refused_before_launch_until_rollouts_take_them(tiny_model, task_data, tmp_path):
-    """SFT trains on image rows; GRPO (and eval, distillation) would send their prompts to the
-    engines without the images: one line naming the row until rollouts carry them."""
+def test_prompts_with_images_need_a_vision_language_model_and_single_turn_rollouts(tiny_model, task_data, tmp_path):
+    """A text-only model cannot see a prompt's images, and the multi-turn loops send text: each is
+    one line naming the row, before launch."""
     from PIL import Image
 
     from rlkit.errors import DataError
@@ -198,5 +198,5 @@ def test_prompts_with_images_are_refused_before_launch_until_rollouts_take_them(
     Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
     rows = [{"prompt": "1 + 1 =", "answer": "2"}, {"prompt": "colour?", "answer": "black", "image": "a.png"}]
     cfg = _grpo(tiny_model, task_data, tmp_path, f"data.train={_jsonl(tmp_path / 'p.jsonl', rows)}")
-    with pytest.raises(DataError, match=r"p.jsonl: row 2 has images: rollouts with images are not supported yet"):
+    with pytest.raises(DataError, match=r"p.jsonl: row 2 has images, and .* is a text-only model \(no vision tower\)"):
         load_task(cfg.model, cfg.data, cfg.rewards, None, None, rollout=cfg.rollout)

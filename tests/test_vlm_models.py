@@ -6,11 +6,14 @@ of a micro-batch, and the LoRA export merges back into a model that loads with i
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 from rlkit.config import LoraConfig, ModelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -188,9 +191,10 @@ def test_qwen2_vl_trains_on_the_learner_and_its_processor_names_torchvision(tmp_
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+    from rlkit import stages
     from rlkit.engine.logprobs import token_logprobs
     from rlkit.errors import UserError
-    from rlkit.models import load_image_inputs, load_model, load_tokenizer, wrap_for_training
+    from rlkit.models import check_model, load_image_inputs, load_model, load_tokenizer, wrap_for_training
     from rlkit.tiny import build_tokenizer
     from rlkit.vision import vision_parts
 
@@ -218,6 +222,12 @@ def test_qwen2_vl_trains_on_the_learner_and_its_processor_names_torchvision(tmp_
             load_image_inputs(cfg, load_tokenizer(cfg))
         assert "its processor needs torchvision, which is not installed here" in str(e.value)
         assert str(e.value).startswith("model.path: ") and "\n" not in str(e.value)
+        # GRPO's engines: vLLM inspects the model with torchvision's image processors, whatever the rows
+        grpo = stages.load("grpo", ROOT / "recipes" / "tiny-vlm-grpo.yaml", [f"model.path={out}",
+                                                                             f"output_dir={tmp_path / 'o'}"])
+        with pytest.raises(UserError, match=r"^model.path: vLLM cannot start .*qwen2-vl \(qwen2_vl\) here: it loads "
+                                            "its image processor with torchvision, which is not installed"):
+            check_model(grpo)
     model = load_model(cfg, torch.float32)
     parts = vision_parts(model)
     assert parts["projector"] and all(".visual.merger." in n for n in parts["projector"])

@@ -194,10 +194,9 @@ def _no_media(row: dict) -> None:
 
 def _with_images(out: dict[str, Any], rec: dict, column: str | None, base_dir: str) -> dict[str, Any]:
     """The converted row `out` with its images (`images`, checked, paths made absolute) when the
-    record `rec` has any; each must be named once in the text, or none of them."""
+    record `rec` has any; each must be named once in the text, or none of them. The column they
+    came in stays as it was too (TRL's rewards get it by its own name)."""
     images = row_images(rec, column, base_dir)
-    for c in (column,) if column else IMAGE_COLUMNS:
-        out.pop(c, None)
     if images:
         turns = out["messages"] if "messages" in out else alpaca_to_messages(out, with_output=False) \
             if "instruction" in out else out["prompt"] if isinstance(out["prompt"], list) \

@@ -29,6 +29,8 @@ from rlkit.transports import Transport, names, resolve
 
 log = logging.getLogger("rlkit.engines")
 
+Prompt = str | dict  # a text, or vLLM's prompt dict: a text and its images (`multi_modal_data`)
+
 
 class RolloutEngines(Protocol):
     """What a driver needs from its rollout engines. Every call waits at most
@@ -37,9 +39,9 @@ class RolloutEngines(Protocol):
 
     names: list[str]
 
-    def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]: ...
+    def generate_async(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Any]: ...
     def gather(self, futures: list[Any]) -> list[Sample]: ...
-    def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]: ...
+    def generate(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Sample]: ...
     def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]: ...
     def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]: ...
     def recovery(self) -> dict[str, float]: ...
@@ -89,7 +91,7 @@ def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo
     return SeparateEngines(rollout, model, device, ray_cfg, seed, learners, adapter)
 
 
-def _shards(prompts: list[str], k: int) -> list[list[str]]:
+def _shards(prompts: list[Prompt], k: int) -> list[list[Prompt]]:
     size = -(-len(prompts) // k)
     return [prompts[i * size:(i + 1) * size] for i in range(k)]
 
@@ -111,7 +113,7 @@ class _Call:
         return self
 
 
-def _generate_async(handles: list[Any], prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[_Call]:
+def _generate_async(handles: list[Any], prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[_Call]:
     """Start `n` samples per prompt on the engines behind `handles` (actor handles with a
     `generate_timed` method); one call per engine with prompts, in prompt order."""
     return [_Call(i, "generate_timed", (shard,), dict(n=n, seed=derive_seed(seed, i), **sampling.kwargs())).send(h)
@@ -186,7 +188,7 @@ class SeparateEngines:
         for i, (pid, node) in zip(indices, where):
             log.info("%s: pid %d on node %s", self.names[i], pid, node)
 
-    def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
+    def generate_async(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Any]:
         """Start generating; returns at once (calls for `gather`)."""
         self._settle()
         return _generate_async(self.handles, prompts, n, sampling, seed)
@@ -196,7 +198,7 @@ class SeparateEngines:
         go again to its restarted self."""
         return _samples(futures, self._results(futures, "the generation"))
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
+    def generate(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         """`n` samples per prompt, prompt-major, reproducible for `seed`."""
         return self.gather(self.generate_async(prompts, n, sampling, seed))
 
@@ -351,7 +353,7 @@ class ColocatedEngines:
         learners.start_engines(model.path, [{**o, "sleep_mode": rollout.sleep} for o in options],
                                rollout.start_timeout_s or None)
 
-    def generate_async(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Any]:
+    def generate_async(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Any]:
         return _generate_async(self.learners.actors, prompts, n, sampling, seed)
 
     def gather(self, futures: list[Any]) -> list[Sample]:
@@ -359,7 +361,7 @@ class ColocatedEngines:
                          self.timeout)
         return _samples(futures, parts)
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling, seed: int) -> list[Sample]:
+    def generate(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         return self.gather(self.generate_async(prompts, n, sampling, seed))
 
     def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]:

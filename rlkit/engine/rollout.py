@@ -166,12 +166,14 @@ class RolloutWorker:
 
         return {"base": self.base_memory, "now": memory_now()}
 
-    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]], n: int = 1,
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]] | Sequence[dict], n: int = 1,
                  temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 256,
                  stop: list[str] | None = None, seed: int | None = None, top_k: int | None = None,
                  stop_token_ids: list[int] | None = None) -> list[Sample]:
-        """`n` completions per prompt (text or token ids), prompt-major: samples
-        `[i * n, (i + 1) * n)` belong to prompt `i`. `seed` makes the call reproducible."""
+        """`n` completions per prompt (text, token ids, or vLLM's own prompt dict: a text with one
+        image mark per image and the images in `multi_modal_data`, which vLLM expands once into
+        the model's image tokens), prompt-major: samples `[i * n, (i + 1) * n)` belong to prompt
+        `i`. `seed` makes the call reproducible. A sample's prompt ids are the expanded ones."""
         from vllm import SamplingParams
 
         faults.hang_here("generate", self.index)
@@ -183,8 +185,8 @@ class RolloutWorker:
                 stop_token_ids=stop_token_ids, logprobs=0,
                 seed=None if seed is None else derive_seed(seed, i),
                 **({} if top_k is None else {"top_k": top_k})))
-        inputs = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
-                  for p in prompts]
+        inputs = [{"prompt": p} if isinstance(p, str) else dict(p) if isinstance(p, dict)
+                  else {"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.adapter)
         samples = []
         for i, out in enumerate(outputs):
@@ -265,7 +267,11 @@ class RolloutWorker:
         return sum(len(d) for d in files.values())
 
     def reset_prefix_cache(self) -> bool:
-        """Drop cached KV blocks computed with old weights."""
+        """Drop cached KV blocks computed with old weights, and for a vision-language model the
+        cached image embeddings too: after a sync vLLM would reuse the old vision tower's (and an
+        image it has seen fails with "Encoder cache miss", the engine spinning until a reset)."""
+        if self.llm.llm_engine.model_config.is_multimodal_model:
+            self.llm.llm_engine.reset_encoder_cache()
         return self.llm.reset_prefix_cache()
 
     def init_weight_update_group(self, master_addr: str, master_port: int, rank_offset: int,

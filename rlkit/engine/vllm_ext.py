@@ -102,15 +102,18 @@ class WeightSyncExtension:
 
     def _rlkit_repack_tied_lm_head(self) -> None:
         """With tied embeddings vLLM's `lm_head` shares `embed_tokens.weight` but keeps its own
-        packed GEMM copy on CPU; re-run its post-load processing so logits use the new weight."""
+        packed GEMM copy on CPU; re-run its post-load processing so logits use the new weight. A
+        vision-language model says it in its text config and may keep the head under its language
+        model (Qwen2-VL's `language_model.lm_head`): every `lm_head` module is repacked."""
         model = self.model_runner.get_model()
         config = getattr(model, "config", None)
-        lm_head = getattr(model, "lm_head", None)
-        if not getattr(config, "tie_word_embeddings", False) or lm_head is None:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if not (getattr(config, "tie_word_embeddings", False) or getattr(text, "tie_word_embeddings", False)):
             return
-        quant_method = getattr(lm_head, "quant_method", None)
-        if quant_method is not None and hasattr(lm_head, "weight"):
-            quant_method.process_weights_after_loading(lm_head)
+        for name, lm_head in model.named_modules():
+            quant_method = getattr(lm_head, "quant_method", None)
+            if name.rsplit(".", 1)[-1] == "lm_head" and quant_method is not None and hasattr(lm_head, "weight"):
+                quant_method.process_weights_after_loading(lm_head)
 
     # ------------------------------------------------------------------ broadcast (GPU)
 

@@ -13,6 +13,10 @@ GATED = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "qwe
          "deepseek_v2", "deepseek_v3", "phi3", "internlm2", "baichuan", "yi", "olmo2", "granite"}
 
 
+# a vision-language model's language model, by the model_type its config gives it: the family above
+TEXT_FAMILY = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2",
+               "qwen3_vl": "qwen3", "qwen3_vl_text": "qwen3", "gemma3_text": "gemma3"}
+
 # the block linears of the families `Arch` reads, by their module names (LoRA's targets)
 BLOCK_LINEARS = {"q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj", "fc1", "fc2"}
 # config.json of the hub models the shipped recipes name (from their published config.json), for
@@ -35,6 +39,14 @@ PUBLISHED = {
     "meta-llama/Llama-2-7b-hf": dict(model_type="llama", hidden_size=4096, intermediate_size=11008,
                                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                                      vocab_size=32000, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-VL-7B-Instruct": dict(
+        model_type="qwen2_5_vl", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
+        max_position_embeddings=128000, rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        vision_config=dict(depth=32, hidden_act="silu", hidden_size=1280, intermediate_size=3420, num_heads=16,
+                           in_chans=3, out_hidden_size=3584, patch_size=14, spatial_merge_size=2, window_size=112,
+                           fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2, temporal_patch_size=2)),
     "facebook/opt-6.7b": dict(model_type="opt", hidden_size=4096, ffn_dim=16384, num_hidden_layers=32,
                               num_attention_heads=32, vocab_size=50272, max_position_embeddings=2048,
                               tie_word_embeddings=True, enable_bias=True),
@@ -60,9 +72,23 @@ class Arch:
     positions: int = 0  # learned position embeddings (OPT, GPT-2)
     experts: int = 1  # MoE: MLPs per layer
     attn_out: str = "o_proj"  # the attention output projection's module name (OPT: out_proj)
+    vision: VisionSide | None = None  # a vision-language model's vision tower and projector
 
     @classmethod
     def from_config(cls, c: dict[str, Any], name: str) -> Arch:
+        """The decoder of `c`; for a vision-language model (a `vision_config`) its language model,
+        with its vision side counted (`VisionSide`)."""
+        if c.get("vision_config"):
+            from dataclasses import replace
+
+            text = {**c, **(c.get("text_config") or {})}
+            text.pop("vision_config", None)
+            text["model_type"] = TEXT_FAMILY.get(text.get("model_type", ""), text.get("model_type", ""))
+            return replace(cls.from_config(text, name), vision=VisionSide.from_config(c, name))
+        return cls._decoder(c, name)
+
+    @classmethod
+    def _decoder(cls, c: dict[str, Any], name: str) -> Arch:
         def first(*keys: str, default: Any = None) -> Any:
             return next((c[k] for k in keys if c.get(k) is not None), default)
 
@@ -109,8 +135,13 @@ class Arch:
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.positions * self.hidden
 
     @property
-    def params(self) -> int:
+    def language_params(self) -> int:
         return self.layers * self.layer_params() + self.embedding_params + self.hidden
+
+    @property
+    def params(self) -> int:
+        """Every parameter: the language model's, and a vision-language model's vision side."""
+        return self.language_params + (self.vision.params if self.vision else 0)
 
     def lora_params(self, r: int, targets: tuple[str, ...]) -> int:
         """LoRA's parameters on the block linears `targets` names; a block linear of another family
@@ -138,6 +169,45 @@ class Arch:
         """Elements one block keeps per token for backward (sdpa / flash attention)."""
         mlp = 4 * self.intermediate if self.gated else 2 * self.intermediate
         return 10 * self.hidden + 2 * self.kv_heads * self.head_dim + mlp
+
+
+@dataclass(frozen=True)
+class VisionSide:
+    """A vision-language model's vision tower and projector: their parameters (counted on a model
+    built on the meta device from the config: no weights, any architecture transformers has) and
+    the image tokens one image becomes where the config fixes it (Idefics3/SmolVLM, LLaVA; 0 where
+    it depends on the image's size, as Qwen2-VL's)."""
+
+    tower: int
+    projector: int
+    tokens_per_image: int = 0
+
+    @property
+    def params(self) -> int:
+        return self.tower + self.projector
+
+    @classmethod
+    def from_config(cls, c: dict[str, Any], name: str) -> VisionSide:
+        import torch
+        from transformers import AutoConfig
+
+        from rlkit.vision import auto_class, vision_parts
+
+        try:
+            config = AutoConfig.for_model(**c)
+            with torch.device("meta"):
+                model = auto_class(config).from_config(config)
+        except Exception as e:  # noqa: BLE001 - an architecture this transformers lacks: one line
+            raise UserError(f"{name}: transformers cannot build this vision-language model from its config.json "
+                            f"({type(e).__name__}: {str(e)[:160]}): rlkit estimate counts its vision tower on "
+                            "it") from None
+        sizes = {n: p.numel() for n, p in model.named_parameters()}
+        parts = vision_parts(model)
+        v = c["vision_config"]
+        tokens = c.get("mm_tokens_per_image") or 0  # Gemma 3 says it; Qwen2-VL's depends on each image
+        if not tokens and v.get("image_size") and v.get("patch_size"):  # a fixed-size tower (LLaVA, Idefics3)
+            tokens = (v["image_size"] // v["patch_size"]) ** 2 // c.get("scale_factor", 1) ** 2
+        return cls(sum(sizes[n] for n in parts["vision"]), sum(sizes[n] for n in parts["projector"]), tokens)
 
 
 def model_config(path: str, config: str | None = None) -> tuple[dict[str, Any], str]:

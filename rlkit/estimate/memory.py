@@ -183,10 +183,13 @@ def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, 
              sync_bytes: float = 0.0) -> Process:
     z, ds = cfg.deepspeed.zero_stage, cfg.deepspeed
     total = arch.params
+    v, m = arch.vision, cfg.model
+    vision_trained = 0 if v is None else (0 if m.freeze_vision_tower else v.tower) + (
+        0 if m.freeze_multi_modal_projector else v.projector)  # a VLM's vision side: what the recipe trains
     if cfg.finetuning == "full":
-        trainable, params = total, total * width
+        trainable, params = arch.language_params + vision_trained, total * width
     else:
-        trainable = arch.lora_params(cfg.lora.r, tuple(cfg.lora.target_modules))
+        trainable = arch.lora_params(cfg.lora.r, tuple(cfg.lora.target_modules)) + vision_trained
         linear = arch.layers * sum(i * o for i, o in arch.linears().values())
         if cfg.finetuning == "qlora":  # 4-bit weights, an fp32 absmax per 64 (double quant: 8-bit, fp32 per 256)
             per = 0.5 + (1 / 64 + 4 / (64 * 256) if cfg.qlora.double_quant else 4 / 64)

@@ -99,6 +99,7 @@ def report(cfg: Any, stage: str, arch: Arch, source: str, hardware: Hardware | N
     lines = [f"{arch.name}: {count} parameters ({source}); {cfg.finetuning} fine-tuning, "
              f"{cfg.model.dtype if cfg.model.dtype != 'auto' else {2: 'bf16', 4: 'fp32'}[width]}, "
              f"ZeRO-{cfg.deepspeed.zero_stage}"]
+    lines += _vision_lines(cfg, stage, arch)
     processes = estimate(cfg, stage, arch, hardware)
     for p in processes:
         lines.append(f"{p.kind} (x{p.count}){': ' + p.note if p.note else ''}")
@@ -127,6 +128,24 @@ def report(cfg: Any, stage: str, arch: Arch, source: str, hardware: Hardware | N
             lines.append("  changes that lower the peak (each alone):")
             lines += [f"    {label}: peak {gib(peak)}{' (fits)' if fits else ''}" for label, peak, fits in options]
     return lines
+
+
+def _vision_lines(cfg: Any, stage: str, arch: Arch) -> list[str]:
+    """What a vision-language model adds: its vision tower and projector, whether they train, and
+    the image tokens one image takes of the context the estimate counts (none for a text model)."""
+    v, m = arch.vision, cfg.model
+    if v is None:
+        return []
+
+    def size(n: int) -> str:
+        return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+    state = lambda frozen: "frozen" if frozen else "trained"  # noqa: E731
+    context = "data.cutoff_len" if stage == "sft" else "rollout.max_model_len"
+    tokens = (f"{v.tokens_per_image} image tokens per image, inside {context}" if v.tokens_per_image else
+              f"image tokens per image depend on its size (inside {context})")
+    return [f"  vision tower {size(v.tower)} ({state(m.freeze_vision_tower)}), projector {size(v.projector)} "
+            f"({state(m.freeze_multi_modal_projector)}), language model {size(arch.language_params)}; {tokens}"]
 
 
 def check_before_launch(cfg: Any, stage: str, device: Any) -> str | None:

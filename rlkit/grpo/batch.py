@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,6 +31,7 @@ class Rollout:
     logprobs: list[float] | None = None  # the sampling engine's logprob of each completion token
     policy_version: int = 0  # the policy version (optimizer steps synced) whose weights generated it
     tool_mask: list[int] | None = None  # multi-turn: 0 on tool-result tokens (no loss), else 1
+    images: tuple = ()  # the prompt's images (paths or PIL images), whose tokens prompt_ids holds expanded
 
 
 @dataclass(frozen=True)
@@ -44,22 +46,32 @@ class GRPOBatch:
     advantages: Tensor  # float [B]
     engine_logp: Tensor | None = None  # float [B, L-1]
     teacher_logp: Tensor | None = None  # float [B, L-1]: a distillation teacher's actor's, when it has its own
+    images: tuple | None = None  # each row's images, when a row has any
+    pixels: Any = None  # rlkit.data.images.ImageInputs: the rows' images -> the model's pixel inputs
 
     @classmethod
     def collate(cls, rollouts: Sequence[Rollout], advantages: Tensor, pad_id: int,
-                mask_truncated: bool = False) -> GRPOBatch:
+                mask_truncated: bool = False, pixels: Any = None) -> GRPOBatch:
         """Pad the rollouts. With `mask_truncated`, truncated completions get an all-zero completion
-        mask (no loss). The engine's sampling logprobs are kept when every rollout has them."""
+        mask (no loss). The engine's sampling logprobs are kept when every rollout has them. Rows
+        with images need `pixels` (the model's processor): micro-batches then carry their pixels.
+        A completion in which the policy sampled the model's image mark gets no loss, and the mark
+        is padding in its input: the model would look for an image that is not there (its reward
+        still counts in its group)."""
         length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts)
         B = len(rollouts)
         ids = torch.full((B, length), pad_id, dtype=torch.long)
         attn = torch.zeros((B, length), dtype=torch.long)
         comp = torch.zeros((B, length), dtype=torch.long)
+        mark = pixels.token_id if pixels is not None else None
         for i, r in enumerate(rollouts):
             p, c = len(r.prompt_ids), len(r.completion_ids)
             ids[i, :p + c] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
             attn[i, :p + c] = 1
-            if not (mask_truncated and r.truncated):
+            sampled_mark = mark is not None and mark in r.completion_ids
+            if sampled_mark:
+                ids[i, p:p + c] = ids[i, p:p + c].masked_fill(ids[i, p:p + c] == mark, pad_id)
+            if not (mask_truncated and r.truncated) and not sampled_mark:
                 comp[i, p:p + c] = 1 if r.tool_mask is None else torch.tensor(r.tool_mask, dtype=torch.long)
         old = None
         if all(r.logprobs is not None for r in rollouts):
@@ -69,7 +81,10 @@ class GRPOBatch:
                     raise ValueError(f"rollout {i}: needs one sampling logprob per completion token")
                 p = len(r.prompt_ids)
                 old[i, p - 1:p - 1 + len(r.logprobs)] = torch.tensor(r.logprobs, dtype=torch.float32)
-        return cls(ids, attn, comp, advantages.to(torch.float32), old)
+        images = tuple(r.images for r in rollouts) if any(r.images for r in rollouts) else None
+        if images and pixels is None:
+            raise ValueError("rollouts with images need the model's processor (pixels)")
+        return cls(ids, attn, comp, advantages.to(torch.float32), old, images=images, pixels=pixels if images else None)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -85,6 +100,8 @@ class GRPOBatch:
         for key in ("engine_logp", "teacher_logp"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)[idx, :length - 1]
+        if self.images is not None:
+            out.update(self.pixels.pixels([self.images[i] for i in idx.tolist()], out["input_ids"]))
         return MicroBatch(out)
 
     def packed_micro_batch(self, rows: Sequence[int]) -> MicroBatch:
@@ -92,7 +109,10 @@ class GRPOBatch:
         [1, T] hold the rows' sequences one after another (T = their total length; the positions
         restart per sequence, so the model attends within each; no attention mask), and `unpack`
         long [b, l] gives, for each row's position, its place in the packed row (-1 past its end).
-        completion_mask, advantages and engine_logp keep the padded [b, l] layout (the loss's)."""
+        completion_mask, advantages and engine_logp keep the padded [b, l] layout (the loss's).
+        Not for rows with images (their pixels follow the padded rows)."""
+        if self.images is not None:
+            raise ValueError("rows with images are not packed: plan padded micro-batches")
         padded = dict(self.micro_batch(rows))
         mask = padded.pop("attention_mask")
         lengths = mask.sum(1)

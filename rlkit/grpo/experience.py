@@ -73,19 +73,32 @@ class Generation:
         """Waits for the samples; everything needed to score and train on them after a restart."""
         samples = self.wait()
         agent = self.agent and {"prompts": self.agent.prompts, "prompt_texts": self.agent.prompt_texts}
-        return {"rows": self.rows, "prompts": self.prompts, "version": self.version, "indices": self.indices,
+        rows = [{k: v for k, v in r.items() if not _has_image_object(v)} for r in self.rows]  # plain containers
+        return {"rows": rows, "prompts": self.prompts, "version": self.version, "indices": self.indices,
                 "samples": [dataclasses.asdict(s) for s in samples], "agent": agent}
 
     @classmethod
-    def restored(cls, state: dict[str, Any]) -> Generation:
-        """A finished generation from `state_dict`."""
+    def restored(cls, state: dict[str, Any], train_rows: list[dict] | None = None) -> Generation:
+        """A finished generation from `state_dict`; its rows are the task's `train_rows` at its
+        indices when given (a row's images, which the checkpoint does not hold as objects)."""
         from rlkit.agent.loop import AgentBatch
 
         samples = [Sample(**s) for s in state["samples"]]
         agent = state.get("agent")
-        return cls(state["rows"], state["prompts"], [], None, time.perf_counter(), version=state["version"],
+        indices = state.get("indices") or []
+        rows = [train_rows[i] for i in indices] if train_rows is not None and indices else state["rows"]
+        return cls(rows, state["prompts"], [], None, time.perf_counter(), version=state["version"],
                    samples=samples, indices=state.get("indices", []),
                    agent=agent and AgentBatch(samples, agent["prompts"], agent["prompt_texts"], None))
+
+
+def _has_image_object(value: Any) -> bool:
+    """Whether a row's value is (or lists) an image object (a PIL image from a datasets column),
+    which a checkpoint's plain containers do not hold."""
+    from PIL import Image
+
+    return isinstance(value, Image.Image) or (isinstance(value, (list, tuple)) and any(
+        isinstance(v, Image.Image) for v in value))
 
 
 @dataclass
@@ -121,7 +134,7 @@ def start_generation(indices: list[int], task: Task, engines: RolloutEngines, sa
         future = task.agent.start(rows, engines, sampling, group_size, seed)
         return Generation(rows, prompts, [future], engines, time.perf_counter(), version=version,
                           indices=list(indices), multi_turn=True)
-    futures = engines.generate_async(prompts, group_size, sampling, seed)
+    futures = engines.generate_async(task.engine_prompts(rows, prompts), group_size, sampling, seed)
     return Generation(rows, prompts, futures, engines, time.perf_counter(), version=version, indices=list(indices))
 
 
@@ -206,8 +219,9 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
         shown = generation.prompt_texts(G)
         scored += [(i, rewards[g * G:(g + 1) * G].tolist()) for g, i in enumerate(generation.indices)]
         for g in range(len(generation.rows)):
+            images = tuple(generation.rows[g].get("images") or ())
             group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs,
-                             generation.version, s.tool_mask) for s in samples[g * G:(g + 1) * G]]
+                             generation.version, s.tool_mask, images) for s in samples[g * G:(g + 1) * G]]
             texts = [(shown[k], samples[k].text) for k in range(g * G, (g + 1) * G)]
             (spare if algo.dynamic_sampling and bool(zero[g]) else kept).append(
                 (group, rewards[g * G:(g + 1) * G], per_fn[g * G:(g + 1) * G], texts))
@@ -314,7 +328,7 @@ def evaluate_rows(task: Task, rows: list[dict], engines: RolloutEngines, samplin
         result = score_rows(task.scorer, rows, prompts, samples, n, batch)
         batch.release()
     else:
-        samples = engines.generate(prompts, n, sampling, seed)
+        samples = engines.generate(task.engine_prompts(rows, prompts), n, sampling, seed)
         result = score_rows(task.scorer, rows, prompts, samples, n)
     engines.idle()
     return Evaluation(rows, prompts, samples, n, result)

@@ -23,12 +23,23 @@ class Task:
     tokenizer: Any
     scorer: RewardScorer
     agent: Any = None  # rlkit.agent.loop.Agent: multi-turn rollouts with tools / environments
+    images: Any = None  # rlkit.data.images.ImageInputs: a vision-language model's processor
 
     def render(self, row: dict[str, Any]) -> str:
         """The prompt text of a row (the recipe's template)."""
         from rlkit.data.templates import render_prompt
 
         return render_prompt(row, self.template, self.tokenizer)
+
+    def engine_prompts(self, rows: list[dict[str, Any]], texts: list[str]) -> list[Any]:
+        """What the engines get for `rows` rendered as `texts`: the text, or for a row with images
+        vLLM's prompt dict of the text (one image mark per image, as the template wrote it) and
+        the pictures (`multi_modal_data`), which vLLM expands into the model's image tokens once
+        (the processor's already expanded ids would be expanded again)."""
+        from rlkit.data.images import load_image
+
+        return [{"prompt": text, "multi_modal_data": {"image": [load_image(r) for r in row["images"]]}}
+                if row.get("images") else text for row, text in zip(rows, texts)]
 
     @property
     def difficulties(self) -> list[str | None]:
@@ -54,13 +65,10 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     tokenizer = load_tokenizer(model)
     rows = load_prompts(data.train, data.format, data.dataset, data.skip_bad_rows, seed=seed).rows
     eval_rows = load_prompts(data.eval, data.format, data.dataset, seed=seed).rows if data.eval else []
-    for path, loaded in ((data.train, rows), (data.eval, eval_rows)):
-        with_images = next((n for n, r in enumerate(loaded, 1) if r.get("images")), None)
-        if with_images:
-            raise DataError(f"{path}: row {with_images} has images: rollouts with images are not supported yet (SFT "
-                            "trains on them, docs/vision.md): use prompts without images")
     template = resolve_template(data.template, rows[0], tokenizer, data.train) if rows else data.template
     multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction)
+    images = _image_inputs(model, tokenizer, ((data.train, rows), (data.eval, eval_rows)),
+                           bool(multi_turn or (rollout and rollout.calculator)))
     agent = _agent(rollout, template, tokenizer, recipe_dir) if multi_turn else None
     if rollout and rollout.calculator:
         from rlkit.agent.calculator import Calculator, kv_cache_tokens
@@ -74,7 +82,7 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
         raise ConfigError("name at least one reward function (the environment has no get_reward)", "rewards")
     scorer = RewardScorer(list(rewards), recipe_dir, columns=columns, default=reward_default,
                           extra=environment_rewards(environments) if environments else ())
-    task = Task(rows, eval_rows, template, tokenizer, scorer, agent)
+    task = Task(rows, eval_rows, template, tokenizer, scorer, agent, images)
     check_prompts(task, ((data.train, rows), (data.eval, eval_rows)), rollout)
     return task
 
@@ -84,7 +92,8 @@ def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> No
     chat template that refuses a row (a system turn it does not take, turns that do not alternate)
     or a prompt longer than the engine's context would otherwise stop the run, with vLLM's or
     jinja's traceback, at the step that first draws that row. Prompts whose completion budget
-    (`rollout.max_tokens`) runs past the context are counted in a warning: vLLM cuts them there."""
+    (`rollout.max_tokens`) runs past the context are counted in a warning: vLLM cuts them there.
+    A prompt with images is measured with its image tokens, as the processor expands them."""
     import logging
 
     from jinja2 import TemplateError
@@ -101,7 +110,8 @@ def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> No
         if rollout is None or not texts:
             continue
         for n, ids in enumerate(task.tokenizer(texts).input_ids, 1):  # one batch: the fast tokenizer's threads
-            length = len(ids)
+            row = rows[n - 1]  # a row with images: its marks as the engines expand them into image tokens
+            length = len(task.images.encode(texts[n - 1], row["images"])) if row.get("images") else len(ids)
             if length >= rollout.max_model_len:
                 raise ConfigError(f"{source}: prompt {n} is {length} tokens, the engines hold {rollout.max_model_len} "
                                   "with its completion: raise it, or shorten or drop the row", "rollout.max_model_len")
@@ -110,6 +120,24 @@ def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> No
         logging.getLogger("rlkit").warning(
             "%d prompts leave less than rollout.max_tokens (%d) of rollout.max_model_len (%d): their completions end "
             "at the context's end", cut, rollout.max_tokens, rollout.max_model_len)
+
+
+def _image_inputs(model: ModelConfig, tokenizer: Any, sources: Any, multi_turn: bool) -> Any:
+    """A vision-language model's processor for prompt rows with images (None when no row has any);
+    rows with images need a vision-language model, and single-turn rollouts."""
+    from rlkit.models import load_image_inputs
+
+    first = next(((path, n) for path, rows in sources for n, r in enumerate(rows, 1) if r.get("images")), None)
+    if first is None:
+        return None
+    images = load_image_inputs(model, tokenizer)
+    if images is None:
+        raise DataError(f"{first[0]}: row {first[1]} has images, and {model.path} is a text-only model (no vision "
+                        "tower): use a vision-language model, or prompts without images")
+    if multi_turn:
+        raise DataError(f"{first[0]}: row {first[1]} has images: multi-turn rollouts (tools, environments, the "
+                        "calculator) take text prompts only")
+    return images
 
 
 def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: str | None) -> Any:

@@ -55,7 +55,7 @@ def test_the_forms_users_bring_load_to_one_shape(tmp_path):
     trl = load_rows(write(tmp_path / "trl.jsonl", [{"messages": [
         user_parts({"type": "image"}, {"type": "text", "text": QUESTION}),
         {"role": "assistant", "content": [{"type": "text", "text": "red"}]}], "image": "img/a.png"}])).rows[0]
-    assert trl["images"] == [a] and "image" not in trl
+    assert trl["images"] == [a] and trl["image"] == "img/a.png"  # the column as it came stays (TRL's rewards read it)
     assert trl["messages"] == [user_parts({"type": "image"}, {"type": "text", "text": QUESTION}),
                                {"role": "assistant", "content": "red"}]  # text parts alone become a string
     # LLaMA-Factory: <image> marks in sharegpt text, an `images` list, through dataset_info's columns.images
@@ -66,7 +66,7 @@ def test_the_forms_users_bring_load_to_one_shape(tmp_path):
         "file_name": "mllm.json", "formatting": "sharegpt",
         "columns": {"messages": "conversations", "images": "pictures"}}}))
     lf = load_rows(str(tmp_path), dataset="mllm_demo").rows[0]
-    assert lf["images"] == [a, b] and "pictures" not in lf
+    assert lf["images"] == [a, b] and lf["pictures"] == ["img/a.png", "img/b.png"]
     assert lf["messages"][0]["content"] == "<image>and<image>: which is red?"
     # alpaca rows with an <image> in the instruction, and GRPO prompt rows (TRL's `image` + `answer`)
     alpaca = load_rows(write(tmp_path / "alpaca.jsonl", [
