@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rlkit.data.images import (
@@ -24,7 +24,7 @@ from rlkit.data.images import (
     row_images,
 )
 from rlkit.data.sources import MEDIA_COLUMNS, DatasetEntry, Record, read_records
-from rlkit.data.templates import alpaca_to_messages, render_alpaca
+from rlkit.data.templates import render_alpaca, row_turns
 from rlkit.errors import DataError
 
 log = logging.getLogger("rlkit")
@@ -97,9 +97,9 @@ def _entry_schema(entry: DatasetEntry, fmt: str) -> _Schema:
         if "tools" in columns:
             raise DataError(f"{entry.where}: has tools (column {columns['tools']!r}); function-calling "
                             "data is not supported yet: use a dataset without tool turns")
-        schema = _messages_schema(entry.formatting, {k: v for k, v in columns.items() if k in ("messages", "system")},
-                                  entry.tags, kto)
-        return _Schema(schema.kind, schema.columns, schema.tags, kto, images)
+        return replace(_messages_schema(entry.formatting, {k: v for k, v in columns.items()
+                                                           if k in ("messages", "system")}, entry.tags, kto),
+                       images=images)
     bad = sorted(set(columns) - set(_LF_ALPACA_KEYS))
     if bad:
         raise DataError(f"{entry.where}: unknown column key {bad[0]!r} "
@@ -198,10 +198,7 @@ def _with_images(out: dict[str, Any], rec: dict, column: str | None, base_dir: s
     came in stays as it was too (TRL's rewards get it by its own name)."""
     images = row_images(rec, column, base_dir)
     if images:
-        turns = out["messages"] if "messages" in out else alpaca_to_messages(out, with_output=False) \
-            if "instruction" in out else out["prompt"] if isinstance(out["prompt"], list) \
-            else [{"role": "user", "content": out["prompt"]}]
-        check_count(count_placeholders(turns), len(images), "its text")
+        check_count(count_placeholders(row_turns(out)), len(images), "its text")
         out["images"] = images
     return out
 

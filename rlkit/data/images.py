@@ -127,11 +127,11 @@ def content_parts(parts: list, col: str, i: int, role: Any) -> str | list[dict[s
         elif kind == "image" and role != "assistant":
             out.append({"type": "image"})  # the image itself is the row's images column, in order
         elif kind == "image":
-            raise ImageRowError(f"field {col!r} item {i}: an assistant turn cannot hold an image (part {k}): images go "
-                            "in the user's turns")
+            raise ImageRowError(f"field {col!r} item {i}: an assistant turn cannot hold an image (part {k}): "
+                                "images go in the user's turns")
         else:
             raise ImageRowError(f"field {col!r} item {i} part {k} must be {{'type': 'text', 'text': ...}} or "
-                            "{'type': 'image'}")
+                                "{'type': 'image'}")
     if all(p["type"] == "text" for p in out):
         return "".join(p["text"] for p in out)
     return out
@@ -170,7 +170,16 @@ class ImageInputs:
         `image.` (rows without images add none). With the batch's `input_ids`, also the token
         types a model that asks for them reads (Qwen2-VL's `mm_token_type_ids`: 1 on image tokens,
         for its 3-D positions), as its processor would give them."""
-        rows = [[load_image(r) for r in refs] for refs in per_row if refs]
+        loaded: dict[str, Any] = {}  # by path: a GRPO group's rows share their prompt's images
+
+        def image(ref: Any) -> Any:
+            if not isinstance(ref, str):
+                return load_image(ref)
+            if ref not in loaded:
+                loaded[ref] = load_image(ref)
+            return loaded[ref]
+
+        rows = [[image(r) for r in refs] for refs in per_row if refs]
         if not rows:
             return {}
         out = dict(self.processor.image_processor(images=rows, return_tensors="pt"))

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.data.images import IMAGE_COLUMNS
 from rlkit.errors import DataError, parse_json, read_json
 
 log = logging.getLogger("rlkit")
@@ -155,7 +156,7 @@ def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Rec
         raise DataError(f"{where}: is a ranking (chosen/rejected preference) dataset; rlkit trains SFT "
                         "and GRPO, which take no preference pairs: use its prompts with rewards (GRPO) "
                         "or its chosen answers as an SFT dataset")
-    media = [k for k in MEDIA_COLUMNS if k in columns and k != "images"]
+    media = [k for k in MEDIA_COLUMNS if k in columns and k not in IMAGE_COLUMNS]
     if media:
         raise DataError(f"{where}: has {media[0]} (column {columns[media[0]]!r}); rlkit trains on text and "
                         f"images, and its <{media[0][:-1]}> placeholders would stay in the text: "

@@ -144,9 +144,17 @@ def _images(row: dict[str, Any], template: str) -> int | None:
     if template != "chat":
         raise DataError(f"a row with images needs the chat template (the model's places the images), not {template}: "
                         "set data.template: chat (or auto)")
-    msgs = alpaca_to_messages(row, with_output=False) if "instruction" in row else row.get("messages") or (
-        row["prompt"] if isinstance(row.get("prompt"), list) else [{"role": "user", "content": row["prompt"]}])
-    return 0 if count_placeholders(msgs) else n
+    return 0 if count_placeholders(row_turns(row)) else n
+
+
+def row_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every turn a row's text has, as messages, whatever its shape (alpaca fields without the
+    output, messages, or a prompt): where its images may be named."""
+    if "instruction" in row:
+        return alpaca_to_messages(row, with_output=False)
+    if "messages" in row:
+        return row["messages"]
+    return row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
 
 
 def _prompt_messages(row: dict[str, Any]) -> list[dict[str, str]]:
