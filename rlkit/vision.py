@@ -45,20 +45,14 @@ def vision_parts(model: Any) -> dict[str, list[str]]:
     return parts
 
 
-def freeze_vision(model: Any, cfg: ModelConfig) -> dict[str, int]:
+def freeze_vision(model: Any, cfg: ModelConfig) -> None:
     """Freeze a vision-language model's vision tower and projector as the recipe asks
-    (`model.freeze_vision_tower`, `model.freeze_multi_modal_projector`); returns the parameters
-    frozen per part."""
+    (`model.freeze_vision_tower`, `model.freeze_multi_modal_projector`)."""
     parts = vision_parts(model)
-    frozen = {"vision": cfg.freeze_vision_tower, "projector": cfg.freeze_multi_modal_projector}
     params = dict(model.named_parameters())
-    counts = {}
-    for part, freeze in frozen.items():
-        counts[part] = 0
+    for part, freeze in (("vision", cfg.freeze_vision_tower), ("projector", cfg.freeze_multi_modal_projector)):
         for name in parts[part] if freeze else ():
             params[name].requires_grad_(False)
-            counts[part] += params[name].numel()
-    return counts
 
 
 def vision_language_targets(model: Any, names: Sequence[str], cfg: ModelConfig) -> tuple[list[str], list[str] | None]:
