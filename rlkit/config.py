@@ -318,7 +318,7 @@ class RolloutConfig:
     # again; after max_restarts restarts of one engine the run stops instead. 0 = stop at once.
     max_restarts: int = 3
     # Parity probe: after the start (or resume) and every N-th weight sync, the engines and the
-    # learner score held sequences; the largest |logprob difference| is the metric
+    # learner score the first train and held-out prompts (with their images); the largest |logprob difference| is the metric
     # sync/check_abs_diff_max (the mean: sync/check_abs_diff_mean); above sync_check_tol (nats) the
     # run stops naming the engine. The tolerance bounds the largest gap for fp32 models (default
     # 1e-3), the mean gap for bf16/fp16 ones (default 0.2: half-precision kernels put single tokens

@@ -47,7 +47,7 @@ class ColocatedEngine:
         self._wake()
         return self.worker.generate_timed(*args, **kwargs)
 
-    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+    def sequence_logprobs(self, sequences: list[Any]) -> list[list[float]]:
         """`RolloutWorker.sequence_logprobs` (weight checks)."""
         self._wake()
         return self.worker.sequence_logprobs(sequences)

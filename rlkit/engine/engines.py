@@ -43,7 +43,7 @@ class RolloutEngines(Protocol):
     def gather(self, futures: list[Any]) -> list[Sample]: ...
     def generate(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Sample]: ...
     def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]: ...
-    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]: ...
+    def sequence_logprobs(self, sequences: list[Any]) -> list[list[list[float]]]: ...
     def recovery(self) -> dict[str, float]: ...
     def memory(self) -> list[dict[str, dict[str, int]]]: ...
     def idle(self) -> None: ...
@@ -254,7 +254,7 @@ class SeparateEngines:
         sizes = wait_all([h.load_adapter.remote(files) for h in handles], names, phase, self.timeout)
         return {"bytes": sizes[0], "seconds": time.perf_counter() - t0}
 
-    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
+    def sequence_logprobs(self, sequences: list[Any]) -> list[list[list[float]]]:
         """Each engine's `RolloutWorker.sequence_logprobs` (the sync check)."""
         self._settle()
         calls = [_Call(i, "sequence_logprobs", (sequences,), {}).send(h) for i, h in enumerate(self.handles)]
@@ -368,7 +368,7 @@ class ColocatedEngines:
         """Every rank loads its own engine (a colocated transport: nothing to defer); rank 0's stats."""
         return learners.push_weights(self.transport.name, timeout_s=self.timeout)[0]
 
-    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[list[float]]]:
+    def sequence_logprobs(self, sequences: list[Any]) -> list[list[list[float]]]:
         return self.learners.engine_sequence_logprobs(sequences, self.timeout)
 
     def recovery(self) -> dict[str, float]:

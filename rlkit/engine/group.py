@@ -94,9 +94,9 @@ class LearnerGroup:
         """Rank 0's `Learner.adapter_files` (all ranks take part, for ZeRO-3)."""
         return self._timed("adapter_files", "the adapter sync", timeout_s)[0]
 
-    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+    def sequence_logprobs(self, sequences: list[list[int]], pixels: dict[str, Any] | None = None) -> list[list[float]]:
         """Rank 0's `Learner.sequence_logprobs` (all ranks take part, for ZeRO-3)."""
-        return self._all("sequence_logprobs", sequences)[0]
+        return self._all("sequence_logprobs", sequences, pixels)[0]
 
     def named_weights(self) -> list[tuple[str, Any]]:
         """The current policy (LoRA merged) as (HF name, CPU tensor), from rank 0."""
@@ -110,7 +110,7 @@ class LearnerGroup:
         return self._each("start_engine", [(model_path, options) for options in per_rank_options], timeout_s,
                           phase="its engine's start", knob="rollout.start_timeout_s")
 
-    def engine_sequence_logprobs(self, sequences: list[list[int]],
+    def engine_sequence_logprobs(self, sequences: list[Any],
                                  timeout_s: float | None = None) -> list[list[list[float]]]:
         """Each rank's colocated engine scores `sequences` (weight checks)."""
         return self._timed("engine_sequence_logprobs", "the sync check", timeout_s, sequences)

@@ -239,14 +239,11 @@ class Learner:
             out.append(logp.cpu())
         return out
 
-    def sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
-        """Logprob of each token `t >= 1` of each sequence given its prefix, under the current
-        policy at temperature 1: the learner's side of `RolloutWorker.sequence_logprobs`. Every
-        rank must call (ZeRO-3)."""
-        width = max(len(s) for s in sequences)
-        ids = torch.tensor([list(s) + [0] * (width - len(s)) for s in sequences])
-        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
-        logp = self.logprobs([MicroBatch({"input_ids": ids, "attention_mask": mask})])[0]
+    def sequence_logprobs(self, sequences: list[list[int]], pixels: dict[str, Any] | None = None) -> list[list[float]]:
+        """Logprob of each token `t >= 1` of each sequence given its prefix (and `pixels`, the
+        image inputs of its rows with images), under the current policy at temperature 1: the
+        learner's side of `RolloutWorker.sequence_logprobs`. Every rank must call (ZeRO-3)."""
+        logp = self.logprobs([MicroBatch.padded(sequences, pixels)])[0]
         return [row[:len(s) - 1].tolist() for row, s in zip(logp, sequences)]
 
     def _frozen(self, objective: Objective) -> dict[str, Any]:
@@ -350,7 +347,7 @@ class Learner:
     def generate_timed(self, *args: Any, **kwargs: Any) -> tuple[list[Any], float]:
         return self.colocated.generate_timed(*args, **kwargs)
 
-    def engine_sequence_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+    def engine_sequence_logprobs(self, sequences: list[Any]) -> list[list[float]]:
         return self.colocated.sequence_logprobs(sequences)
 
     def sleep_engine(self) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor
 
 # Per-token logprobs a learner can attach to micro-batches before its first update (`Learner.fit`):
@@ -35,6 +36,15 @@ class MicroBatch(Mapping[str, Any]):
     @classmethod
     def of(cls, batch: Mapping[str, Any]) -> MicroBatch:
         return batch if isinstance(batch, MicroBatch) else cls(batch)
+
+    @classmethod
+    def padded(cls, sequences: Sequence[Sequence[int]], extra: Mapping[str, Any] | None = None) -> MicroBatch:
+        """Token sequences right-padded (with 0) into input_ids and their attention_mask, and the
+        `extra` tensors of those rows (a parity probe's pixel inputs)."""
+        width = max(len(s) for s in sequences)
+        ids = torch.tensor([list(s) + [0] * (width - len(s)) for s in sequences])
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
+        return cls({"input_ids": ids, "attention_mask": mask, **(extra or {})})
 
     def __getitem__(self, key: str) -> Any:
         return self._tensors[key]

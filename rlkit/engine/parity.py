@@ -7,8 +7,8 @@ weights travelled: a transport that dropped or mangled a tensor shows as an engi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,23 @@ from rlkit.errors import FaultError
 if TYPE_CHECKING:
     from rlkit.engine.engines import RolloutEngines
     from rlkit.engine.group import LearnerGroup
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the parity probe scores: token sequences for the learner; for the engines the same ids,
+    or for a prompt with images the prompt vLLM gets in rollouts (`prompts`: its text with one
+    image mark per image and the pictures, which the engine expands into `sequences`' image
+    tokens), and the pixel inputs of the learner's padded batch of `sequences` (`pixels`,
+    `image.*` keys: `MicroBatch.padded`)."""
+
+    sequences: list[list[int]]
+    prompts: list[Any] | None = None
+    pixels: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def engine_prompts(self) -> list[Any]:
+        return self.prompts if self.prompts is not None else self.sequences
 
 
 @dataclass(frozen=True)
@@ -45,15 +62,22 @@ def sync_check_tol(rollout: RolloutConfig, model: ModelConfig, quantized_learner
     return SyncTolerance(rollout.sync_check_tol or 0.2, "mean")
 
 
-def sync_check(engines: RolloutEngines, learners: LearnerGroup, sequences: list[list[int]], tol: SyncTolerance,
+def sync_check(engines: RolloutEngines, learners: LearnerGroup, probe: Probe, tol: SyncTolerance,
                when: str) -> tuple[float, float]:
-    """Parity probe after a weight sync: the engines and the learner score `sequences` (token
-    ids); returns the largest and the mean |engine - learner| token logprob of the engine that
-    is furthest on `tol.statistic`. Above `tol` (or NaN) a `FaultError` names that engine: its
-    weights are not the learner's."""
-    want = torch.tensor([x for seq in learners.sequence_logprobs(sequences) for x in seq])
-    gaps = [(torch.tensor([x for seq in got for x in seq]) - want).abs()
-            for got in engines.sequence_logprobs(sequences)]
+    """Parity probe after a weight sync: the engines and the learner score `probe`; returns the
+    largest and the mean |engine - learner| token logprob of the engine that is furthest on
+    `tol.statistic`. Above `tol` (or NaN), or scoring a different number of tokens (an image
+    expanded otherwise), a `FaultError` names that engine: its weights are not the learner's."""
+    learner = learners.sequence_logprobs(probe.sequences, probe.pixels)
+    want = torch.tensor([x for seq in learner for x in seq])
+    gaps = []
+    for name, got in zip(engines.names, engines.sequence_logprobs(probe.engine_prompts)):
+        apart = next((i for i, (a, b) in enumerate(zip(got, learner)) if len(a) != len(b)), None)
+        if apart is not None:
+            raise FaultError(f"sync check {when}: {name} reads check prompt {apart + 1} as {len(got[apart]) + 1} "
+                             f"tokens and the learner as {len(learner[apart]) + 1}: the engine and the model's "
+                             "processor expand its images into different image tokens")
+        gaps.append((torch.tensor([x for seq in got for x in seq]) - want).abs())
     stats = [(float(g.max()), float(g.mean())) for g in gaps]
     checked = [s[0] if tol.statistic == "max" else s[1] for s in stats]
     worst = max(range(len(checked)), key=lambda i: checked[i] if checked[i] == checked[i] else float("inf"))

@@ -203,16 +203,17 @@ class RolloutWorker:
         samples = self.generate(*args, **kwargs)
         return samples, time.perf_counter() - t0
 
-    def sequence_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    def sequence_logprobs(self, sequences: Sequence[Sequence[int] | dict[str, Any]]) -> list[list[float]]:
         """Logprob of each token `t >= 1` of each sequence given its prefix (temperature 1);
-        for comparing the engine's weights with the learner's."""
+        for comparing the engine's weights with the learner's. A sequence is token ids, or a
+        prompt dict as `generate` takes one with images (scored as the engine expands it)."""
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params,
-                                    use_tqdm=False, lora_request=self.adapter)
-        return [[float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], seq[1:])]
-                for out, seq in zip(outputs, sequences)]
+        prompts = [s if isinstance(s, dict) else {"prompt_token_ids": list(s)} for s in sequences]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
+        return [[float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])]
+                for out in outputs]
 
     # ------------------------------------------------------------------ weights
 

@@ -300,10 +300,10 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: RolloutEngines, learners: 
     if not every or not (due or step % every == 0):
         return {}
     t0 = time.perf_counter()
-    sequences = [_probe_ids(task, row) for row in task.rows[:1] + task.eval_rows[:1]]
+    probe = task.probe(task.rows[:1] + task.eval_rows[:1])
     when = "at the start" if step == 0 else f"after step {step}"
     tol = sync_check_tol(cfg.rollout, cfg.model, quantized_learner=cfg.finetuning == "qlora")
-    largest, mean = sync_check(engines, learners, sequences, tol, when)
+    largest, mean = sync_check(engines, learners, probe, tol, when)
     return {"sync/check_abs_diff_max": largest, "sync/check_abs_diff_mean": mean,
             "time/sync_check": time.perf_counter() - t0}
 
@@ -320,14 +320,6 @@ def check_images(cfg: GRPOConfig) -> None:
     if cfg.finetuning != "full" and cfg.rollout.lora_sync == "adapter" and not cfg.model.freeze_vision_tower:
         raise ConfigError("vLLM serves adapters on the language model only, and this recipe trains the vision "
                           "tower's: use rollout.lora_sync: merged", "rollout.lora_sync")
-
-
-def _probe_ids(task: Task, row: dict) -> list[int]:
-    """The parity probe's tokens of a row: its rendered prompt, without the image marks of a row
-    with images (the probe scores token ids, and vLLM would take a bare mark for an image it does
-    not have; the rollouts' own logprobs, compared every step, cover the images)."""
-    ids = task.tokenizer(task.render(row)).input_ids
-    return [t for t in ids if t != task.images.token_id] if row.get("images") else ids
 
 
 def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: float, t1: float, t2: float,

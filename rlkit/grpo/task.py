@@ -41,6 +41,21 @@ class Task:
         return [{"prompt": text, "multi_modal_data": {"image": [load_image(r) for r in row["images"]]}}
                 if row.get("images") else text for row, text in zip(rows, texts)]
 
+    def probe(self, rows: list[dict[str, Any]]) -> Any:
+        """The parity probe of `rows`' prompts (`rlkit.engine.parity.Probe`): their token ids; for
+        rows with images the ids the processor expands them to, the prompts as the engines get
+        them in rollouts, and the learner's pixel inputs."""
+        from rlkit.engine.objective import MicroBatch
+        from rlkit.engine.parity import Probe
+
+        texts = [self.render(row) for row in rows]
+        if not any(row.get("images") for row in rows):
+            return Probe([self.tokenizer(text).input_ids for text in texts])
+        sequences = [self.images.encode(text, row["images"]) if row.get("images") else self.tokenizer(text).input_ids
+                     for row, text in zip(rows, texts)]
+        pixels = self.images.pixels([row.get("images") for row in rows], MicroBatch.padded(sequences)["input_ids"])
+        return Probe(sequences, self.engine_prompts(rows, texts), pixels)
+
     @property
     def difficulties(self) -> list[str | None]:
         return [r.get("difficulty") for r in self.rows]

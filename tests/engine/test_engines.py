@@ -44,47 +44,51 @@ class _Scores:
         self.per_engine, self.learner = per_engine, learner
         self.names = [f"engine {i}" for i in range(len(per_engine))]
 
-    def sequence_logprobs(self, sequences):
+    def sequence_logprobs(self, sequences, pixels=None):
         return self.per_engine if self.learner is None else self.learner
 
 
 def test_sync_check_names_the_engine_that_disagrees():
-    from rlkit.engine.parity import SyncTolerance, sync_check
+    from rlkit.engine.parity import Probe, SyncTolerance, sync_check
     from rlkit.errors import FaultError
 
     fp32 = SyncTolerance(1e-3, "max")
     learner = _Scores([], [[-1.0, -2.0], [-0.5]])
     close = [[[-1.0, -2.0 + 2e-6], [-0.5]], [[-1.0 - 4e-6, -2.0], [-0.5]]]
-    largest, mean = sync_check(_Scores(close, None), learner, [[1, 2, 3], [4, 5]], fp32, "after step 3")
+    largest, mean = sync_check(_Scores(close, None), learner, Probe([[1, 2, 3], [4, 5]]), fp32, "after step 3")
     assert largest == pytest.approx(4e-6, rel=0.05) and mean == pytest.approx(4e-6 / 3, rel=0.05)  # float32
     apart = [close[0], [[-1.0, -2.0], [-0.49]], [[-1.0, -2.2], [-0.5]]]
     with pytest.raises(FaultError, match=r"^sync check after step 3: engine 2 scores the check sequences up to "
                                          r"0\.2 nats away from the learner \(rollout.sync_check_tol 0\.001, on "
                                          r"the max difference\)"):
-        sync_check(_Scores(apart, None), learner, [[1, 2, 3], [4, 5]], fp32, "after step 3")
+        sync_check(_Scores(apart, None), learner, Probe([[1, 2, 3], [4, 5]]), fp32, "after step 3")
     nan = [close[0], [[-1.0, float("nan")], [-0.5]]]
     with pytest.raises(FaultError, match="engine 1 scores the check sequences up to nan nats"):
-        sync_check(_Scores(nan, None), learner, [[1, 2, 3], [4, 5]], SyncTolerance(10.0, "max"), "at the start")
+        sync_check(_Scores(nan, None), learner, Probe([[1, 2, 3], [4, 5]]), SyncTolerance(10.0, "max"), "at the start")
+    longer = [close[0], [[-1.0, -2.0, -3.0], [-0.5]]]  # expanded a prompt's image into one more token
+    with pytest.raises(FaultError, match=r"^sync check at the start: engine 1 reads check prompt 1 as 4 tokens and "
+                                         r"the learner as 3: the engine and the model's processor expand"):
+        sync_check(_Scores(longer, None), learner, Probe([[1, 2, 3], [4, 5]]), fp32, "at the start")
 
 
 def test_half_precision_sync_check_bounds_the_mean_gap():
     """bf16 kernels put single tokens ~0.6 nats apart on a correct sync (SmolLM2-135M at the start):
     the probe bounds the mean gap there, so one outlier token passes and a shifted engine does not."""
-    from rlkit.engine.parity import SyncTolerance, sync_check
+    from rlkit.engine.parity import Probe, SyncTolerance, sync_check
     from rlkit.errors import FaultError
 
     bf16 = SyncTolerance(0.1, "mean")
     learner = _Scores([], [[-1.0] * 19, [-0.5]])
     outlier = [[[-1.0] * 18 + [-1.6], [-0.5]]]                    # one token 0.6 nats off, the mean 0.03
-    assert sync_check(_Scores(outlier, None), learner, [[1] * 20, [2]], bf16, "at the start") == \
+    assert sync_check(_Scores(outlier, None), learner, Probe([[1] * 20, [2]]), bf16, "at the start") == \
         pytest.approx((0.6, 0.03), rel=1e-4)
     shifted = [outlier[0], [[-1.3] * 19, [-0.8]]]                 # every token 0.3 nats off: not the policy
     with pytest.raises(FaultError, match=r"^sync check after step 2: engine 1 scores the check sequences 0\.3 "
                                          r"nats away on average \(up to 0\.3\) from the learner \(rollout\."
                                          r"sync_check_tol 0\.1, on the mean difference\)"):
-        sync_check(_Scores(shifted, None), learner, [[1] * 20, [2]], bf16, "after step 2")
+        sync_check(_Scores(shifted, None), learner, Probe([[1] * 20, [2]]), bf16, "after step 2")
     with pytest.raises(FaultError, match="engine 0 scores"):     # the fp32 rule would stop at the outlier
-        sync_check(_Scores(outlier, None), learner, [[1] * 20, [2]], SyncTolerance(0.5, "max"), "at the start")
+        sync_check(_Scores(outlier, None), learner, Probe([[1] * 20, [2]]), SyncTolerance(0.5, "max"), "at the start")
 
 
 def test_sync_check_tolerance_follows_the_model_dtype():

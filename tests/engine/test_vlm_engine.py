@@ -52,9 +52,14 @@ def test_a_weight_sync_reaches_the_image_embeddings_of_an_image_the_engine_has_s
     """After a sync that changes the vision tower, an image the engine has already embedded is
     embedded again with the new weights: the sync resets vLLM's encoder cache with its prefix cache
     (without it the engine reuses the old embeddings, or fails the request with an encoder-cache
-    miss and spins)."""
+    miss and spins). The parity probe scores prompts with their images: it sees an engine whose
+    vision tower is not the learner's, which the same prompt's text alone does not show."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from rlkit.data.images import ImageInputs
+    from rlkit.engine.logprobs import token_logprobs
+    from rlkit.engine.objective import MicroBatch
+    from rlkit.engine.parity import Probe
     from rlkit.engine.rollout import RolloutWorker
 
     vlm = build_tiny_vlm(tmp_path / "vlm")
@@ -76,7 +81,21 @@ def test_a_weight_sync_reaches_the_image_embeddings_of_an_image_the_engine_has_s
     changed = {n: p.detach() + 0.5 * torch.randn_like(p) for n, p in model.named_parameters()
                if ".vision_model." in n or ".connector." in n}
     model.load_state_dict(changed, strict=False)
+    inputs = ImageInputs(processor)
+    seen = [inputs.encode(text, [image])]
+    probe = Probe(seen, [{"prompt": text, "multi_modal_data": {"image": [image]}}],
+                  inputs.pixels([[image]], MicroBatch.padded(seen)["input_ids"]))
+    text_only = [[t for t in seen[0] if t != inputs.token_id]]
+
+    def probe_gap(sequences: list[list[int]], prompts: list, pixels: dict) -> float:
+        with torch.no_grad():
+            learner = token_logprobs(model, MicroBatch.padded(sequences, pixels))[0][0]
+        return float((torch.tensor(worker.sequence_logprobs(prompts)[0]) - learner).abs().max())
+
+    assert probe_gap(text_only, text_only, {}) < 1e-4                   # the text alone: no gap to see
+    assert probe_gap(probe.sequences, probe.engine_prompts, probe.pixels) > 1e-2  # the image: the old tower
     worker.update_weights(list(changed.items()))
+    assert probe_gap(probe.sequences, probe.engine_prompts, probe.pixels) < 1e-4
     ids, after = engine_logprobs()
     enc = processor(text=[text], images=[[image]], return_tensors="pt")
     full = torch.cat([enc["input_ids"], torch.tensor([ids])], 1)

@@ -69,6 +69,14 @@ def test_prompts_with_images_reach_the_engines_and_the_learners_batches(vlm_task
     assert batch.input_ids[0, p:p + 3].tolist() == [5, task.pad_id, 6] and batch.completion_mask[0].sum() == 0
     assert batch.completion_mask[1, p:p + 2].tolist() == [1, 1]
     assert int((batch.micro_batch([0, 1, 2])["input_ids"] == mark).sum()) == 3 * 4  # the prompts' own
+    # the parity probe: the engines get the prompts as in rollouts, the learner their expanded ids and pixels
+    plain = task.render({"prompt": "no image"})
+    probe = task.probe([task.rows[1], {"prompt": "no image"}])
+    assert probe.sequences == [task.images.encode(task.render(task.rows[1]), task.rows[1]["images"]),
+                               task.tokenizer(plain).input_ids]
+    assert probe.engine_prompts[0]["prompt"] == task.render(task.rows[1]) and probe.engine_prompts[1] == plain
+    assert torch.equal(probe.pixels["image.pixel_values"], task.images.pixels([task.rows[1]["images"]])[
+        "image.pixel_values"])
 
 
 def test_rewards_receive_the_rows_images_as_trl_passes_them(vlm_task, tmp_path):
@@ -153,13 +161,16 @@ def test_the_tiny_vlm_task_sft_then_grpo_beats_a_text_only_model(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "runs" / "tiny-vlm-grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/exact_match"] for r in rows if "eval/exact_match" in r]
     mismatch = [r["train/mismatch/logp_abs_diff_max"] for r in rows if "train/mismatch/logp_abs_diff_max" in r]
+    probes = [r["sync/check_abs_diff_max"] for r in rows if "sync/check_abs_diff_max" in r]
     steps = sorted(r["time/step"] for r in rows if "time/step" in r)
     print(f"\nheld-out exact colour: text-only best {text_only:.3f}; SFT {evals[0]:.3f} (blank picture {blind:.3f}); "
           f"GRPO {' -> '.join(f'{x:.3f}' for x in evals[1:])}; engine vs learner logprob |diff| max "
-          f"{max(mismatch):.2e}; GRPO step median {steps[len(steps) // 2]:.2f} s")
+          f"{max(mismatch):.2e} (parity probe, with the images: {max(probes):.2e}); "
+          f"GRPO step median {steps[len(steps) // 2]:.2f} s")
     assert evals[0] > text_only + 0.3 and blind <= text_only + 0.1      # SFT: it reads the picture
     assert len(evals) == 5 and evals[-1] >= 0.9 and evals[-1] >= evals[0] + 0.15, evals
     assert max(mismatch) < 1e-3, mismatch  # fp32: the engine saw the same pixels, and the synced vision tower
+    assert len(probes) == 5 and max(probes) < 1e-3, probes  # at the start and every 5 steps
     res = run_rlkit("rlkit eval runs/tiny-vlm-grpo/final --recipe recipes/tiny-vlm-grpo.yaml --out vlm.json", tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tmp_path / "vlm.json").read_text())
