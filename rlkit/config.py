@@ -318,11 +318,12 @@ class RolloutConfig:
     # again; after max_restarts restarts of one engine the run stops instead. 0 = stop at once.
     max_restarts: int = 3
     # Parity probe: after the start (or resume) and every N-th weight sync, the engines and the
-    # learner score the first train and held-out prompts (with their images); the largest |logprob difference| is the metric
-    # sync/check_abs_diff_max (the mean: sync/check_abs_diff_mean); above sync_check_tol (nats) the
-    # run stops naming the engine. The tolerance bounds the largest gap for fp32 models (default
-    # 1e-3), the mean gap for bf16/fp16 ones (default 0.2: half-precision kernels put single tokens
-    # ~0.6 nats apart on a correct sync), the largest for QLoRA with lora_sync: adapter (2.0). 0 = off.
+    # learner score the first train and held-out prompts (with their images); the largest
+    # |logprob difference| is the metric sync/check_abs_diff_max (the mean:
+    # sync/check_abs_diff_mean); above sync_check_tol (nats) the run stops naming the engine. The
+    # tolerance bounds the largest gap for fp32 models (default 1e-3), the mean gap for bf16/fp16
+    # ones (default 0.2: half-precision kernels put single tokens ~0.6 nats apart on a correct
+    # sync), the largest for QLoRA with lora_sync: adapter (2.0). 0 = off.
     sync_check_every: int = 0
     sync_check_tol: float | None = None  # see sync_check_every
     # Multi-turn rollouts (rlkit/agent, TRL's contract; chat template only): functions the model may
