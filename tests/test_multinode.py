@@ -239,35 +239,44 @@ def test_learners_go_where_their_custom_resource_is(hosts, tiny_model, task_data
 
 
 def test_what_the_cluster_cannot_do_is_one_line_before_launch(hosts, tiny_model, task_data, tmp_path):
-    base = sft_overrides(tiny_model, task_data, tmp_path / "run", "train.max_steps=2", "eval.every=0")
-    # three learners, one per node, on two nodes; four learners on three CPUs
-    line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "train.num_learners=3",
-                            "ray.placement=strict_spread", timeout=300))
-    assert "cannot place this run: it asks for 3 learners x {CPU: 1} (strict_spread)" in line
-    assert f"node {hosts.addresses[0]}: {{CPU: 1}}; node {hosts.addresses[1]}: {{CPU: 2, judge: 2}}" in line
-    line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "train.num_learners=4", timeout=300))
-    assert "CPU 4 in all, the cluster has 3" in line
-    # a reward model's actor asking for a resource no node has: before launch too, naming its key
+    """Each command stops before anything starts: they run at once (each its own output_dir)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def sft(name: str, *extra: str, out=None) -> list[str]:
+        return ["sft", str(SFT_RECIPE), *sft_overrides(tiny_model, task_data, out or tmp_path / name,
+                                                        "train.max_steps=2", "eval.every=0"), *extra]
+
     grpo = grpo_overrides(tiny_model, task_data, tmp_path / "grpo", "grpo.steps=1", "eval.every=0",
                           "rewards=[{fn: 'rewards.exact:exact_match'}, {fn: 'rewards.model:RewardModel', weight: 0.0, "
                           f"args: {{path: '{tiny_model}', ray_actor: true, num_cpus: 0, resources: {{rm: 1}}}}}}]")
-    line = _one_line(_rlkit(hosts, "grpo", str(GRPO_RECIPE), *grpo, timeout=300))
-    assert line.startswith("rlkit: error: rewards[1].args.resources: the reward actors ask for rm 1 each and no node "
-                           "of the Ray cluster has rm ("), line
-    # a custom resource no node has (an accelerator Ray does not know, here)
-    line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *base, "ray.resources.learner.NPU=1", timeout=300))
-    assert line.startswith("rlkit: error: ray.resources.learner: the learners ask for NPU 1 each and no node of the "
-                           f"Ray cluster has NPU (node {hosts.addresses[0]}: {{CPU: 1}}; node {hosts.addresses[1]}: "
-                           "{CPU: 2, judge: 2}): start a node with ray start --resources="), line
-    # output_dir in a folder host B does not share: its learner could not write its shards there
-    own = sft_overrides(tiny_model, task_data, hosts.own_folder / "run", "train.max_steps=2", "eval.every=0",
-                        "train.num_learners=2", "ray.placement=strict_spread")
-    line = _one_line(_rlkit(hosts, "sft", str(SFT_RECIPE), *own, timeout=300))
+    commands = {
+        # three learners, one per node, on two nodes; four learners on three CPUs
+        "spread": (sft("spread", "train.num_learners=3", "ray.placement=strict_spread"), {}),
+        "cpus": (sft("cpus", "train.num_learners=4"), {}),
+        # a reward model's actor asking for a resource no node has: before launch too, naming its key
+        "reward": (["grpo", str(GRPO_RECIPE), *grpo], {}),
+        # a custom resource no node has (an accelerator Ray does not know, here)
+        "npu": (sft("npu", "ray.resources.learner.NPU=1"), {}),
+        # output_dir in a folder host B does not share: its learner could not write its shards there
+        "own": (sft("own", "train.num_learners=2", "ray.placement=strict_spread", out=hosts.own_folder / "run"), {}),
+        # a client without the cluster's token
+        "token": (sft("token"), {"RAY_AUTH_MODE": "disabled"}),
+    }
+    with ThreadPoolExecutor(len(commands)) as pool:
+        running = {k: pool.submit(_rlkit, hosts, *args, timeout=300, env=env) for k, (args, env) in commands.items()}
+        line = {k: _one_line(f.result()) for k, f in running.items()}
+    assert "cannot place this run: it asks for 3 learners x {CPU: 1} (strict_spread)" in line["spread"]
+    assert f"node {hosts.addresses[0]}: {{CPU: 1}}; node {hosts.addresses[1]}: {{CPU: 2, judge: 2}}" in line["spread"]
+    assert "CPU 4 in all, the cluster has 3" in line["cpus"]
+    assert line["reward"].startswith("rlkit: error: rewards[1].args.resources: the reward actors ask for rm 1 each "
+                                     "and no node of the Ray cluster has rm ("), line["reward"]
+    assert line["npu"].startswith("rlkit: error: ray.resources.learner: the learners ask for NPU 1 each and no node "
+                                  f"of the Ray cluster has NPU (node {hosts.addresses[0]}: {{CPU: 1}}; node "
+                                  f"{hosts.addresses[1]}: {{CPU: 2, judge: 2}}): start a node with ray start "
+                                  "--resources="), line["npu"]
     want = f"Ray node {hosts.addresses[1]} (it hosts learners) does not see output_dir {hosts.own_folder / 'run'}"
-    assert want in line
-    # a client without the cluster's token
-    res = _rlkit(hosts, "sft", str(SFT_RECIPE), *base, timeout=300, env={"RAY_AUTH_MODE": "disabled"})
-    assert "uses token authentication" in _one_line(res) and "RAY_AUTH_TOKEN_PATH" in _one_line(res)
+    assert want in line["own"]
+    assert "uses token authentication" in line["token"] and "RAY_AUTH_TOKEN_PATH" in line["token"]
 
 
 def test_a_lost_node_ends_the_run_in_one_line_and_the_run_resumes_when_it_is_back(hosts, sft_model, task_data,
@@ -288,6 +297,7 @@ def test_a_lost_node_ends_the_run_in_one_line_and_the_run_resumes_when_it_is_bac
     hosts.stop_node(1)
     out_, err = run.communicate(timeout=240)
     took = time.monotonic() - lost_at
+    print(f"\nthe run stopped {took:.1f} s after host B left")
     line = _one_line(subprocess.CompletedProcess(args, run.returncode, "", err))
     assert f"Ray node {hosts.addresses[1]} left the cluster during" in line and "it hosted" in line, line
     # Ray's own "(raylet) ... has been marked dead" goes to logs/driver.log: the console is rlkit's
@@ -319,17 +329,21 @@ def test_a_distillation_teacher_on_the_other_host_scores_as_the_copy_beside_the_
                       "grpo.prompts_per_step=8", "grpo.micro_batch_size=16", "eval.every=0", "checkpoint.every=0",
                       "ray.cpus_per_actor=0.5", *extra, timeout=600)
 
+    from concurrent.futures import ThreadPoolExecutor
+
     kl = {}
-    for placement, extra in (("learner", []), ("actor", [f"distill.node={hosts.addresses[1]}"])):
-        out = tmp_path / placement
-        res = distill(out, f"distill.placement={placement}", *extra)
-        assert res.returncode == 0, res.stderr[-3000:]
-        (row,) = [r for r in _rows(out) if "train/distill/reverse_kl" in r]
-        kl[placement] = row["train/distill/reverse_kl"]
-        assert ("time/teacher" in row) == (placement == "actor")
+    with ThreadPoolExecutor(1) as pool:  # the command that stops before launch runs beside the first run
+        nowhere = pool.submit(distill, tmp_path / "nowhere", "distill.placement=actor", "distill.node=10.213.7.9")
+        for placement, extra in (("learner", []), ("actor", [f"distill.node={hosts.addresses[1]}"])):
+            out = tmp_path / placement
+            res = distill(out, f"distill.placement={placement}", *extra)
+            assert res.returncode == 0, res.stderr[-3000:]
+            (row,) = [r for r in _rows(out) if "train/distill/reverse_kl" in r]
+            kl[placement] = row["train/distill/reverse_kl"]
+            assert ("time/teacher" in row) == (placement == "actor")
+        line = _one_line(nowhere.result())
     log = (tmp_path / "actor" / "rlkit.log").read_text()
     assert f"the teacher runs in its own actor on node {hosts.addresses[1]}" in log
     assert kl["actor"] == pytest.approx(kl["learner"], rel=1e-4) and kl["actor"] > 0.1, kl
-    line = _one_line(distill(tmp_path / "nowhere", "distill.placement=actor", "distill.node=10.213.7.9"))
     assert line == (f"rlkit: error: distill.node: 10.213.7.9 is not a node of this Ray cluster (its nodes: "
                     f"{', '.join(hosts.addresses)}): give one of those addresses, or null to let Ray place the teacher")

@@ -114,11 +114,12 @@ def learners(process_group):
     test's model load partitioned)."""
     built = []
 
-    def make(model_dir: Path, zero: int, *, lr: float = 2e-3, micro: int = 4, total_steps: int = 10, **frozen):
+    def make(model_dir: Path, zero: int, *, lr: float = 2e-3, micro: int = 4, total_steps: int = 10,
+             model: dict | None = None, **frozen):
         from rlkit.config import DeepSpeedConfig, ModelConfig, OptimConfig
         from rlkit.engine.learner import Learner, LearnerSpec
 
-        spec = LearnerSpec(ModelConfig(path=str(model_dir), dtype="bf16"), "full", None, None,
+        spec = LearnerSpec(ModelConfig(path=str(model_dir), dtype="bf16", **(model or {})), "full", None, None,
                            OptimConfig(lr=lr, scheduler="constant", max_grad_norm=1.0),
                            DeepSpeedConfig(zero_stage=zero), micro_batch_size=micro, grad_accum=1,
                            total_steps=total_steps, seed=0, device="cuda", **frozen)
