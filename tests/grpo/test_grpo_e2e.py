@@ -166,8 +166,8 @@ def test_grpo_stopped_then_resumed_matches_uninterrupted(sft_model, task_data, t
     # engine 1 hangs in its third generation (step 2; the first is the evaluation before step 1):
     # restarted, re-synced, its generation sent again; the new engine hangs in its third
     # generation too (step 4), and one restart was all it had
-    ("hang:generate:1:2", ["rollout.sync_timeout_s=6", "rollout.max_restarts=1"],
-     "rlkit: error: engine 1 did not finish the generation within 6 s (rollout.sync_timeout_s); it is hung or "
+    ("hang:generate:1:2", ["rollout.sync_timeout_s=3", "rollout.max_restarts=1"],
+     "rlkit: error: engine 1 did not finish the generation within 3 s (rollout.sync_timeout_s); it is hung or "
      "far slower than expected: see its log, or raise rollout.sync_timeout_s; it was restarted 1 time already "
      "(rollout.max_restarts 1); ", 3),
     # learner 1 is killed (-9) in step 2's training, while learner 0 waits for it in a collective
@@ -195,7 +195,7 @@ def test_faults_stop_the_run_with_one_line(sft_model, task_data, tmp_path, fault
     assert [r["step"] for r in _steps(out)] == list(range(1, steps + 1))
     assert (out / "checkpoints" / f"step-{steps}").is_dir()
     if fault.startswith("hang"):  # the first hang was survived
-        assert re.search(r"^rlkit: engine 1 did not finish the generation within 6 s .*; restarted and re-synced in "
+        assert re.search(r"^rlkit: engine 1 did not finish the generation within 3 s .*; restarted and re-synced in "
                          r"[\d.]+ s \(restart 1 of rollout.max_restarts 1\)$", res.stderr, re.M), res.stderr[-3000:]
         assert _steps(out)[-1]["rollout/restarts"] == 1
     assert "the fault in detail" in (out / "rlkit.log").read_text()
