@@ -49,10 +49,10 @@ class Task:
         from rlkit.engine.parity import Probe
 
         texts = [self.render(row) for row in rows]
-        if not any(row.get("images") for row in rows):
-            return Probe([self.tokenizer(text).input_ids for text in texts])
         sequences = [self.images.encode(text, row["images"]) if row.get("images") else self.tokenizer(text).input_ids
                      for row, text in zip(rows, texts)]
+        if not any(row.get("images") for row in rows):
+            return Probe(sequences)
         pixels = self.images.pixels([row.get("images") for row in rows], MicroBatch.padded(sequences)["input_ids"])
         return Probe(sequences, self.engine_prompts(rows, texts), pixels)
 

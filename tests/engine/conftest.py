@@ -77,6 +77,16 @@ def deepspeed_problem() -> str | None:
     return None
 
 
+CUDA = torch.cuda.is_available()
+DS_PROBLEM = deepspeed_problem() if CUDA else None
+# A module of CUDA learner tests: marked gpu, skipped without a CUDA device or without DeepSpeed.
+CUDA_LEARNER_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not CUDA, reason="needs a CUDA device"),
+    pytest.mark.skipif(DS_PROBLEM is not None, reason=DS_PROBLEM or ""),
+]
+
+
 @pytest.fixture(scope="session")
 def process_group():
     """One NCCL group of one rank for the session (DeepSpeed keeps the groups it derives from the

@@ -16,20 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.engine.conftest import CudaPeak, deepspeed_problem, hf_logprobs, learner_estimate, load_hf, vocab_size
+from tests.engine.conftest import CUDA_LEARNER_MARKS, CudaPeak, hf_logprobs, learner_estimate, load_hf, vocab_size
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZE = "25m"  # the largest tiny model (~26M parameters): big enough that bf16 rounding and memory show
 
 
-_CUDA = torch.cuda.is_available()
-_DS_PROBLEM = deepspeed_problem() if _CUDA else None
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _CUDA, reason="needs a CUDA device"),
-    pytest.mark.skipif(_DS_PROBLEM is not None, reason=_DS_PROBLEM or ""),
-]
+pytestmark = CUDA_LEARNER_MARKS
 
 
 # ------------------------------------------------------------------ fixtures and helpers

@@ -11,10 +11,9 @@ import warnings
 import pytest
 import torch
 
-from tests.engine.conftest import deepspeed_problem, vocab_size
+from tests.engine.conftest import CUDA, DS_PROBLEM, vocab_size
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-_DS_PROBLEM = deepspeed_problem() if torch.cuda.is_available() else None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]
 
 QWEN_VOCAB = 151936  # Qwen2.5's lm_head
 
@@ -167,7 +166,7 @@ def test_a_packed_forward_does_not_wait_on_the_device_per_layer():
 # ------------------------------------------------------------------ through a DeepSpeed learner
 
 
-@pytest.mark.skipif(_DS_PROBLEM is not None, reason=_DS_PROBLEM or "")
+@pytest.mark.skipif(DS_PROBLEM is not None, reason=DS_PROBLEM or "")
 @pytest.mark.parametrize("zero", [0, 3])
 def test_a_bf16_learner_scores_and_trains_packed_micro_batches(learners, tmp_path, zero):
     """A bf16 DeepSpeed learner (ZeRO `zero`) on packed micro-batches (`grpo.max_tokens_per_micro_batch`):

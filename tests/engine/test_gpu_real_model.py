@@ -21,11 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.engine.conftest import CudaPeak, deepspeed_problem, hf_logprobs, learner_estimate, load_hf
+from tests.engine.conftest import CUDA, CUDA_LEARNER_MARKS, DS_PROBLEM, CudaPeak, hf_logprobs, learner_estimate, load_hf
 
 ROOT = Path(__file__).resolve().parents[2]
-_CUDA = torch.cuda.is_available()
-_DS_PROBLEM = deepspeed_problem() if _CUDA else None
 
 
 def _gguf() -> Path | None:
@@ -40,13 +38,11 @@ def _gguf() -> Path | None:
         return None
 
 
-_GGUF = _gguf() if _CUDA and _DS_PROBLEM is None else None
+_GGUF = _gguf() if CUDA and DS_PROBLEM is None else None
 
 pytestmark = [
-    pytest.mark.gpu, pytest.mark.slow,
-    pytest.mark.skipif(not _CUDA, reason="needs a CUDA device"),
-    pytest.mark.skipif(_DS_PROBLEM is not None, reason=_DS_PROBLEM or ""),
-    pytest.mark.skipif(_CUDA and _DS_PROBLEM is None and _GGUF is None,
+    *CUDA_LEARNER_MARKS, pytest.mark.slow,
+    pytest.mark.skipif(CUDA and DS_PROBLEM is None and _GGUF is None,
                        reason="needs SmolLM2's GGUF (requirements/real-task.txt, or RLKIT_SMOLLM2_GGUF)"),
 ]
 

@@ -19,16 +19,9 @@ import math
 import pytest
 import torch
 
-from tests.engine.conftest import deepspeed_problem
+from tests.engine.conftest import CUDA_LEARNER_MARKS
 
-_CUDA = torch.cuda.is_available()
-_DS_PROBLEM = deepspeed_problem() if _CUDA else None
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _CUDA, reason="needs a CUDA device"),
-    pytest.mark.skipif(_DS_PROBLEM is not None, reason=_DS_PROBLEM or ""),
-]
+pytestmark = CUDA_LEARNER_MARKS
 TRAINED = {"freeze_vision_tower": False, "freeze_multi_modal_projector": False}
 
 
