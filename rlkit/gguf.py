@@ -3,10 +3,10 @@
 `model.path` (and `rlkit eval`'s model) may name a `.gguf` file: `import_gguf` reads it with
 transformers' GGUF loader (the `gguf` package), dequantises every tensor to fp32 and saves a
 plain HF folder (config, safetensors, tokenizer and its chat template, generation config) under
-`cache_dir()/gguf/<name>-<digest>/` (the loaders' output in `<name>-<digest>.log` beside it). The
-digest is the file's content hash, so a changed file gets a new folder and an unchanged one is
-converted once. The folder is written beside its
-place and renamed into it: an interrupted import leaves nothing that looks finished.
+`cache_dir()/gguf/<name>-<digest>/` (the loaders' output in `<name>-<digest>.log` beside it); the
+tokenizer adds BOS / EOS where the GGUF says llama.cpp does. The digest is the file's content hash,
+so a changed file gets a new folder and an unchanged one is converted once. The folder is written
+beside its place and renamed into it: an interrupted import leaves nothing that looks finished.
 `rlkit import-gguf FILE --out DIR` writes it where the user says.
 """
 
@@ -96,8 +96,22 @@ def _convert(src: Path, out: Path, key: str) -> None:
         raise UserError(f"{src}: transformers cannot read or dequantise this GGUF ({first[:200]}); convert it "
                         "with llama.cpp's gguf tools to a type it reads (Q4_0/1, Q5_0/1, Q8_0, K-quants, "
                         "F16/F32) or use the HF model", key) from None
+    for flag, value in _special_token_flags(src).items():  # transformers' GGUF tokenizer drops them
+        if getattr(tokenizer, flag, value) != value:
+            setattr(tokenizer, flag, value)  # its post-processor, saved in tokenizer.json
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+
+
+def _special_token_flags(src: Path) -> dict[str, bool]:
+    """The GGUF's `tokenizer.ggml.add_bos_token` / `add_eos_token`: whether llama.cpp puts BOS / EOS
+    around every text. Gemma's GGUFs say add_bos_token (the model is lost without its `<bos>`:
+    perplexity ~300 instead of ~16 on plain prose); transformers' loader does not read them."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(src).fields
+    return {flag: bool(fields[f"tokenizer.ggml.{flag}"].contents()) for flag in ("add_bos_token", "add_eos_token")
+            if f"tokenizer.ggml.{flag}" in fields}
 
 
 def resolve_models(cfg: Any) -> Any:

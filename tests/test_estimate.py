@@ -30,6 +30,16 @@ def test_parameter_counts_match_the_published_sizes(name):
     assert _arch(name).params == pytest.approx(PUBLISHED_SIZES[name], rel=0.01)
 
 
+def test_a_text_only_gemma3_is_counted_as_its_family():
+    """Gemma 3 270M's config.json (`rlkit import-gguf` of its GGUF) says model_type gemma3_text: a gated
+    MLP, as gemma3's. 268,098,176 parameters counted in its safetensors; rlkit counts two of its six
+    norms a block (32k parameters short); before, it took the MLP for an ungated one (244.5M)."""
+    config = dict(model_type="gemma3_text", hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                  num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                  tie_word_embeddings=True)
+    assert est.Arch.from_config(config, "gemma-3-270m").params == pytest.approx(268_098_176, rel=1e-3)
+
+
 @pytest.mark.parametrize("size", ["tiny", "tiny-untied"])
 def test_the_tiny_models_are_counted_exactly_lora_too(size, tmp_path, tiny_model):
     from peft import LoraConfig, get_peft_model

@@ -26,9 +26,10 @@ def rlkit(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT)
 
 
-def write_gguf(model_dir: Path, out: Path, quant: str | None = None) -> Path:
+def write_gguf(model_dir: Path, out: Path, quant: str | None = None, add_bos: bool = False) -> Path:
     """The Qwen2 model in `model_dir` as a GGUF file (llama.cpp's tensor names and tokenizer keys);
-    `quant`: the 2-D weights in this ggml type (Q8_0, or Q8_K, which nothing dequantises)."""
+    `quant`: the 2-D weights in this ggml type (Q8_0, or Q8_K, which nothing dequantises); `add_bos`:
+    the file says BOS (its first token here) begins every text, as Gemma's GGUFs do."""
     import gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,6 +54,9 @@ def write_gguf(model_dir: Path, out: Path, quant: str | None = None) -> Path:
     w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
     w.add_eos_token_id(tok.eos_token_id)
     w.add_pad_token_id(tok.pad_token_id)
+    if add_bos:
+        w.add_bos_token_id(0)
+        w.add_add_bos_token(True)
     w.add_chat_template(tok.chat_template)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, c.num_hidden_layers)
     kind = getattr(gguf.GGMLQuantizationType, quant) if quant else None
@@ -108,6 +112,17 @@ def test_a_quantised_gguf_is_dequantised(tiny_model, tiny_gguf, tmp_path):
     got, want = logits(import_gguf(tiny_gguf["Q8_0"], tmp_path / "q8")), logits(tiny_model)
     assert not torch.equal(got, want)  # the weights went through Q8_0
     assert (got - want).abs().max() < 0.05 * want.abs().max()
+
+
+def test_the_files_add_bos_token_is_kept(tiny_model, tmp_path):
+    """transformers' GGUF tokenizer drops `tokenizer.ggml.add_bos_token`; Gemma is lost without its BOS."""
+    from transformers import AutoTokenizer
+
+    bos = AutoTokenizer.from_pretrained(import_gguf(write_gguf(tiny_model, tmp_path / "bos.gguf", add_bos=True),
+                                                    tmp_path / "out"))
+    plain = AutoTokenizer.from_pretrained(tiny_model)
+    assert bos(PROBE).input_ids == [0] + plain(PROBE).input_ids
+    assert bos(PROBE, add_special_tokens=False).input_ids == plain(PROBE).input_ids
 
 
 def test_a_type_transformers_cannot_dequantise_is_one_line(tiny_gguf, tmp_path):

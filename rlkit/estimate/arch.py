@@ -13,7 +13,8 @@ GATED = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "qwe
          "deepseek_v2", "deepseek_v3", "phi3", "internlm2", "baichuan", "yi", "olmo2", "granite"}
 
 
-# a vision-language model's language model, by the model_type its config gives it: the family above
+# a vision-language model's language model, by the model_type its config gives it (a text-only Gemma 3,
+# as the 270M, is saved as gemma3_text): the family above
 TEXT_FAMILY = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2",
                "qwen3_vl": "qwen3", "qwen3_vl_text": "qwen3", "gemma3_text": "gemma3"}
 
@@ -98,7 +99,7 @@ class Arch:
         if not (hidden and layers and heads and c.get("vocab_size")):
             raise UserError(f"{name}: config.json has no hidden_size / num_hidden_layers / num_attention_heads / "
                             "vocab_size: rlkit estimate reads decoder-only models")
-        kind = c.get("model_type", "")
+        kind = TEXT_FAMILY.get(c.get("model_type", ""), c.get("model_type", ""))
         return cls(name=name, layers=layers, hidden=hidden, heads=heads,
                    intermediate=first("moe_intermediate_size", "intermediate_size", "ffn_dim", "n_inner",
                                       default=4 * hidden),
