@@ -106,12 +106,11 @@ def evaluate(model: str | Path, name: str, data: dict[str, Path], tag: str, calc
         out = WORK / f"eval-{tag}-{name}-{split}.json"
         if reuse and out.is_file() and out.stat().st_mtime > Path(model).stat().st_mtime:
             say(f"eval: reusing {out}")
-            reports[split] = {**json.loads(out.read_text()), "samples": out.with_suffix(".samples.jsonl")}
-            continue
-        rlkit("eval", str(model), "--data", str(every(data[split], k)), "--rewards", REWARDS, "--max-tokens",
-              str(EVAL_MAX_TOKENS), "--by", "source", "--out", str(out), "--per-sample",
-              str(out.with_suffix(".samples.jsonl")), "--template", template,
-              *(["--calculator"] if calculator else []))
+        else:
+            rlkit("eval", str(model), "--data", str(every(data[split], k)), "--rewards", REWARDS, "--max-tokens",
+                  str(EVAL_MAX_TOKENS), "--by", "source", "--out", str(out), "--per-sample",
+                  str(out.with_suffix(".samples.jsonl")), "--template", template,
+                  *(["--calculator"] if calculator else []))
         reports[split] = {**json.loads(out.read_text()), "samples": out.with_suffix(".samples.jsonl")}
     return {**reports["heldout"], "known": reports["train_templates_eval"], "wall_s": time.perf_counter() - t0}
 
@@ -253,8 +252,8 @@ def main() -> None:
     grpo_wall = stage("grpo", grpo_dir / "final", args.reuse, "recipes/smollm2-gsm8k-grpo.yaml", *grpo_over)
     grpo = evaluate(grpo_dir / "final", "grpo", data, tag, calculator, args.template, args.eval_every, args.reuse)
     rlkit("plot", str(sft_dir), str(grpo_dir), "--out", str(WORK / f"plots-{tag}"))
-    name = "SmolLM2-135M-Instruct, Q4_1 dequantised" if args.model == "smollm2" else Path(model).name
-    text = table([(f"base ({name})", base, 0.0),
+    label = "SmolLM2-135M-Instruct, Q4_1 dequantised" if args.model == "smollm2" else Path(model).name
+    text = table([(f"base ({label})", base, 0.0),
                   (f"SFT ({args.finetuning})", sft, sft_wall), ("SFT + GRPO", grpo, grpo_wall)])
     gains = []
     for name, after, before in (("held-out", grpo, sft), ("training templates, new variants", grpo["known"],

@@ -13,8 +13,8 @@ GATED = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "qwe
          "deepseek_v2", "deepseek_v3", "phi3", "internlm2", "baichuan", "yi", "olmo2", "granite"}
 
 
-# a vision-language model's language model, by the model_type its config gives it (a text-only Gemma 3,
-# as the 270M, is saved as gemma3_text): the family above
+# a language model's family above, by a model_type its config may give it: a vision-language model's
+# (its text_config's), or a text-only Gemma 3's (the 270M is saved as gemma3_text)
 TEXT_FAMILY = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2",
                "qwen3_vl": "qwen3", "qwen3_vl_text": "qwen3", "gemma3_text": "gemma3"}
 
@@ -84,7 +84,6 @@ class Arch:
 
             text = {**c, **(c.get("text_config") or {})}
             text.pop("vision_config", None)
-            text["model_type"] = TEXT_FAMILY.get(text.get("model_type", ""), text.get("model_type", ""))
             return replace(cls.from_config(text, name), vision=VisionSide.from_config(c, name))
         return cls._decoder(c, name)
 
