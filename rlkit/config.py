@@ -37,6 +37,9 @@ class ModelConfig:
     trust_remote_code: bool = False  # run the model repo's own code (HF trust_remote_code)
     attn_implementation: str | None = None  # e.g. sdpa, flash_attention_2 (None: transformers' default)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    # Liger's Triton RMSNorm, SwiGLU and RoPE in the learners (rlkit/kernels.py): auto = on CUDA where
+    # liger-kernel is installed and has the model's family; liger = required (one line where it cannot apply)
+    kernels: Literal["auto", "liger", "none"] = "auto"
     # build an untrained tiny model offline at `path` when nothing is there (the demo's recipes)
     build_tiny_if_missing: TinyName | None = None
     # vision-language models (LLaMA-Factory's keys): keep the vision tower's weights (LoRA: no adapters there)
@@ -154,6 +157,11 @@ class DeepSpeedConfig:
     def __post_init__(self):
         check(not self.offload_param or self.zero_stage == 3, "offload_param", "needs zero_stage: 3")
         check(not self.offload_optimizer or self.zero_stage >= 1, "offload_optimizer", "needs zero_stage >= 1")
+
+    def flat_bf16(self, precision: str) -> bool:
+        """Whether training in `precision` ("bf16", "fp16", "fp32") runs DeepSpeed's BF16_Optimizer:
+        bf16 at ZeRO 0 or 1 without offload (`engine/ds_config.py`)."""
+        return precision == "bf16" and self.zero_stage <= 1 and not self.offload_optimizer
 
 
 @dataclass(frozen=True)

@@ -27,19 +27,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlkit")
 
 
-def prepare_inputs(cfg: Any, device: Any, stage: str, checks: Sequence[Callable[[Any, Any], None]] = ()) -> Any:
+def prepare_inputs(cfg: Any, device: Any, stage: str, checks: Sequence[Callable[[Any, Any], None]] = (),
+                   learners: int = 1) -> Any:
     """Check the precision against the device, import a GGUF model (`rlkit.gguf`), build the
     offline tiny model / synthetic task where the recipe asks for them and they are missing, check
-    the model (and tokenizer) path, the DeepSpeed section, the stage's own `checks` (each called
+    the model (and tokenizer) path, the DeepSpeed section (and warn of ZeRO-3 on one of the
+    `learners`), the stage's own `checks` (each called
     with the config and the device; GRPO's: the distillation teacher) and, on an accelerator, the
     memory estimate of `stage` against the device.
     Runs before Ray starts; returns the config the run uses: a GGUF path is its HF folder there,
     and every path is absolute (`rlkit.paths`: actors work in their raylet's folder)."""
     from rlkit.accel import check_precision
-    from rlkit.engine.ds_config import check_deepspeed_config
+    from rlkit.engine.ds_config import check_deepspeed_config, zero3_alone
     from rlkit.estimate import check_before_launch
     from rlkit.gguf import resolve_models
-    from rlkit.models import check_model, ensure_tiny_model
+    from rlkit.kernels import check_kernels
+    from rlkit.models import check_model, ensure_tiny_model, model_config
     from rlkit.paths import with_absolute_paths
     from rlkit.tiny import ensure_task_data
     from rlkit.tiny_vlm import write_shape_task
@@ -51,6 +54,10 @@ def prepare_inputs(cfg: Any, device: Any, stage: str, checks: Sequence[Callable[
     ensure_tiny_model(cfg.model)
     check_model(cfg)
     check_deepspeed_config(cfg.deepspeed, cfg.optim)
+    check_kernels(cfg.model, device, model_config(cfg.model).model_type)
+    alone = zero3_alone(cfg.deepspeed, learners)
+    if alone:
+        log.warning("%s", alone)
     for check in checks:
         check(cfg, device)
     too_big = check_before_launch(cfg, stage, device)

@@ -17,7 +17,7 @@ from typing import Any
 from rlkit.config import LoggingConfig
 
 # what the progress line shows, when the step has it
-SHOWN = ("train/loss", "reward/mean", "train/lr", "train/tokens_per_s")
+SHOWN = ("train/loss", "reward/mean", "train/lr", "train/tokens_per_s", "perf/mfu")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -95,7 +95,7 @@ class MetricsLogger:
     def _display(self, step: int, record: dict[str, Any]) -> None:
         """The progress line (bar or plain) and, when held-out metrics were computed, a line of them."""
         keys = [k for k in SHOWN if isinstance(record.get(k), (int, float))]
-        info = " ".join(f"{k.split('/')[-1] if k.startswith('train/') else k}={record[k]:.4g}" for k in keys)
+        info = " ".join(f"{k.split('/')[-1] if k.startswith(('train/', 'perf/')) else k}={record[k]:.4g}" for k in keys)
         evals = " ".join(f"{k}={v:.4g}" for k, v in record.items() if k.startswith("eval/") and
                          isinstance(v, (int, float)))
         done = step - self._s0

@@ -190,9 +190,12 @@ def test_fp16_on_a_cpu_is_one_line_before_launch(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("host has CUDA")
+    from rlkit.accel import detect
+
     out = _rlkit("sft", "recipes/tiny-sft.yaml", "model.dtype=fp16", f"output_dir={tmp_path / 'o'}")
+    instead = "bf16 or fp32" if detect("cpu").bf16 else "fp32"  # bf16 where this CPU has it natively
     assert _one_line(out) == ("rlkit: error: model.dtype: fp16 does not train on cpu (cpu: DeepSpeed's fp16 loss "
-                              "scaling runs on GPUs and NPUs): use bf16 or fp32, or auto")
+                              f"scaling runs on GPUs and NPUs): use {instead}, or auto")
     assert not (tmp_path / "o").exists()
 
 

@@ -112,6 +112,25 @@ def _cpu():
     return detect("cpu")
 
 
+def test_zero3_on_one_learner_is_said_before_launch(tiny_model, task_data, tmp_path, caplog):
+    cfg = _sft(tiny_model, task_data, tmp_path, "deepspeed.zero_stage=3")
+    with caplog.at_level("WARNING", logger="rlkit"):
+        prepare_inputs(cfg, _cpu(), "sft", learners=2)
+        assert not any("zero_stage: 3" in r.getMessage() for r in caplog.records)
+        prepare_inputs(cfg, _cpu(), "sft", learners=1)
+    said = [r.getMessage() for r in caplog.records if "zero_stage: 3" in r.getMessage()]
+    assert len(said) == 1 and "with one learner partitions nothing" in said[0], said
+
+
+def test_liger_asked_for_where_it_cannot_apply_is_one_line(tiny_model, task_data, tmp_path):
+    cpu = _cpu()
+    with pytest.raises(UserError, match=r"^model.kernels: liger runs Triton kernels on a GPU, and this run's "
+                                        r"learners are on cpu: use auto \(Liger where it applies\) or none$"):
+        prepare_inputs(_sft(tiny_model, task_data, tmp_path, "model.kernels=liger"), cpu, "sft")
+    for kernels in ("auto", "none"):  # never an error: auto applies them only where it can
+        prepare_inputs(_sft(tiny_model, task_data, tmp_path, f"model.kernels={kernels}"), cpu, "sft")
+
+
 def test_model_options_a_learner_could_not_load_are_one_line(tiny_model, task_data, tmp_path):
     cfg = _sft(tiny_model, task_data, tmp_path, "model.attn_implementation=flash_attn2")
     with pytest.raises(UserError, match=r"^model.attn_implementation: 'flash_attn2' is not an attention kernel "

@@ -48,18 +48,21 @@ def test_every_metric_is_section_slash_name_with_a_timestamp(tmp_path, capsys):
 def test_every_logged_metric_of_both_stages_is_in_the_scheme():
     """The metrics the drivers build (sft/run.py _step_metrics, grpo/run.py _step_metrics) are named
     section/name; the logger refuses anything else, so an e2e run checks the rest."""
+    from rlkit.engine.objective import StepMetrics
     from rlkit.grpo.run import _step_metrics as grpo_metrics
     from rlkit.sft.run import _step_metrics as sft_metrics
 
-    result = type("R", (), {"sums": {"tokens": 4, "nll": 2.0}, "lr": 1e-3, "grad_norm": 0.5})()
+    result = StepMetrics({"tokens": 4, "nll": 2.0}, 1, 0.5, 1e-3, seconds=1.5, tokens=3, flops=3e9, peak_flops=1e10)
     sft = sft_metrics([result], [{"input_ids": [1, 2, 3]}], 2.0, {"explain": 1.0})
     assert sft["train/loss"] == 0.5 and sft["time/step"] == 2.0 and sft["mix/explain"] == 1.0
-    fit = type("F", (), {"steps": [], "logprob_seconds": 0.1})()
+    assert sft["perf/tokens_per_s"] == 2.0 and sft["perf/mfu"] == pytest.approx(0.2)  # the learner's own seconds
+    fit = type("F", (), {"steps": [result], "logprob_seconds": 0.1})()
     import time
 
     t0 = time.perf_counter() - 10.0  # a 10 s step; engines 0 and 1 generated 1 s and 3 s of it, engine 2 nothing
     grpo = grpo_metrics([fit], 8, {"bytes": 2**20}, t0, t0 + 5, t0 + 9, {0: 1.0, 1: 3.0}, 3)
     assert all("/" in k for k in [*sft, *grpo]) and grpo["sync/mib"] == 1.0 and "train/samples_per_s" in grpo
+    assert grpo["perf/mfu"] == pytest.approx(0.2)
     assert grpo["rollout/busy_fraction"] == pytest.approx(4 / 30, abs=1e-3) and grpo["rollout/busy_fraction_min"] == 0
     assert "rollout/busy_fraction" not in grpo_metrics([fit], 8, {"bytes": 1}, t0, t0, t0, {}, 3)  # restored samples
 

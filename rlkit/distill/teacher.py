@@ -9,13 +9,15 @@ from rlkit.errors import ConfigError
 
 
 def check_teacher(teacher: Any, student_tokenizer: str, device: Any) -> None:
-    """Before launch: the teacher's precision on this device, its path, and its tokenizer (the
-    student's, `student_tokenizer`)."""
+    """Before launch: the teacher's precision on this device, its path, its kernels, and its
+    tokenizer (the student's, `student_tokenizer`)."""
     from rlkit.accel import check_precision
-    from rlkit.models import check_model_path
+    from rlkit.kernels import check_kernels
+    from rlkit.models import check_model_path, model_config
 
     check_precision(teacher.dtype, device, "distill.teacher.dtype")
     check_model_path(teacher.path, "distill.teacher.path")
+    check_kernels(teacher, device, model_config(teacher).model_type, "distill.teacher.kernels")
     check_same_tokenizer(student_tokenizer, teacher.tokenizer or teacher.path)
 
 
@@ -68,6 +70,7 @@ class TeacherWorker:
         from rlkit.accel import apply_env, configure_cpu_threads, detect
         from rlkit.console import name_worker_log
         from rlkit.engine.logprobs import Reference
+        from rlkit.kernels import with_kernels
 
         name_worker_log("teacher")
         info = detect(device)
@@ -77,7 +80,8 @@ class TeacherWorker:
         dtype = models.resolve_dtype(model.dtype, info.bf16 and info.is_accelerator)
         self.device = info.torch_device
         # frozen and scored as the learner's reference and teacher copies are
-        self.teacher = Reference(None, "full", lambda: models.load_frozen(model, dtype, self.device))
+        self.teacher = Reference(None, "full", lambda: with_kernels(models.load_frozen(model, dtype, self.device),
+                                                                    model.kernels, info.kind))
 
     def ready(self) -> str:
         """The node this teacher runs on (its address), once its model is loaded."""

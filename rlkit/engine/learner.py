@@ -113,7 +113,9 @@ class Learner:
         from rlkit import models
         from rlkit.accel import memory_now
         from rlkit.engine.ds_config import deepspeed_config, learner_clips, lr_lambda
-        from rlkit.engine.logprobs import Reference
+        from rlkit.engine.logprobs import frozen_models
+        from rlkit.engine.perf import Throughput
+        from rlkit.kernels import apply_kernels
         from rlkit.seeding import seed_everything
 
         spec = self.spec
@@ -129,6 +131,7 @@ class Learner:
             self._ds_hf_config = HfDeepSpeedConfig(ds_cfg)  # every rank loads: partitioned on load
         load_dtype = torch.float32 if precision != "fp32" and spec.finetuning == "full" else dtype
         model = models.load_model(spec.model, load_dtype, spec.qlora if spec.finetuning == "qlora" else None)
+        apply_kernels(model, spec.model.kernels, self.device_info.kind)
         model = models.wrap_for_training(model, spec.finetuning, spec.lora, spec.model)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = None
@@ -143,19 +146,12 @@ class Learner:
             model=model, model_parameters=params, optimizer=optimizer, config=ds_cfg,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
         self.clips = learner_clips(spec.deepspeed, precision)
-        if self.world_size == 1 and spec.deepspeed.zero_stage == 0:
+        self.throughput = Throughput(model.config.to_dict(), self.device_info, precision)
+        if self.world_size == 1 and (spec.deepspeed.zero_stage == 0 or spec.deepspeed.flat_bf16(precision)):
             # One rank: nothing to reduce, but DeepSpeed would still flatten, all-reduce and copy
             # back every gradient at each step (~8% of a 25M-parameter step on CPU).
             self.engine.enable_backward_allreduce = False
-        if spec.reference:
-            ref_dtype = self.engine.module.dtype if spec.finetuning == "full" else None
-            self.reference = Reference(self.engine.module, spec.finetuning,
-                                       lambda: models.load_frozen(spec.model, ref_dtype, self.engine.device))
-        if spec.teacher is not None:  # frozen, full weights on this rank, scoring as the reference does
-            teacher_dtype = models.resolve_dtype(spec.teacher.dtype, self.device_info.bf16 and
-                                                 self.device_info.is_accelerator)
-            self.teacher = Reference(self.engine.module, "full",
-                                     lambda: models.load_frozen(spec.teacher, teacher_dtype, self.engine.device))
+        self.reference, self.teacher = frozen_models(spec, self.engine, self.device_info)
         trainable, total = models.trainable_summary(model)
         return {"trainable_params": trainable, "total_params": total, "precision": precision,
                 "device": self.device_info.kind, "zero_stage": spec.deepspeed.zero_stage}
@@ -174,6 +170,7 @@ class Learner:
         faults.crash_here("train_step", f"learner{self.rank}")
         if not micro_batches:
             raise ValueError("train_step needs at least one micro-batch")
+        t0 = time.perf_counter()
         self.engine.train()
         sums: dict[str, float] = {}
         norm = None
@@ -189,7 +186,7 @@ class Learner:
                 accumulate(sums, key, float(value))
         norm = self.engine.get_global_grad_norm() if norm is None else norm
         return StepMetrics(sums, len(micro_batches), float(norm) if norm is not None else float("nan"),
-                           float(self.engine.lr_scheduler.get_last_lr()[0]))
+                           float(self.engine.lr_scheduler.get_last_lr()[0]), **self.throughput.step(micro_batches, t0))
 
     def fit(self, steps: list[list[MicroBatch]], objective: Objective, epochs: int = 1) -> FitResult:
         """Attach the logprobs `objective.needs` to every micro-batch (before any update), then run

@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from rlkit.attention import sequence_bounds
+from rlkit.engine.head import KEEP_BYTES, fusable, head_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,13 @@ _HEAD_ONLY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model 
 
 
 def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.0, with_entropy: bool = False,
-                   positions: Tensor | None = None,
-                   chunk_elements: int = CHUNK_ELEMENTS) -> tuple[Tensor, Tensor | None]:
+                   positions: Tensor | None = None, chunk_elements: int = CHUNK_ELEMENTS,
+                   keep_bytes: int = KEEP_BYTES) -> tuple[Tensor, Tensor | None]:
     """logp [B, L-1] of each next token under `logits / temperature`, and the per-token entropy
     [B, L-1] (nats, no grad) when asked; fp32 (fp64 for an fp64 model). Only `positions` (bool
     [B, L-1]; default: every position whose next token is not padding) are scored, the rest are 0."""
     if "unpack" in batch:
-        return _packed_logprobs(model, batch, temperature, with_entropy, positions, chunk_elements)
+        return _packed_logprobs(model, batch, temperature, with_entropy, positions, chunk_elements, keep_bytes)
     ids = batch["input_ids"]
     if positions is None:
         mask = batch["attention_mask"]
@@ -63,6 +64,11 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
     rows = positions.nonzero(as_tuple=True)
     states, targets = hidden[:, :-1][rows], ids[:, 1:][rows]  # [N, H], [N]
     step = max(1, chunk_elements // head.out_features)
+    if fusable(head):
+        scored, entropy = head_logprobs(states, head, targets, temperature, with_entropy, step, keep_bytes)
+        logp = ids.new_zeros(positions.shape, dtype=scored.dtype).index_put(rows, scored)
+        return logp, ids.new_zeros(positions.shape, dtype=scored.dtype).index_put(rows, entropy) \
+            if with_entropy else None
 
     def score(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
         logits = _upcast(head(h)) / temperature
@@ -125,7 +131,7 @@ def completion_states(model: Any, batch: dict[str, Tensor], positions: Tensor) -
 
 
 def _packed_logprobs(model: Any, batch: dict[str, Tensor], temperature: float, with_entropy: bool,
-                     positions: Tensor | None, chunk_elements: int) -> tuple[Tensor, Tensor | None]:
+                     positions: Tensor | None, chunk_elements: int, keep_bytes: int) -> tuple[Tensor, Tensor | None]:
     """`token_logprobs` of a padding-free micro-batch (`GRPOBatch.packed_micro_batch`): the model
     runs on the packed row, and the results come back in the padded [b, l-1] layout."""
     unpack = batch["unpack"]
@@ -136,7 +142,7 @@ def _packed_logprobs(model: Any, batch: dict[str, Tensor], temperature: float, w
     wanted = torch.zeros_like(batch["input_ids"][:, 1:], dtype=torch.bool)
     wanted[0, source] = True
     packed = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
-    logp, entropy = token_logprobs(model, packed, temperature, with_entropy, wanted, chunk_elements)
+    logp, entropy = token_logprobs(model, packed, temperature, with_entropy, wanted, chunk_elements, keep_bytes)
     out = logp.new_zeros(positions.shape).index_put(rows, logp[0, source])
     if entropy is not None:
         entropy = entropy.new_zeros(positions.shape).index_put(rows, entropy[0, source])
@@ -225,6 +231,27 @@ class Reference:
         ctx = inner.disable_adapter() if hasattr(inner, "disable_adapter") else nullcontext()
         with ctx:
             return token_logprobs(self.policy, batch, temperature, positions=positions)[0]
+
+
+def frozen_models(spec: Any, engine: Any, device: Any) -> tuple[Reference | None, Reference | None]:
+    """The frozen models a learner (`LearnerSpec` `spec`, DeepSpeed `engine`, `DeviceInfo` `device`)
+    scores with: the reference policy (full fine-tuning: a copy in the policy's dtype) and a
+    distillation teacher (full weights on this rank, in its own dtype), each None when not asked for;
+    each with its model's `kernels` (`rlkit.kernels`)."""
+    from rlkit import models
+    from rlkit.kernels import with_kernels
+
+    def loader(model: Any, dtype: Any) -> Any:
+        return lambda: with_kernels(models.load_frozen(model, dtype, engine.device), model.kernels, device.kind)
+
+    reference = teacher = None
+    if spec.reference:
+        reference = Reference(engine.module, spec.finetuning,
+                              loader(spec.model, engine.module.dtype if spec.finetuning == "full" else None))
+    if spec.teacher is not None:
+        teacher_dtype = models.resolve_dtype(spec.teacher.dtype, device.bf16 and device.is_accelerator)
+        teacher = Reference(engine.module, "full", loader(spec.teacher, teacher_dtype))
+    return reference, teacher
 
 
 def selective_log_softmax(logits: Tensor, ids: Tensor) -> Tensor:

@@ -119,12 +119,17 @@ def accumulate(sums: dict[str, float], key: str, value: float) -> None:
 @dataclass(frozen=True)
 class StepMetrics:
     """One optimizer step on one rank: metric sums over its micro-batches, their count, the global
-    grad norm (before clipping) and the learning rate the step used."""
+    grad norm (before clipping) and the learning rate the step used; its wall seconds, the input
+    tokens it trained on, their model FLOPs and the device's peak FLOP/s (`engine/perf.py`)."""
 
     sums: dict[str, float]
     micro_batches: int
     grad_norm: float
     lr: float
+    seconds: float = 0.0
+    tokens: float = 0.0
+    flops: float = 0.0
+    peak_flops: float = float("nan")
 
     def mean(self, key: str) -> float:
         """Mean of a metric over this step's micro-batches (its max / min for `_max` / `_min` names)."""

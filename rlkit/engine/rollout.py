@@ -30,6 +30,7 @@ import torch
 
 from rlkit import faults
 from rlkit.engine.vllm_ext import dtype_name
+from rlkit.engine.weights import FlatBucket
 from rlkit.seeding import derive_seed
 
 EXTENSION = "rlkit.engine.vllm_ext.WeightSyncExtension"
@@ -228,6 +229,8 @@ class RolloutWorker:
         """
         faults.hang_here("weight_sync", self.index)
         faults.crash_here("weight_sync", f"engine{self.index}")
+        if isinstance(named_tensors, FlatBucket):  # a bucket in one buffer: its tensors are views of it
+            named_tensors = named_tensors.tensors()
         named_tensors = faults.skip_tensors(named_tensors, self.index)
         if self.in_process and self.tp_size == 1:  # the worker runs in this process: pass by reference
             count = self.llm.collective_rpc("load_weights_from_iter", args=(named_tensors,))[0]
@@ -281,9 +284,9 @@ class RolloutWorker:
         self.llm.collective_rpc("init_weight_update_group",
                                 args=(master_addr, master_port, rank_offset, world_size, backend))
 
-    def update_weights_broadcast(self, specs: list[tuple[str, str, tuple[int, ...]]]) -> int:
-        """Receive and load broadcast tensors `(name, dtype, shape)`. GPU only."""
-        return self.llm.collective_rpc("update_weights_broadcast", args=(specs,))[0]
+    def update_weights_broadcast(self, entries: list[tuple[str, str, tuple[int, ...], int]], nbytes: int) -> int:
+        """Receive a broadcast `FlatBucket` of `nbytes` (its `entries`) and load it. GPU only."""
+        return self.llm.collective_rpc("update_weights_broadcast", args=(entries, nbytes))[0]
 
     def weights_checksum(self) -> dict[str, Any]:
         """Checksum of the engine's (rank 0) parameters; see `WeightSyncExtension.weights_checksum`."""

@@ -130,17 +130,15 @@ class WeightSyncExtension:
                                              rank=rank_offset + self.rank, world_size=world_size)
         self._rlkit_comm = communicator_class(backend)(group, device=self.device)
 
-    def update_weights_broadcast(self, specs: list[tuple[str, str, tuple[int, ...]]]) -> int:
-        """Receive tensors `(name, dtype name e.g. "bfloat16", shape)` broadcast from rank 0,
-        in this order, and load them in one reload. Unverified on CPU (needs a GPU check)."""
+    def update_weights_broadcast(self, entries: list[tuple[str, str, tuple[int, ...], int]], nbytes: int) -> int:
+        """Receive one bucket broadcast from rank 0 as a flat buffer of `nbytes` (a `FlatBucket`
+        with these `entries`) and load its tensors in one reload. Unverified on CPU (needs a GPU
+        check)."""
+        from rlkit.engine.weights import FlatBucket
 
-        def received() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, dtype, shape in specs:
-                tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-                self._rlkit_comm.broadcast(tensor, src=0)
-                yield name, tensor
-
-        return self.load_weights_from_iter(received())
+        data = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        self._rlkit_comm.broadcast(data, src=0)
+        return self.load_weights_from_iter(FlatBucket(entries, data).tensors())
 
     # ------------------------------------------------------------------ debugging
 

@@ -6,10 +6,12 @@ iterates them (ZeRO-3 gathers are collective), rank 0 (or every rank, colocated)
 Transports (the table and what each can do: `rlkit.transports`; each class here is its engine
 side, `open(target)` then `push(named, defer) -> SyncStats`):
 - `ObjectStoreSync`: default on CPU and across nodes. Buckets of <= `bucket_mib` MiB go through the
-  Ray object store, one bucket at a time (at most `max_inflight` in the store), so a large model
-  is never held twice in host memory. Engines reload each bucket in place.
-- `BroadcastSync`: NCCL (HCCL) group between learner rank 0 and all engine workers; tensors go
-  device to device. GPU only; needs a GPU check (not runnable on CPU).
+  Ray object store as one flat buffer each (`FlatBucket`), one bucket at a time (at most
+  `max_inflight` in the store), so a large model is never held twice in host memory. Engines
+  reload each bucket in place, reading the buffer where the store keeps it.
+- `BroadcastSync`: NCCL (HCCL) group between learner rank 0 and all engine workers; a bucket goes
+  device to device as one flat buffer, one broadcast. GPU only; needs a GPU check (not runnable
+  on CPU).
 - `InProcessSync`: learner and engine share a process; the iterator is handed straight to
   the engine's `reload_weights`.
 
@@ -28,8 +30,8 @@ from typing import Any
 import torch
 
 from rlkit.engine.calls import wait_all
-from rlkit.engine.vllm_ext import communicator_class, dtype_name
-from rlkit.engine.weights import NamedTensor, bucketize
+from rlkit.engine.vllm_ext import communicator_class
+from rlkit.engine.weights import FlatBucket, NamedTensor, bucketize
 from rlkit.transports import Transport
 
 # ---------------------------------------------------------------- strategies
@@ -124,8 +126,8 @@ class _Engines:
 class ObjectStoreSync(_Engines):
     """Ray object store transfer; `engines` are rollout actor handles (`create_rollout_actor`).
 
-    Each bucket is `ray.put` once (on CPU, optionally cast to `dtype`) and loaded by all
-    engines; at most `max_inflight` buckets live in the store at a time. Each engine call may
+    Each bucket is `ray.put` once as one flat CPU buffer (optionally cast to `dtype`) and loaded by
+    all engines; at most `max_inflight` buckets live in the store at a time. Each engine call may
     take `timeout_s` seconds at most (None: no limit).
 
     `push(named, defer=True)`: a policy of at most `max_inflight` buckets is put and its loads
@@ -154,7 +156,7 @@ class ObjectStoreSync(_Engines):
         pending: list[list[Any]] = []
         kept: list[Any] | None = [] if defer else None  # the buckets, while the loads may be left running
         for bucket in bucketize(counter, self.bucket_mib):
-            ref = ray.put([(n, self._to_host(t)) for n, t in bucket])
+            ref = ray.put(FlatBucket.pack(bucket, dtype=self.dtype))  # one buffer: one copy, one object
             pending.append([e.update_weights.remote(ref, reset_cache=False) for e in self.engines])
             if kept is not None:
                 kept.append(ref)
@@ -174,14 +176,6 @@ class ObjectStoreSync(_Engines):
                 self.wait(futures)
             self.reset_prefix_cache()
         return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start, left)
-
-    def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A CPU tensor that owns its storage: a view (ZeRO-1/2 keep every parameter as a view of
-        one flat buffer) would put the whole buffer into the object store once per tensor."""
-        tensor = tensor.detach().to("cpu", dtype=self.dtype or tensor.dtype).contiguous()
-        if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
-            tensor = tensor.clone()
-        return tensor
 
 
 class InProcessSync:
@@ -253,10 +247,9 @@ class BroadcastSync(_Engines):
             raise RuntimeError("BroadcastSync.setup() must run before push()")
         start, counter, buckets = time.perf_counter(), _Counter(named), 0
         for bucket in bucketize(counter, self.bucket_mib):
-            specs = [(n, dtype_name(t), tuple(t.shape)) for n, t in bucket]
-            futures = [e.update_weights_broadcast.remote(specs) for e in self.engines]
-            for _, tensor in bucket:
-                self.comm.broadcast(tensor.to(self.device).contiguous(), src=0)
+            flat = FlatBucket.pack(bucket, self.device)  # one broadcast a bucket, not one a tensor
+            futures = [e.update_weights_broadcast.remote(flat.entries, flat.nbytes) for e in self.engines]
+            self.comm.broadcast(flat.data, src=0)
             self.wait(futures)
             buckets += 1
         self.reset_prefix_cache()

@@ -46,6 +46,7 @@ DS_REDUCE_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size default (elements): ZeR
 VLLM_BATCHED_TOKENS = 8192  # vLLM's profile batch (max_num_batched_tokens)
 VLLM_MAX_SEQS = 256  # vLLM's max_num_seqs: the sampler's logits rows
 LOGITS_CHUNK = 2**26  # logits elements the learner forms at once (rlkit.engine.logprobs.CHUNK_ELEMENTS)
+LOGITS_KEEP_BYTES = 2**29  # what its forward may keep for the backward (rlkit.engine.head.KEEP_BYTES)
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # Devices by name: memory (GiB), bf16, the kind (the Ray resource). A size in the spec wins.
@@ -156,12 +157,19 @@ def width_bytes(dtype: str, hardware: Hardware | None) -> int:
 
 
 def model_states(params: float, trainable: float, width: int, n: int, zero: int, offload_optimizer: bool = False,
-                 offload_param: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+                 offload_param: bool = False, flat_bf16: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """Bytes per rank of the parameters (`params`: their bytes), gradients and AdamW state of
     `trainable` parameters, on the device and in host memory. Mixed precision (width 2): half
     gradients, fp32 master + m + v (ZeRO paper, K = 12), and at the optimizer step an fp32 copy
     of the gradient partition (as DeepSpeed's own estimators count: 2 + 16 bytes); fp32: the
-    gradients, m + v, and under ZeRO the master copy and the step's gradient copy too."""
+    gradients, m + v, and under ZeRO the master copy and the step's gradient copy too.
+    `flat_bf16` (DeepSpeed's BF16_Optimizer, `DeepSpeedConfig.flat_bf16`): the fp32 gradients are
+    an accumulation buffer held throughout (whole), the master + m + v a stage-1 partition."""
+    if flat_bf16:
+        device, host = model_states(params, trainable, width, n, 1)
+        device["fp32 gradient accumulation"] = trainable * 4
+        device["fp32 gradients (optimizer step)"] = 0.0
+        return device, host
     device, host = {}, {}
     device["parameters"] = params / (n if zero == 3 else 1)
     if zero == 3 and offload_param:
@@ -196,7 +204,8 @@ def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, 
             params = linear * per + (total - linear) * width + trainable * width
         else:
             params = (total + trainable) * width
-    device, host = model_states(params, trainable, width, n, z, ds.offload_optimizer, ds.offload_param)
+    flat = width == 2 and cfg.model.dtype != "fp16" and ds.flat_bf16("bf16")  # BF16_Optimizer
+    device, host = model_states(params, trainable, width, n, z, ds.offload_optimizer, ds.offload_param, flat)
     step = device.pop("fp32 gradients (optimizer step)")
     parts = dict(device)
     if z == 3:
@@ -206,6 +215,9 @@ def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, 
         arch.layers * arch.activation_elements()
     backward = {"activations": tokens * act_width * layers,
                 "logits": min(tokens * arch.vocab, LOGITS_CHUNK) * (act_width + 12)}
+    kept = tokens * arch.vocab * (act_width if act_width == 2 else 4)  # what the forward keeps for the backward
+    if tokens * arch.vocab > LOGITS_CHUNK and kept <= LOGITS_KEEP_BYTES:  # beside a chunk being worked on
+        backward["logits kept for backward"] = kept
     if step > sum(backward.values()):  # the peak is the optimizer step, not the backward pass
         parts["fp32 gradients (optimizer step)"] = step
     else:
@@ -214,7 +226,7 @@ def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, 
         parts["reference copy"] = total * width
     # DeepSpeed's reduce bucket (contiguous gradients); ZeRO-3 allocates it on the device whatever
     # the model's size (measured on an H100: 954 MiB in bf16 at the default size)
-    if z in (1, 2, 3) and not (ds.offload_optimizer and z == 2):
+    if z in (1, 2, 3) and not (ds.offload_optimizer and z == 2) and not flat:
         bucket = float((ds.extra.get("zero_optimization") or {}).get("reduce_bucket_size", DS_REDUCE_BUCKET))
         parts["DeepSpeed reduce bucket"] = (bucket if ctx else min(bucket, trainable)) * (4 if z == 1 else width)
     if sync_bytes and not ctx:  # object-store sync from the learner's host memory: a copy, and its copy in the store

@@ -41,6 +41,7 @@ from rlkit.driver import (
 )
 from rlkit.engine.cluster import Demand
 from rlkit.engine.objective import mean_metrics
+from rlkit.engine.perf import perf_metrics
 from rlkit.grpo.batch import GRPOBatch, plan_micro_batches, plan_token_micro_batches
 from rlkit.grpo.config import GRPOConfig
 from rlkit.grpo.difficulty import OnlineDifficulty
@@ -87,7 +88,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     g = cfg.grpo
     device = detect(cfg.device)
     sync_transport(cfg.rollout, device)  # one that runs on this device
-    cfg = prepare_inputs(cfg, device, "grpo", checks=[check_distill])
+    cfg = prepare_inputs(cfg, device, "grpo", checks=[check_distill], learners=cfg.grpo.num_learners)
     task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed,
                      cfg.rollout, on_cpu=not device.is_accelerator)
     if task.images is not None:
@@ -343,4 +344,5 @@ def _step_metrics(fits: list[Any], samples: int, sync: dict[str, float], t0: flo
     return {**{f"train/{k}": v for k, v in train.items()},
             "time/ref": ref, "time/train": t2 - t1 - ref, "time/sync": t3 - t2, "time/step": t3 - t0,
             "time/sync_share": (t3 - t2) / (t3 - t0), "train/samples_per_s": samples / (t3 - t0),
-            "sync/mib": sync["bytes"] / 2**20, "sync/s_per_gib": (t3 - t2) / gib if gib else 0.0, **busy}
+            "sync/mib": sync["bytes"] / 2**20, "sync/s_per_gib": (t3 - t2) / gib if gib else 0.0, **busy,
+            **perf_metrics([fit.steps for fit in fits])}

@@ -24,6 +24,7 @@ from rlkit.driver import (
     prepare_inputs,
 )
 from rlkit.engine.objective import MicroBatch
+from rlkit.engine.perf import perf_metrics
 from rlkit.rundir import RunDir
 from rlkit.sft.config import SFTConfig, SFTDataConfig, SFTEvalConfig
 from rlkit.sft.objective import NLLObjective
@@ -173,7 +174,7 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     from rlkit.models import load_image_inputs, load_tokenizer
 
     device = detect(cfg.device)
-    cfg = prepare_inputs(cfg, device, "sft")
+    cfg = prepare_inputs(cfg, device, "sft", learners=cfg.train.num_learners)
     tokenizer = load_tokenizer(cfg.model)
     data = load_sft_data(cfg.data, tokenizer, cfg.seed, load_image_inputs(cfg.model, tokenizer))
     t = cfg.train
@@ -253,4 +254,4 @@ def _step_metrics(results: list[Any], batch: list[dict], seconds: float, mix: di
     return {"train/loss": sum(r.sums["nll"] for r in results) / max(tokens, 1), "train/lr": results[0].lr,
             "train/grad_norm": results[0].grad_norm, "train/tokens_per_s": tokens / seconds,
             "train/input_tokens": inputs, "train/input_tokens_per_s": inputs / seconds, "time/step": seconds,
-            **{f"mix/{k}": v for k, v in mix.items()}}
+            **perf_metrics([[r] for r in results]), **{f"mix/{k}": v for k, v in mix.items()}}

@@ -61,3 +61,15 @@ def test_a_teacher_node_outside_the_cluster_is_one_line(monkeypatch):
     with pytest.raises(ConfigError, match=r"^distill.node: 10.0.0.9 is not a node of this Ray cluster \(its nodes: "
                                           r"10.0.0.1, 10.0.0.2\)"):
         check_teacher_node(DistillConfig(ModelConfig(path="t"), placement="actor", node="10.0.0.9"))
+
+
+def test_liger_kernels_for_a_teacher_where_they_cannot_apply_are_one_line(tiny_model):
+    from rlkit.accel import detect
+    from rlkit.distill.teacher import check_teacher
+    from rlkit.errors import UserError
+
+    cpu = detect("cpu")
+    check_teacher(ModelConfig(path=str(tiny_model), kernels="auto"), str(tiny_model), cpu)
+    with pytest.raises(UserError, match=r"^distill.teacher.kernels: liger runs Triton kernels on a GPU, and this "
+                                        r"run's learners are on cpu"):
+        check_teacher(ModelConfig(path=str(tiny_model), kernels="liger"), str(tiny_model), cpu)

@@ -48,3 +48,15 @@ def test_deepspeed_config_sections():
     assert z3["optimizer"] == {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
                                                             "weight_decay": 0.1}}
     assert deepspeed_config(DeepSpeedConfig(zero_stage=2), optim, "fp16", 1, 1, 1)["fp16"]["enabled"]
+
+
+def test_zero3_on_one_learner_is_one_line():
+    """Stage 3 on one learner without offload partitions nothing: a line; none with two learners,
+    or with an offload (which does move memory off the device)."""
+    from rlkit.engine.ds_config import zero3_alone
+
+    line = zero3_alone(DeepSpeedConfig(zero_stage=3), 1)
+    assert line and "zero_stage: 3 with one learner" in line and "use zero_stage 0" in line
+    assert zero3_alone(DeepSpeedConfig(zero_stage=3), 2) is None
+    assert zero3_alone(DeepSpeedConfig(zero_stage=3, offload_param=True), 1) is None
+    assert zero3_alone(DeepSpeedConfig(zero_stage=2), 1) is None

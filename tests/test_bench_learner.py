@@ -1,0 +1,48 @@
+"""Smoke test of `scripts/bench_learner.py`: a few steps of the tiny model, the table's rows and arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+ROW = re.compile(r"^(\S+)\s+(step|ref|old)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+)\s+(\d+)\s+(\d+\.\d)%"
+                 r"\s+(\S+)\s+(\S+)$")
+
+
+def test_bench_learner_prints_each_row_against_the_bare_loop(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_learner.py"), "--model", "tiny", "--batch", "2", "--seq", "64",
+         "--steps", "2", "--warmup", "1", "--repeat", "1", "--rows", "bare,sft-z0,grpo-z0,sft-z3x2",
+         "--json", str(out)],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("model tiny (")):]  # DeepSpeed's lines
+    assert "2 x 64 tokens" in lines[0] and "device cpu" in lines[0]
+    assert lines[1].startswith("MFU against the measured GEMM rate of one process")
+    rows = {(m.group(1), m.group(2)): m for m in map(ROW.match, lines) if m}
+    assert set(rows) == {("bare", "step"), ("sft-z0", "step"), ("grpo-z0", "step"), ("grpo-z0", "ref"),
+                         ("grpo-z0", "old"), ("sft-z3x2", "step")}, proc.stdout
+    bare = float(rows[("bare", "step")].group(3))
+    for (_row, part), m in rows.items():
+        median, low, high, n = float(m.group(3)), float(m.group(4)), float(m.group(5)), int(m.group(6))
+        assert 0 < low <= median <= high and n == 2
+        assert int(m.group(7)) == pytest.approx(2 * 64 / median, rel=0.05)  # tokens/s of the (printed) median
+        if part == "step":
+            assert float(m.group(10).rstrip("x")) == pytest.approx(median / bare, rel=0.05, abs=0.01)  # 3 decimals
+            assert float(m.group(9)) > 0.1  # GiB: a process with torch in it
+    saved = json.loads(out.read_text())
+    flops = saved["flops"]
+    assert flops["train"] == pytest.approx(3 * flops["score"])  # a step is 3 x a forward
+    mfu = float(rows[("bare", "step")].group(8)) / 100
+    assert mfu == pytest.approx(flops["train"] / bare / saved["peak_flops"], rel=0.02, abs=0.002)
