@@ -1,6 +1,7 @@
 """The calculator task end to end: does GRPO teach the model to use its tool?
 
-    OMP_NUM_THREADS=1 python scripts/tool_task.py --work /tmp/tool-task [--sft-steps 400] [--mix-steps 120]
+    OMP_NUM_THREADS=1 python scripts/tool_task.py --work /tmp/tool-task [--sft-steps 400] [--tool-steps 800]
+        [--mix-steps 120]
         [--grpo-steps 16] [--lr 1e-4] [--shaped 0.5] [--distill-student 320] [--distill-steps 120]
         [--reuse] [grpo.beta=0 ...]
 
@@ -8,7 +9,7 @@ On the tiny tool-calling model (rlkit/tiny.py, `write_tool_task`: sums of two 2-
 held-out pairs never seen in training):
 1. SFT without the tool (`sft_direct.jsonl`: question -> answer: the no-tool baseline) and SFT on
    tool-use transcripts (`sft_tools.jsonl`: question -> a call of `add` -> its result -> the
-   answer), `--sft-steps` each; then `--mix-steps` more SFT steps on `sft_mixed.jsonl` (the tool
+   answer), `--sft-steps` and `--tool-steps`; then `--mix-steps` more SFT steps on `sft_mixed.jsonl` (the tool
    offered in every row, 30% of them transcripts, the rest answered directly): a model that can
    use the tool but seldom calls it, like a tool-trained model fine-tuned on plain chat data
    (`--mix-steps 0`: GRPO starts from the transcripts' model, which always calls);
@@ -99,7 +100,11 @@ def metrics(run: Path) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--sft-steps", type=int, default=400, help="SFT steps on the direct answers and on the transcripts")
+    ap.add_argument("--sft-steps", type=int, default=400, help="SFT steps on the direct answers (the no-tool baseline)")
+    ap.add_argument("--tool-steps", type=int, default=800,
+                    help="SFT steps on the transcripts (copying the tool's result into the answer comes late and at a "
+                         "step that moves with the host's float rounding: at 400 an AVX2 host's model answers its own "
+                         "guess)")
     ap.add_argument("--mix-steps", type=int, default=120,
                     help="then SFT steps on the mixed rows (0: GRPO starts from the transcripts' model)")
     ap.add_argument("--grpo-steps", type=int, default=16)
@@ -126,7 +131,7 @@ def main() -> None:
     direct = work / "sft-direct" / "final"
     if not (args.reuse and direct.is_dir()):
         direct = sft(model, data["sft_direct"], work / "sft-direct", args.sft_steps, work)
-    _, start = tool_sft(model, data, work, args.sft_steps, args.mix_steps, args.reuse)
+    _, start = tool_sft(model, data, work, args.tool_steps, args.mix_steps, args.reuse)
     t1 = time.perf_counter()
     baseline = no_tool_baseline(direct, data, work)
     rows = grpo(start, data, work / "grpo", args.grpo_steps, args.lr, args.seed, work, args.shaped,
@@ -138,7 +143,8 @@ def main() -> None:
     mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
     mix = f" + {args.mix_steps} on the mixed rows" if args.mix_steps else ""
     print(f"calculator task, {len(data['grpo_eval'].read_text().splitlines())} held-out sums, greedy exact answer "
-          f"(tiny model, {args.sft_steps} SFT steps{mix}, {args.grpo_steps} GRPO steps at lr {args.lr:g})")
+          f"(tiny model, {args.sft_steps} SFT steps without the tool, {args.tool_steps} with it{mix}, "
+          f"{args.grpo_steps} GRPO steps at lr {args.lr:g})")
     print(f"  no tool, SFT on direct answers           {baseline:.3f}")
     print(f"  tool offered, SFT                        {evals[0]:.3f}")
     print(f"  tool offered, SFT + GRPO                 {' -> '.join(f'{x:.3f}' for x in evals[1:])}")
@@ -170,7 +176,7 @@ def distill(args: argparse.Namespace, data: dict[str, Path], work: Path) -> None
     evals = [f"{r['eval/exact_match']:.3f}" for r in rows if "eval/exact_match" in r]
     jsd = [r["train/distill/jsd"] for r in rows if "train/distill/jsd" in r]
     k = max(1, len(jsd) // 10)
-    print(f"  tool, {args.distill_student} SFT steps on transcripts, distilled from the {args.sft_steps}-step model "
+    print(f"  tool, {args.distill_student} SFT steps on transcripts, distilled from the {args.tool_steps}-step model "
           f"({args.distill_steps} steps, {time.perf_counter() - t0:.0f} s): held-out exact {' -> '.join(evals)}")
     print(f"  {'train/distill/jsd':<40} first {k} steps {sum(jsd[:k]) / k:.3f}, last {k} steps {sum(jsd[-k:]) / k:.3f}")
 

@@ -33,13 +33,15 @@ def test_bench_learner_prints_each_row_against_the_bare_loop(tmp_path):
     rows = {(m.group(1), m.group(2)): m for m in map(ROW.match, lines) if m}
     assert set(rows) == {("bare", "step"), ("sft-z0", "step"), ("grpo-z0", "step"), ("grpo-z0", "ref"),
                          ("grpo-z0", "old"), ("sft-z3x2", "step")}, proc.stdout
+    half = 0.0005  # seconds are printed to 3 decimals: a printed median is the true one within this
     bare = float(rows[("bare", "step")].group(3))
     for (_row, part), m in rows.items():
         median, low, high, n = float(m.group(3)), float(m.group(4)), float(m.group(5)), int(m.group(6))
         assert 0 < low <= median <= high and n == 2
-        assert int(m.group(7)) == pytest.approx(2 * 64 / median, rel=0.05)  # tokens/s of the (printed) median
+        assert 2 * 64 / (median + half) - 1 <= int(m.group(7)) <= 2 * 64 / (median - half) + 1  # tokens/s
         if part == "step":
-            assert float(m.group(10).rstrip("x")) == pytest.approx(median / bare, rel=0.05, abs=0.01)  # 3 decimals
+            ratio = float(m.group(10).rstrip("x"))  # the true medians' ratio, printed to 2 decimals
+            assert (median - half) / (bare + half) - 0.005 <= ratio <= (median + half) / (bare - half) + 0.005
             assert float(m.group(9)) > 0.1  # GiB: a process with torch in it
     saved = json.loads(out.read_text())
     flops = saved["flops"]

@@ -45,13 +45,14 @@ def head_logprobs(states: Tensor, head: torch.nn.Linear, targets: Tensor, temper
     return logp, entropy if with_entropy else None
 
 
-def _logits(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return F.linear(h, weight, bias)
+def upcast(x: Tensor) -> Tensor:
+    """Half precision to fp32 (the log-softmax needs it); fp32 and fp64 stay."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def _upcast(z: Tensor, inv_t: float) -> Tensor:
+def _scaled(z: Tensor, inv_t: float) -> Tensor:
     """The fp32 (fp64) logits / T of a chunk; a new buffer when `z` is half precision, else `z`."""
-    z = z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
+    z = upcast(z)
     return z.mul_(inv_t) if inv_t != 1.0 else z
 
 
@@ -66,8 +67,8 @@ class _HeadLogprobs(torch.autograd.Function):
         lses, kept = [], []
         for a in range(0, states.shape[0], step):
             b = min(a + step, states.shape[0])
-            raw = _logits(states[a:b], weight, bias)
-            z = _upcast(raw, inv_t)
+            raw = F.linear(states[a:b], weight, bias)
+            z = _scaled(raw, inv_t)
             lse = torch.logsumexp(z, dim=-1)
             logp[a:b] = z.gather(-1, targets[a:b, None]).squeeze(-1) - lse
             lses.append(lse)
@@ -99,8 +100,8 @@ class _HeadLogprobs(torch.autograd.Function):
             if kept and kept[i].dtype in (torch.float32, torch.float64):
                 probs = kept[i]  # overwritten: the graph is not run backward twice
             else:
-                z = kept[i] if kept else _logits(h, weight, bias)
-                probs = _upcast(z, ctx.inv_t).sub_(lse[a:b, None]).exp_()
+                z = kept[i] if kept else F.linear(h, weight, bias)
+                probs = _scaled(z, ctx.inv_t).sub_(lse[a:b, None]).exp_()
             grad_z = probs.mul_(-g[a:b, None])  # g (onehot - p): the p part, in place
             grad_z.scatter_add_(-1, t[:, None], g[a:b, None].to(grad_z.dtype))
             grad_z = grad_z.to(weight.dtype)

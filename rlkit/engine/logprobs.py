@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from rlkit.attention import sequence_bounds
-from rlkit.engine.head import KEEP_BYTES, fusable, head_logprobs
+from rlkit.engine.head import KEEP_BYTES, fusable, head_logprobs, upcast
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
             if with_entropy else None
 
     def score(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-        logits = _upcast(head(h)) / temperature
+        logits = upcast(head(h)) / temperature
         lse = torch.logsumexp(logits, dim=-1)
         logp = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - lse
         with torch.no_grad():
@@ -82,7 +82,7 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
     chunks = list(zip(states.split(step), targets.split(step)))
     chunks += [(states[:0], targets[:0])] * (head_calls_on_every_rank(len(chunks), head, states.device) - len(chunks))
     parts = [checkpoint(score, h, t, use_reentrant=False) if grad else score(h, t) for h, t in chunks]
-    logp = ids.new_zeros(positions.shape, dtype=_upcast(hidden[:, :0]).dtype)
+    logp = ids.new_zeros(positions.shape, dtype=upcast(hidden[:, :0]).dtype)
     logp = logp.index_put(rows, torch.cat([p[0] for p in parts]) if parts else logp.new_zeros(0))
     entropy = None
     if with_entropy:
@@ -149,11 +149,6 @@ def _packed_logprobs(model: Any, batch: dict[str, Tensor], temperature: float, w
     return out, entropy
 
 
-def _upcast(x: Tensor) -> Tensor:
-    """Half precision to fp32 (the log-softmax needs it); fp32 and fp64 stay."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-
-
 def _hf_model(model: Any) -> Any:
     """The transformers model inside a DeepSpeed engine and / or a peft wrapper."""
     inner = model.module if hasattr(model, "module") else model
@@ -202,7 +197,7 @@ def _full_logits_path(model: Any, hf: Any, batch: dict[str, Tensor], temperature
                       positions: Tensor) -> tuple[Tensor, Tensor | None]:
     """The model's own [B, L, V] logits (for models whose logits are not their lm_head's output;
     `hf` is its transformers model, `_hf_model(model)`)."""
-    logits = _upcast(model(**_model_inputs(hf, batch)).logits[:, :-1]) / temperature
+    logits = upcast(model(**_model_inputs(hf, batch)).logits[:, :-1]) / temperature
     keep = positions.float()
     logp = selective_log_softmax(logits, batch["input_ids"][:, 1:]) * keep
     return logp, entropy_from_logits(logits.detach()) * keep if with_entropy else None

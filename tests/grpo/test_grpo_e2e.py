@@ -287,9 +287,9 @@ def test_grpo_lora_with_kl_and_user_trl_and_shipped_rewards_on_chat_data(sft_mod
     for name in ("answer_digits", "accuracy", "think_answer", "accuracy_reward", "think_format_reward"):
         assert f"reward/{name}/mean" in rows[0], name
     assert rows[0]["reward/accuracy/mean"] >= 0.0 and rows[0]["reward/answer_digits/mean"] > 0.0
-    # The policy moves away from the reference: KL grows from ~0 at the first update.
-    assert rows[-1]["train/kl_mean"] > rows[0]["train/kl_mean"] >= 0.0
-    assert rows[-1]["train/kl_mean"] > 1e-6
+    # The policy moves away from the reference (adapters disabled): the KL is 0 only before the first
+    # update, and each step's mean holds a second epoch's micro-batches, after an update.
+    assert all(r["train/kl_mean"] > 1e-6 for r in rows)
     # Two epochs over each rollout batch: the second pass is off-policy, so ratios leave 1.
     assert any(abs(r["train/ratio_mean"] - 1.0) > 1e-6 for r in rows)
     assert (final / "adapter" / "adapter_config.json").exists() and (final / "model.safetensors").exists()
