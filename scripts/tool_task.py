@@ -1,18 +1,18 @@
 """The calculator task end to end: does GRPO teach the model to use its tool?
 
     OMP_NUM_THREADS=1 python scripts/tool_task.py --work /tmp/tool-task [--sft-steps 400] [--tool-steps 800]
-        [--mix-steps 120]
-        [--grpo-steps 16] [--lr 1e-4] [--shaped 0.5] [--distill-student 320] [--distill-steps 120]
+        [--mix-steps 120] [--grpo-steps 16] [--lr 1e-4] [--shaped 0.5] [--distill-student 320] [--distill-steps 120]
         [--reuse] [grpo.beta=0 ...]
 
 On the tiny tool-calling model (rlkit/tiny.py, `write_tool_task`: sums of two 2-digit numbers,
 held-out pairs never seen in training):
 1. SFT without the tool (`sft_direct.jsonl`: question -> answer: the no-tool baseline) and SFT on
    tool-use transcripts (`sft_tools.jsonl`: question -> a call of `add` -> its result -> the
-   answer), `--sft-steps` and `--tool-steps`; then `--mix-steps` more SFT steps on `sft_mixed.jsonl` (the tool
-   offered in every row, 30% of them transcripts, the rest answered directly): a model that can
-   use the tool but seldom calls it, like a tool-trained model fine-tuned on plain chat data
-   (`--mix-steps 0`: GRPO starts from the transcripts' model, which always calls);
+   answer), `--sft-steps` and `--tool-steps`; then `--mix-steps` more SFT steps on
+   `sft_mixed.jsonl` (the tool offered in every row, 30% of them transcripts, the rest answered
+   directly): a model that can use the tool but seldom calls it, like a tool-trained model
+   fine-tuned on plain chat data (`--mix-steps 0`: GRPO starts from the transcripts' model, which
+   always calls);
 2. GRPO from that model with `rollout.tools: [rlkit.tiny:add]` and an exact-answer reward (with
    `--shaped W`, also `rlkit.tiny:calculator_steps` at weight W: credit for the call's arguments
    and for repeating the tool's result);
@@ -39,6 +39,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from benchlib import rlkit  # noqa: E402
 
+SFT_STEPS = 400  # on the direct answers: the no-tool baseline
+# On the transcripts. Copying the tool's result into the answer comes late, at a step that moves with
+# the host's float rounding: at 400 an AVX2 host's model calls `add` and answers its own guess.
+TOOL_STEPS = 800
 TOOL_ROLLOUT = ("rollout.tools=['rlkit.tiny:add']", "rollout.max_tool_calls=2", "rollout.max_tokens=200",
                 "rollout.max_model_len=512")
 
@@ -100,11 +104,9 @@ def metrics(run: Path) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--sft-steps", type=int, default=400, help="SFT steps on the direct answers (the no-tool baseline)")
-    ap.add_argument("--tool-steps", type=int, default=800,
-                    help="SFT steps on the transcripts (copying the tool's result into the answer comes late and at a "
-                         "step that moves with the host's float rounding: at 400 an AVX2 host's model answers its own "
-                         "guess)")
+    ap.add_argument("--sft-steps", type=int, default=SFT_STEPS,
+                    help="SFT steps on the direct answers (the no-tool baseline)")
+    ap.add_argument("--tool-steps", type=int, default=TOOL_STEPS, help="SFT steps on the tool-use transcripts")
     ap.add_argument("--mix-steps", type=int, default=120,
                     help="then SFT steps on the mixed rows (0: GRPO starts from the transcripts' model)")
     ap.add_argument("--grpo-steps", type=int, default=16)

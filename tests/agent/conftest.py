@@ -22,12 +22,13 @@ def tool_task_script() -> ModuleType:
 @pytest.fixture(scope="session")
 def tool_task(tmp_path_factory) -> dict[str, Path]:
     """The tiny tool-calling model, the calculator task's data (`write_tool_task`) and the model
-    after 800 SFT steps on its tool-use transcripts (it calls `add` with the question's numbers and
-    copies the result into its answer; at 400 steps an AVX2 host's model still answers its own guess)."""
+    after the script's TOOL_STEPS SFT steps on its tool-use transcripts (it calls `add` with the
+    question's numbers and copies the result into its answer)."""
     from rlkit.tiny import build_tiny_model, write_tool_task
 
     root = tmp_path_factory.mktemp("tool-task")
     model = build_tiny_model(root / "model", "tiny", tools=True)
     data = write_tool_task(root / "data")
-    tools = tool_task_script().sft(model, data["sft_tools"], root / "sft-tools", 800, root)
+    script = tool_task_script()
+    tools = script.sft(model, data["sft_tools"], root / "sft-tools", script.TOOL_STEPS, root)
     return {"root": root, "model": model, "tools": tools, **data}

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 def test_grpo_with_the_tool_beats_the_no_tool_baseline(tool_task, tmp_path):
     script = tool_task_script()
-    direct = script.sft(tool_task["model"], tool_task["sft_direct"], tmp_path / "sft-direct", 400, tmp_path)
+    direct = script.sft(tool_task["model"], tool_task["sft_direct"], tmp_path / "sft-direct", script.SFT_STEPS,
+                        tmp_path)
     baseline = script.no_tool_baseline(direct, tool_task, tmp_path)
     mixed = script.sft(tool_task["tools"], tool_task["sft_mixed"], tmp_path / "sft-mixed", 120, tmp_path, lr=1e-3,
                        packing=True)
