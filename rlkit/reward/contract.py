@@ -16,10 +16,12 @@ Contract (TRL's, so a reward written for TRL or open-r1 runs unchanged)::
   spec's ``args``. Only the names the signature accepts are passed (all of them when it has
   ``**kwargs``).
 * Returns one float per sample; ``None`` means "not applicable to this sample".
-* ``def`` or ``async def``. A class is accepted too: the spec's ``args`` go to its
-  constructor, the instance's ``__call__`` follows the contract above (columns only), and an
-  optional ``setup()`` runs once before the first call (load a model there, not in
-  ``__init__``).
+* ``def``, ``async def`` or a generator (what it yields is the list). A class is accepted too:
+  the spec's ``args`` go to its constructor, the instance's ``__call__`` follows the contract
+  above (columns only), and an optional ``setup()`` runs once before the first call (load a
+  model there, not in ``__init__``); a module-level callable instance, a ``functools.partial``
+  and a static, class or bound method (``module:Class.method``) work as well (see
+  ``rlkit.reward.resolve.resolve``).
 
 Recipe: ``rewards: [{fn: "module.path:function", weight: 1.0, args: {...}}]``; ``fn`` may
 also be ``path/to/file.py:function`` relative to the recipe's folder, or TRL's dotted

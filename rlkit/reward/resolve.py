@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -10,7 +11,7 @@ import os
 import sys
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -35,10 +36,12 @@ class ResolvedReward:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def ensure_setup(self) -> None:
-        """Run the class's ``setup()`` once (thread-safe)."""
+        """Run the instance's ``setup()`` once (thread-safe; an ``async def setup`` is awaited)."""
         with self._lock:
             if not self._ready and self.setup is not None:
-                self.setup()
+                out = self.setup()
+                if inspect.isawaitable(out):
+                    asyncio.run(_await(out))
             self._ready = True
 
     def call_kwargs(self, prompts: list, completions: list, completion_ids: list | None,
@@ -52,16 +55,23 @@ class ResolvedReward:
 
     def __call__(self, prompts: list, completions: list, completion_ids: list | None,
                  columns: dict[str, list]) -> Any:
-        """One call under the contract; an ``async def`` is run to completion here."""
+        """One call under the contract; an ``async def`` is run to completion here, and what a
+        generator (``yield``, ``async`` too) yields becomes the list."""
         self.ensure_setup()
         out = self.fn(**self.call_kwargs(prompts, completions, completion_ids, columns))
-        if inspect.isawaitable(out):
+        if inspect.isasyncgen(out):
+            out = asyncio.run(_collect(out))
+        elif inspect.isawaitable(out):
             out = asyncio.run(_await(out))
-        return out
+        return list(out) if isinstance(out, Iterator) else out
 
 
 async def _await(aw: Any) -> Any:
     return await aw
+
+
+async def _collect(agen: Any) -> list:
+    return [v async for v in agen]
 
 
 def _err(key: str, spec: RewardSpec, msg: str) -> RewardError:
@@ -130,31 +140,71 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
 
     Checks: importable, attribute exists, callable, ``args`` bind to the signature, and
     every parameter without a default (other than prompts/completions/completion_ids) is a
-    dataset column (skipped when ``columns`` is None) or an arg. A class is instantiated with
-    ``args``; its ``setup()`` is deferred to the first call. Raises RewardError (one line,
-    prefixed with ``key``).
+    dataset column (skipped when ``columns`` is None) or an arg. What ``fn`` may name: a
+    function (``async def`` and generators too), a ``functools.partial``, a static, class or
+    bound method (``module:Class.method``, ``module:instance.method``), a callable instance,
+    or a class (or a partial of one) with ``__call__``: a class is instantiated with
+    ``args``; an instance's ``setup()``, if any, is deferred to the first call. Raises
+    RewardError (one line, prefixed with ``key``).
     """
     obj, attr = _find(spec, base_dir, key)
-    setup = None
-    if inspect.isclass(obj):
-        call = _instantiate(obj, attr, spec.args, key)
-        setup, target, fn_args = getattr(call, "setup", None), call.__call__, {}
+    factory = obj.func if isinstance(obj, functools.partial) else obj
+    is_instance = inspect.isclass(factory)
+    if is_instance:
+        call, fn_args = _instantiate(obj, attr, spec.args, key), {}
+        if not callable(call):
+            raise _err(key, spec, f"class {attr} has no __call__; give it `def __call__(self, prompts, completions, "
+                                  "**kwargs)` returning one float per completion (its constructor takes `args`; "
+                                  "an optional `setup()` runs once before the first call)")
     else:
-        call, target, fn_args = obj, obj, spec.args
-    named, var_kw = _check_signature(target, attr, fn_args, columns, spec, key)
-    name = spec.name or getattr(obj, "__name__", attr)
-    bounds = (check_range(spec.range, f"{key}.range") if spec.range is not None
-              else declared_range(call, fn_args))
+        call, fn_args = obj, spec.args
+    if not callable(call):  # e.g. a class whose __call__ is None
+        raise _err(key, spec, f"{attr!r} is not callable")
+    setup = _setup(call, attr, spec, key)
+    named, var_kw = _check_signature(call, attr, fn_args, columns, spec, key)
+    name = spec.name or _default_name(obj, attr)
+    try:
+        bounds = (check_range(spec.range, f"{key}.range") if spec.range is not None
+                  else declared_range(call, fn_args))
+    except RewardError:
+        raise
+    except Exception as e:  # a range function of the user's own that failed
+        raise RewardError(f"{key}: the reward_range of {attr} failed: {type(e).__name__}: {e}") from None
     preflight = getattr(obj, "rlkit_preflight", None)
     if callable(preflight):  # e.g. a code reward: its sandbox can run here
         preflight(spec.args, key)
-    return ResolvedReward(spec=spec, key=key, name=name, fn=call, is_instance=inspect.isclass(obj),
-                          accepts=frozenset(named), var_kw=var_kw, setup=setup if callable(setup) else None,
-                          bounds=bounds)
+    return ResolvedReward(spec=spec, key=key, name=name, fn=call, is_instance=is_instance,
+                          accepts=frozenset(named), var_kw=var_kw, setup=setup, bounds=bounds)
+
+
+def _setup(call: Any, attr: str, spec: RewardSpec, key: str) -> Callable[[], Any] | None:
+    """A callable instance's ``setup()`` (None for functions and methods), checked to take no arguments."""
+    if not is_object(call):
+        return None
+    setup = getattr(call, "setup", None)
+    if not callable(setup):
+        return None
+    try:
+        inspect.signature(setup).bind()
+    except TypeError:
+        raise _err(key, spec, f"{attr}.setup{inspect.signature(setup)} takes arguments, but setup() is called with "
+                              "none; pass what it needs through `args` (to the constructor)") from None
+    except ValueError:  # no signature to read (a builtin): trust it
+        pass
+    return setup
+
+
+def _default_name(obj: Any, attr: str) -> str:
+    """The metric name: the function's or class's own name, else (lambdas, partials, instances) the
+    last part of the name the recipe wrote."""
+    name = getattr(obj, "__name__", None)
+    if isinstance(name, str) and name.isidentifier():
+        return name
+    return attr.rpartition(".")[2]
 
 
 def _find(spec: RewardSpec, base_dir: str | None, key: str) -> tuple[Any, str]:
-    """The callable `spec.fn` names, and its attribute name."""
+    """The callable `spec.fn` names, and its attribute path (``Class.method`` after a colon)."""
     ref = spec.fn.strip()
     if ":" in ref:
         mod, _, attr = ref.rpartition(":")
@@ -162,20 +212,31 @@ def _find(spec: RewardSpec, base_dir: str | None, key: str) -> tuple[Any, str]:
         mod, _, attr = ref.rpartition(".")
     else:
         raise _err(key, spec, "expected 'module:function' or 'path/to/file.py:function'")
-    if not mod or not attr:
+    parts = attr.split(".")
+    if not mod or not all(p.isidentifier() for p in parts):
         raise _err(key, spec, "expected 'module:function' or 'path/to/file.py:function'")
     module = _load_module(key, spec, mod, base_dir)
-    if not hasattr(module, attr):
-        public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        raise _err(key, spec, f"module {mod!r} has no function {attr!r}{did_you_mean(attr, public)}")
-    obj = getattr(module, attr)
+    obj, owner = module, None
+    for i, part in enumerate(parts):
+        if not hasattr(obj, part):
+            where = f"module {mod!r}" if i == 0 else repr(".".join(parts[:i]))
+            names = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
+            raise _err(key, spec, f"{where} has no function {part!r}{did_you_mean(part, names)}")
+        owner, obj = obj, getattr(obj, part)
+    if inspect.isclass(owner) and inspect.isfunction(inspect.getattr_static(owner, parts[-1], None)):
+        cls = ".".join(parts[:-1])
+        raise _err(key, spec, f"{attr} is a method of class {cls}, which needs an instance; give {cls} a "
+                              f"`__call__` and name the class ({mod}:{cls}), make {parts[-1]} a @staticmethod, "
+                              f"or name a method of a module-level instance")
     if not callable(obj):
-        raise _err(key, spec, f"{attr!r} is a {type(obj).__name__}, not a function or class")
+        raise _err(key, spec, f"{attr!r} is a {type(obj).__name__}, not a function, class or callable object; "
+                              f"write `def {parts[-1]}(prompts, completions, **kwargs)` returning one float per "
+                              "completion")
     return obj, attr
 
 
-def _instantiate(cls: type, attr: str, args: dict[str, Any], key: str) -> Any:
-    """A reward class built with the recipe's `args` (its `setup()` runs on first call)."""
+def _instantiate(cls: Any, attr: str, args: dict[str, Any], key: str) -> Any:
+    """A reward class (or a partial of one) built with the recipe's `args` (its `setup()` runs on first call)."""
     try:
         inspect.signature(cls).bind(**args)
     except TypeError as e:
@@ -220,6 +281,19 @@ def _check_signature(target: Callable[..., Any], attr: str, fn_args: dict[str, A
     return named, var_kw
 
 
+def is_object(fn: Any) -> bool:
+    """Whether a resolved reward is an instance (built from a class, or a module-level callable
+    object) rather than a function, method or partial."""
+    return not (inspect.isroutine(fn) or isinstance(fn, functools.partial))
+
+
+def source_object(fn: Any) -> Any:
+    """Where a reward's code lives: a function's own, a partial's or method's function, an instance's class."""
+    while isinstance(fn, functools.partial) or inspect.ismethod(fn):
+        fn = fn.func if isinstance(fn, functools.partial) else fn.__func__
+    return inspect.unwrap(fn) if inspect.isroutine(fn) else type(fn)
+
+
 def _fmt_args(args: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in args.items())
 
@@ -230,7 +304,7 @@ def describe_rewards(specs: tuple[RewardSpec, ...] | list[RewardSpec], base_dir:
     lines = []
     for i, spec in enumerate(specs):
         r = resolve(spec, base_dir, key=f"rewards[{i}]")
-        target = type(r.fn) if r.is_instance else inspect.unwrap(r.fn)
+        target = source_object(r.fn)
         try:
             where = f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
         except (TypeError, OSError):

@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from rlkit.reward.contract import RewardError, RewardResult, RewardSpec, completion_text, preview, prompt_text
-from rlkit.reward.resolve import ResolvedReward, resolve
+from rlkit.reward.resolve import ResolvedReward, is_object, resolve, source_object
 
 _log = logging.getLogger("rlkit")
 
@@ -78,11 +78,11 @@ class RewardScorer:
 
     def actor_bundles(self) -> list[tuple[str, dict[str, float]]]:
         """(recipe key, resources) of each reward that serves itself from a Ray actor of its own: a
-        class whose `ray_resources()` returns what that actor asks for (None: it runs in-process).
+        class (or callable object) whose `ray_resources()` returns what that actor asks for (None: it runs in-process).
         The run checks them against the cluster before launch, with the learners' and engines'."""
         out = []
         for r in self.rewards:
-            ask = getattr(r.fn, "ray_resources", None) if r.is_instance else None
+            ask = getattr(r.fn, "ray_resources", None) if is_object(r.fn) else None
             bundle = ask() if callable(ask) else None
             if bundle:
                 out.append((r.key, {k: float(v) for k, v in bundle.items() if v}))
@@ -92,7 +92,7 @@ class RewardScorer:
         """The modules the reward callables come from (each once, in recipe order)."""
         out: dict[str, ModuleType] = {}
         for r in self.rewards:
-            name = (type(r.fn) if r.is_instance else r.fn).__module__
+            name = source_object(r.fn).__module__
             module = sys.modules.get(name)
             if module is not None:
                 out.setdefault(name, module)
