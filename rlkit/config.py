@@ -75,13 +75,20 @@ class QuantConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Data both stages read. SFT rows or GRPO prompts; the source kind (JSON, JSONL,
-    dataset_info.json, a save_to_disk folder) comes from the path, `format` is the row schema."""
+    """Data both stages read. SFT rows or GRPO prompts; the source kind (JSON/JSONL, parquet,
+    CSV, Arrow, shards, dataset_info.json, a save_to_disk folder) comes from the path, `format`
+    is the row schema."""
 
-    train: str  # training rows: JSON / JSONL / parquet / CSV file, dataset_info.json, save_to_disk folder
+    # training rows: a JSON / JSONL (.gz too) / parquet / CSV / TSV / Arrow file, a glob or folder of
+    # them, dataset_info.json, a save_to_disk folder
+    train: str
     eval: str | None = None  # held-out rows, same kinds (needed by eval.every)
     format: DataFormat = "auto"  # row schema; auto: from the first row
     dataset: str | None = None  # entry name in a dataset_info.json
+    # split of `train` in a save_to_disk DatasetDict or a folder of the hub's train-*/test-* shards
+    # (null: train, or the only one)
+    split: str | None = None
+    eval_split: str | None = None  # split of `eval`, the same way
     # auto: the tokenizer's chat template for chat rows (messages), the seeds' alpaca template for
     # alpaca and plain-text rows; final/'s tokenizer gets the template trained (see templates.py)
     template: Template = "auto"

@@ -145,7 +145,8 @@ def _rows(args: argparse.Namespace, data: dict[str, Any], need_completion: bool)
     path = args.data or data.get("train")
     if not path:
         raise UserError("--data: name the rows to score (or a --recipe whose data.train has them)")
-    loaded = load_prompts(str(path), args.format or data.get("format") or "auto", args.dataset or data.get("dataset"))
+    loaded = load_prompts(str(path), args.format or data.get("format") or "auto", args.dataset or data.get("dataset"),
+                          split=None if args.data else data.get("split"))
     rows = loaded.rows
     if not rows:
         raise UserError(f"{loaded.source}: no rows")

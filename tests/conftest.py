@@ -27,6 +27,36 @@ def task_data(tmp_path_factory):
     return write_task_data(tmp_path_factory.mktemp("task-data"), seed=0)
 
 
+CONTAINERS = ("parquet", "csv", "arrow", "jsonl.gz")  # the files users bring besides JSONL
+
+
+@pytest.fixture(scope="session")
+def task_containers(task_data, tmp_path_factory):
+    """The synthetic task's four files as parquet, CSV, Arrow (feather) and gzip JSONL copies:
+    {extension: {name: path}}, the names of `task_data`."""
+    import gzip
+    import json
+
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    out = tmp_path_factory.mktemp("task-containers")
+    copies: dict[str, dict] = {ext: {} for ext in CONTAINERS}
+    for name, path in task_data.items():
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        table = pa.Table.from_pylist(rows)
+        for ext in CONTAINERS:
+            copies[ext][name] = out / f"{name}.{ext}"
+        pq.write_table(table, copies["parquet"][name])
+        pcsv.write_csv(table, copies["csv"][name])
+        feather.write_feather(table, copies["arrow"][name])
+        with gzip.open(copies["jsonl.gz"][name], "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    return copies
+
+
 @pytest.fixture(scope="session")
 def sft_model(tiny_model, task_data, tmp_path_factory):
     """The tiny model after 600 SFT steps (~70 s): it knows some facts and the teacher's three

@@ -1,7 +1,8 @@
 """Load and validate training data: alpaca, chat messages, prompt/answer rows.
 
-Where the records come from (JSON, JSONL, dataset_info.json, save_to_disk folders) is
-`sources.py`; every error names the file and the row.
+Where the records come from (JSON/JSONL, parquet, CSV, Arrow files and shards of them,
+dataset_info.json, save_to_disk folders) is `sources.py`; every error names the file and the
+row, or, for a table file without a column the format needs, the file and the column.
 
 Row schemas (``fmt``): ``alpaca`` (instruction/input/output/system/history), ``messages``
 (list of {role, content}), ``sharegpt`` (``conversations`` of {from, value}); ``auto`` picks
@@ -15,6 +16,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rlkit.data.containers import check_columns
 from rlkit.data.images import (
     IMAGE_COLUMNS,
     ImageRowError,
@@ -109,9 +111,9 @@ def _entry_schema(entry: DatasetEntry, fmt: str) -> _Schema:
 
 
 def _open(path: str, fmt: str, dataset: str | None, split: str | None,
-          seed: int = 0) -> tuple[list[Record], str, _Schema | None]:
-    """Read all records; the schema is known for dataset_info entries, else None. Rows a KTO
-    tag marks false are dropped here (a count goes to the log)."""
+          seed: int = 0) -> tuple[list[Record], str, _Schema | None, dict[str, tuple[str, ...]]]:
+    """Read all records; the schema is known for dataset_info entries, else None; each table
+    file's columns. Rows a KTO tag marks false are dropped here (a count goes to the log)."""
     if fmt not in ROW_FORMATS:
         raise DataError(f"{path}: unknown format {fmt!r} (expected one of {', '.join(ROW_FORMATS)})")
     got = read_records(path, dataset, split, seed)
@@ -119,7 +121,14 @@ def _open(path: str, fmt: str, dataset: str | None, split: str | None,
     records = got.records
     if schema is not None and schema.kto_tag:
         records = _drop_kto_false(records, schema.kto_tag, got.source)
-    return records, got.source, schema
+    return records, got.source, schema, got.columns
+
+
+def _schema_columns(schema: _Schema) -> tuple[list[str], str]:
+    """The columns a schema cannot do without, and what to call its rows in a message."""
+    if schema.kind == "alpaca":
+        return [schema.columns["instruction"], schema.columns["output"]], "alpaca rows (instruction, output)"
+    return [schema.columns["messages"]], f"chat rows ({schema.columns['messages']!r} messages)"
 
 
 def _drop_kto_false(records: list[Record], col: str, source: str) -> list[Record]:
@@ -318,8 +327,9 @@ def load_rows(path: str, fmt: str = "auto", dataset: str | None = None,
     Raises DataError (one line: file, row, field) on the first bad row, unless
     ``skip_bad_rows`` (then counted in ``skipped``).
     """
-    records, source, schema = _open(path, fmt, dataset, split, seed)
+    records, source, schema, columns = _open(path, fmt, dataset, split, seed)
     schema = schema or _detect_schema(records, fmt, source)
+    check_columns(columns, *_schema_columns(schema))
     convert = (lambda r: _alpaca_row(r, schema)) if schema.kind == "alpaca" else (
         lambda r: _messages_row(r, schema))
     rows, skipped = _validate(records, source, skip_bad_rows, convert, schema.images)
@@ -361,12 +371,14 @@ def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
     with the chat template) and messages rows (prompt = all turns before the last
     assistant turn, answer = its content).
     """
-    records, source, schema = _open(path, fmt, dataset, split, seed)
+    records, source, schema, columns = _open(path, fmt, dataset, split, seed)
     first = next((r for _, r in records if isinstance(r, dict)), {})
     if schema is None and fmt == "auto" and "prompt" in first:
+        check_columns(columns, ["prompt"], "GRPO prompt rows")
         convert = lambda r: _prompt_row(r, "answer" in first)  # noqa: E731
     else:
         schema = schema or _detect_schema(records, fmt, source)
+        check_columns(columns, *_schema_columns(schema))
         convert = (lambda r: _alpaca_prompt(_alpaca_row(r, schema))) if schema.kind == "alpaca" \
             else (lambda r: _messages_prompt(_messages_row(r, schema)))
     rows, skipped = _validate(records, source, skip_bad_rows, convert, schema.images if schema else None)

@@ -2,7 +2,10 @@
 
 Sources (detected from the path):
 
-- a ``.json`` file holding a list of rows, or a ``.jsonl`` file (one row per line);
+- a file of rows: ``.json`` (a list of rows) or ``.jsonl`` (one row per line), either
+  compressed too (``.gz``, ``.bz2``, ``.xz``), ``.parquet``, ``.csv``/``.tsv``, ``.arrow`` or
+  ``.feather`` (`containers.py` reads each); a glob of such files or a folder of them (shards;
+  ``split`` picks the hub's ``train-*``/``test-*`` files);
 - a LLaMA-Factory ``dataset_info.json`` (the file, or a folder holding it) plus a
   ``dataset`` name; its entry gives ``file_name``, ``formatting`` (alpaca | sharegpt |
   openai), ``columns`` (with ``kto_tag``: rows tagged false are dropped), ``tags`` and
@@ -15,24 +18,22 @@ Sources (detected from the path):
 JSON and JSONL are parsed with the standard library, not ``datasets.load_dataset``: Arrow
 infers one type per column and would coerce or reject a bad row without saying which one,
 while here every error names the file and the row (for JSONL, the line number; for a JSON
-list or a saved dataset, the 1-based position).
+list, a table file or a saved dataset, the 1-based position; in shards, ``<n> of <file>``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.data.containers import SUPPORTED, Record, kind_of, read_shards, shard_files
 from rlkit.data.images import IMAGE_COLUMNS
-from rlkit.errors import DataError, parse_json, read_json
+from rlkit.errors import DataError, read_json
 
 log = logging.getLogger("rlkit")
-
-Record = tuple[int, Any]  # (row number as the user counts it, parsed row)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Records:
     records: list[Record]
     source: str
     entry: DatasetEntry | None = None
+    columns: dict[str, tuple[str, ...]] = field(default_factory=dict)  # each table file's columns
 
 
 MEDIA_COLUMNS = ("images", "videos", "audios")  # LLaMA-Factory's multimodal columns
@@ -69,9 +71,9 @@ def read_records(path: str, dataset: str | None = None, split: str | None = None
             return got
         drawn = sample_records(got.records, got.entry.num_samples, seed)
         log.info("%s: %d rows drawn from %d (num_samples, seed %d)", got.source, len(drawn), len(got.records), seed)
-        return Records(drawn, got.source, got.entry)
-    records, source = _read_container(path, split)
-    return Records(list(records), source)
+        return Records(drawn, got.source, got.entry, got.columns)
+    records, source, columns = _read_container(path, split)
+    return Records(list(records), source, columns=columns)
 
 
 def sample_records(records: list[Record], n: int, seed: int) -> list[Record]:
@@ -84,30 +86,6 @@ def sample_records(records: list[Record], n: int, seed: int) -> list[Record]:
     if n > len(records):
         idx += list(rng.choice(len(records), n - len(records)))
     return [records[i] for i in idx]
-
-
-def _read_json_file(path: str) -> Iterator[tuple[int, Any]]:
-    """Yield (row number, parsed row). JSONL row numbers are line numbers."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read file ({e})") from None
-    if path.endswith(".json") and not text.lstrip().startswith("{"):
-        yield from enumerate(parse_json(text, path, list, "a JSON list of rows", DataError), start=1)
-        return
-    # JSONL (a .json file starting with '{' is read as JSONL too).
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as e:
-            if lineno == 1 and path.endswith(".json"):  # a single pretty-printed object
-                raise DataError(f"{path}: expected a JSON list of rows or JSON lines") from None
-            raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
 
 
 def _is_saved_dataset(path: str) -> bool:
@@ -165,19 +143,25 @@ def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Rec
     if num is not None and (isinstance(num, bool) or not isinstance(num, int) or num < 1):
         raise DataError(f"{where}: num_samples must be a positive integer, got {num!r}")
     file_path = os.path.join(os.path.dirname(info_path), entry["file_name"])
-    records, source = _read_container(file_path, split)
-    return Records(list(records), source, DatasetEntry(where, formatting, columns, entry.get("tags"), num))
+    records, source, in_files = _read_container(file_path, split)
+    return Records(list(records), source, DatasetEntry(where, formatting, columns, entry.get("tags"), num), in_files)
 
 
-def _read_container(path: str, split: str | None) -> tuple[Iterator[tuple[int, Any]], str]:
+def _read_container(path: str, split: str | None) -> tuple[Iterator[Record], str, dict[str, tuple[str, ...]]]:
+    """The rows of a saved dataset, a file, a glob or a folder of files; the source to name in
+    messages; each table file's columns."""
     if _is_saved_dataset(path):
-        return _read_saved_dataset(path, split), path
-    if os.path.isdir(path):
-        raise DataError(f"{path}: folder is neither a saved dataset (save_to_disk) "
-                        "nor holds a dataset_info.json")
-    if not os.path.exists(path):
-        raise DataError(f"{path}: file not found")
-    if not path.endswith((".json", ".jsonl")):
-        raise DataError(f"{path}: unsupported file type (expected .json, .jsonl, a "
-                        "dataset_info.json, or a folder saved with datasets save_to_disk)")
-    return _read_json_file(path), path
+        return _read_saved_dataset(path, split), path, {}
+    files = shard_files(path, split)
+    if files is None:
+        if os.path.isdir(path):
+            raise DataError(f"{path}: folder is neither a saved dataset (save_to_disk) nor holds a "
+                            f"dataset_info.json or files of rows ({SUPPORTED})")
+        if not os.path.exists(path):
+            raise DataError(f"{path}: file not found")
+        if kind_of(path) is None:
+            raise DataError(f"{path}: unsupported file type (expected {SUPPORTED}, a dataset_info.json, "
+                            "a glob or folder of such files, or a folder saved with datasets save_to_disk)")
+        files = [path]
+    rows, columns = read_shards(files)
+    return rows, files[0] if len(files) == 1 else path, columns

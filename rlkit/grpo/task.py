@@ -78,8 +78,9 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     from rlkit.models import load_tokenizer
 
     tokenizer = load_tokenizer(model)
-    rows = load_prompts(data.train, data.format, data.dataset, data.skip_bad_rows, seed=seed).rows
-    eval_rows = load_prompts(data.eval, data.format, data.dataset, seed=seed).rows if data.eval else []
+    rows = load_prompts(data.train, data.format, data.dataset, data.skip_bad_rows, data.split, seed=seed).rows
+    eval_rows = load_prompts(data.eval, data.format, data.dataset, split=data.eval_split,
+                             seed=seed).rows if data.eval else []
     template = resolve_template(data.template, rows[0], tokenizer, data.train) if rows else data.template
     multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction)
     images = _image_inputs(model, tokenizer, ((data.train, rows), (data.eval, eval_rows)),

@@ -65,9 +65,9 @@ def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0, images: Im
 
     template, notes = data.template, []
 
-    def encode(path: str, skip_bad_rows: bool) -> tuple[list[dict], list[str | None]]:
+    def encode(path: str, skip_bad_rows: bool, split: str | None) -> tuple[list[dict], list[str | None]]:
         nonlocal template
-        loaded = load_rows(path, data.format, data.dataset, skip_bad_rows, seed=seed)
+        loaded = load_rows(path, data.format, data.dataset, skip_bad_rows, split, seed=seed)
         if loaded.rows and template == "auto":
             template = resolve_template(template, loaded.rows[0], tokenizer, loaded.source)
         lengths: list[int] = []
@@ -88,8 +88,8 @@ def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0, images: Im
         notes.extend([note] if note else [])
         return encoded, [r.get("difficulty") for r in loaded.rows]
 
-    train, difficulties = encode(data.train, data.skip_bad_rows)
-    held_out = encode(data.eval, False)[0] if data.eval else []
+    train, difficulties = encode(data.train, data.skip_bad_rows, data.split)
+    held_out = encode(data.eval, False, data.eval_split)[0] if data.eval else []
     return SFTData(train, difficulties, held_out, tokenizer.pad_token_id, template, notes, images)
 
 

@@ -21,7 +21,7 @@ def test_json_file_holding_json_lines_is_read(tmp_path):
     ("missing.json", None, "file not found"),
     ("bad.json", '[{"instruction": "q",', "line 1: invalid JSON"),
     ("bad.jsonl", json.dumps(ROWS[0]) + "\n{oops\n", "line 2: invalid JSON"),
-    ("data.csv", "a,b\n", "unsupported file type"),
+    ("data.xlsx", "a,b\n", "unsupported file type"),
     ("obj.json", '{"a": 1,\n "b": 2}', "expected a JSON list"),
 ])
 def test_file_errors_name_the_file(tmp_path, name, content, msg):

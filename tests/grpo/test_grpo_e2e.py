@@ -31,13 +31,15 @@ def _steps(run):
     return [r for r in _metrics(run) if "reward/mean" in r]
 
 
-def test_grpo_learns_and_final_policy_loads(sft_model, task_data, tmp_path):
+def test_grpo_learns_and_final_policy_loads(sft_model, task_data, task_containers, tmp_path):
+    """Prompts from the parquet copy of the task, held-out ones from its gzip JSONL copy."""
     from rlkit.grpo.run import run_grpo
 
     out = tmp_path / "grpo"
-    cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=24",
-                                                          "eval.every=12", "checkpoint.every=0",
-                                                          "curriculum.enabled=false", "rollout.sync_check_every=8"))
+    cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(
+        sft_model, task_data, out, "grpo.steps=24", "eval.every=12", "checkpoint.every=0", "curriculum.enabled=false",
+        "rollout.sync_check_every=8", f"data.train={task_containers['parquet']['grpo_train']}",
+        f"data.eval={task_containers['jsonl.gz']['grpo_eval']}"))
     final = run_grpo(cfg, GRPO_RECIPE)
     rows = _metrics(out)
     # The parity probe ran at the start and after every 8th sync; engine and learner agree to fp32 noise.

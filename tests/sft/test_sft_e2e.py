@@ -28,9 +28,12 @@ def _generate(model_dir, prompt="### 指令:\n计算\n\n### 输入:\n3+4=\n\n###
     return tok.decode(out[0, ids.input_ids.shape[1]:])
 
 
-def test_full_sft_learns_and_output_loads(ray_local, tiny_model, task_data, tmp_path):
+def test_full_sft_learns_and_output_loads(ray_local, tiny_model, task_data, task_containers, tmp_path):
+    """Trained from the CSV copy of the task, evaluated on its Arrow copy (the same rows as the JSONL:
+    tests/data/test_containers.py)."""
     final, out = _run(tiny_model, task_data, tmp_path / "full", "train.max_steps=60", "eval.every=30",
-                      "checkpoint.every=30")
+                      "checkpoint.every=30", f"data.train={task_containers['csv']['sft_train']}",
+                      f"data.eval={task_containers['arrow']['sft_eval']}")
     losses = eval_losses(out)
     assert losses[-1] < 0.5 * losses[0], f"eval loss did not fall enough: {losses}"
     assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
