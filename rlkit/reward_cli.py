@@ -147,7 +147,7 @@ def _rows(args: argparse.Namespace, data: dict[str, Any], need_completion: bool)
         raise UserError("--data: name the rows to score (or a --recipe whose data.train has them)")
     loaded = load_prompts(str(path), args.format or data.get("format") or "auto", args.dataset or data.get("dataset"),
                           split=None if args.data else data.get("split"))
-    rows = loaded.rows
+    rows = list(loaded.rows)  # edited below (completion)
     if not rows:
         raise UserError(f"{loaded.source}: no rows")
     if need_completion and "completion" not in rows[0]:

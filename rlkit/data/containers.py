@@ -18,7 +18,7 @@ import json
 import lzma
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,28 +117,34 @@ def _one_line(e: BaseException) -> str:
 
 
 def _json_rows(path: str, kind: str) -> Iterator[Record]:
-    """Yield (row number, parsed row). JSONL row numbers are line numbers; a .json file that
-    starts with '{' is read as JSONL too."""
+    """Yield (row number, parsed row). JSONL is read a line at a time and numbered by its lines; a
+    JSON file is parsed whole (a list of rows), or as JSONL when it starts with '{'."""
     opener = _COMPRESSED.get(os.path.splitext(path.lower())[1], open)
+    lineno = 0
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            text = f.read()
+            if kind == "JSON":
+                text = f.read()
+                if not text.lstrip().startswith("{"):
+                    yield from enumerate(parse_json(text, path, list, "a JSON list of rows", DataError), start=1)
+                    return
+                lines: Iterable[str] = text.splitlines()
+            else:
+                lines = f
+            for lineno, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(line)
+                except json.JSONDecodeError as e:
+                    if lineno == 1 and kind == "JSON":  # a single pretty-printed object
+                        raise DataError(f"{path}: expected a JSON list of rows or JSON lines") from None
+                    raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
     except (OSError, EOFError, UnicodeDecodeError, lzma.LZMAError) as e:
-        raise DataError(f"{path}: cannot read file ({_one_line(e)})") from None
-    if kind == "JSON" and not text.lstrip().startswith("{"):
-        yield from enumerate(parse_json(text, path, list, "a JSON list of rows", DataError), start=1)
-        return
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as e:
-            if lineno == 1 and kind == "JSON":  # a single pretty-printed object
-                raise DataError(f"{path}: expected a JSON list of rows or JSON lines") from None
-            raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
+        where = f" after line {lineno}" if lineno else ""
+        raise DataError(f"{path}: cannot read file{where} ({_one_line(e)})") from None
 
 
 def shard_files(path: str, split: str | None) -> list[str] | None:

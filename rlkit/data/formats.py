@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,7 +26,8 @@ from rlkit.data.images import (
     count_placeholders,
     row_images,
 )
-from rlkit.data.sources import MEDIA_COLUMNS, DatasetEntry, Record, read_records
+from rlkit.data.sources import MEDIA_COLUMNS, DatasetEntry, Peeked, Record, drop_kto_false, read_records
+from rlkit.data.store import PackedRows
 from rlkit.data.templates import render_alpaca, row_turns
 from rlkit.errors import DataError
 
@@ -48,9 +50,10 @@ _TOOL_ROLES = ("tool", "function", "function_call", "observation", "ipython")
 
 @dataclass(frozen=True)
 class LoadedRows:
-    """Validated rows. kind: 'alpaca' | 'messages' | 'prompts'; skipped: bad rows dropped."""
+    """Validated rows (packed: indexing gives a copy; ``list(rows)`` to edit them). kind: 'alpaca' |
+    'messages' | 'prompts'; skipped: bad rows dropped."""
 
-    rows: list[dict[str, Any]]
+    rows: Sequence[dict[str, Any]]
     kind: str
     skipped: int
     source: str
@@ -111,17 +114,17 @@ def _entry_schema(entry: DatasetEntry, fmt: str) -> _Schema:
 
 
 def _open(path: str, fmt: str, dataset: str | None, split: str | None,
-          seed: int = 0) -> tuple[list[Record], str, _Schema | None, dict[str, tuple[str, ...]]]:
-    """Read all records; the schema is known for dataset_info entries, else None; each table
-    file's columns. Rows a KTO tag marks false are dropped here (a count goes to the log)."""
+          seed: int = 0) -> tuple[Peeked, str, _Schema | None, dict[str, tuple[str, ...]]]:
+    """The records, to be read once; the schema is known for dataset_info entries, else None; each
+    table file's columns. Rows a KTO tag marks false are dropped (a count goes to the log)."""
     if fmt not in ROW_FORMATS:
         raise DataError(f"{path}: unknown format {fmt!r} (expected one of {', '.join(ROW_FORMATS)})")
     got = read_records(path, dataset, split, seed)
     schema = _entry_schema(got.entry, fmt) if got.entry else None
     records = got.records
     if schema is not None and schema.kto_tag:
-        records = _drop_kto_false(records, schema.kto_tag, got.source)
-    return records, got.source, schema, got.columns
+        records = drop_kto_false(records, schema.kto_tag, got.source)
+    return Peeked(records), got.source, schema, got.columns
 
 
 def _schema_columns(schema: _Schema) -> tuple[list[str], str]:
@@ -131,31 +134,12 @@ def _schema_columns(schema: _Schema) -> tuple[list[str], str]:
     return [schema.columns["messages"]], f"chat rows ({schema.columns['messages']!r} messages)"
 
 
-def _drop_kto_false(records: list[Record], col: str, source: str) -> list[Record]:
-    """LLaMA-Factory's KTO data tags each response desirable (true) or not (false): a false one
-    must not become a target (nor a GRPO gold). A row without the tag is kept, as there."""
-    kept = []
-    for n, rec in records:
-        tag = rec.get(col) if isinstance(rec, dict) else None
-        if tag is not None and not isinstance(tag, bool):
-            raise DataError(f"{source}: row {n}: field {col!r} (kto_tag) is {type(tag).__name__} "
-                            "(expected true or false)")
-        if tag is not False:
-            kept.append((n, rec))
-    if len(kept) < len(records):
-        log.warning("%s: dropped %d of %d rows tagged %s=false (KTO's undesirable responses are not "
-                    "training targets)", source, len(records) - len(kept), len(records), col)
-    if not kept:
-        raise DataError(f"{source}: every row is tagged {col}=false (KTO's undesirable responses); nothing to train on")
-    return kept
-
-
-def _detect_schema(records: list[Record], fmt: str, source: str) -> _Schema:
+def _detect_schema(records: Peeked, fmt: str, source: str) -> _Schema:
     if fmt == "alpaca":
         return _Schema("alpaca", dict(ALPACA_COLUMNS))
     if fmt in ("messages", "sharegpt"):
         return _messages_schema(fmt)
-    first = next((r for _, r in records if isinstance(r, dict)), None)
+    first = records.first
     if first is None:
         raise DataError(f"{source}: no rows")
     if "messages" in first:
@@ -164,7 +148,7 @@ def _detect_schema(records: list[Record], fmt: str, source: str) -> _Schema:
         return _messages_schema("sharegpt")
     if "instruction" in first or "output" in first:
         return _Schema("alpaca", dict(ALPACA_COLUMNS))
-    raise DataError(f"{source}: row {records[0][0]}: cannot tell the format (expected "
+    raise DataError(f"{source}: row {records.head[0][0]}: cannot tell the format (expected "
                     "'instruction'/'output', 'messages' or 'conversations'; set fmt)")
 
 
@@ -294,9 +278,10 @@ def _messages_row(row: dict, schema: _Schema) -> dict[str, Any]:
     return out
 
 
-def _validate(records: list[Record], source: str, skip_bad_rows: bool,
-              convert, images: str | None = None) -> tuple[list[dict[str, Any]], int]:
-    rows, skipped, first_err = [], 0, None
+def _validate(records: Iterable[Record], source: str, skip_bad_rows: bool,
+              convert, images: str | None = None) -> tuple[PackedRows, int]:
+    """Each record checked and converted as it is read, kept packed (`PackedRows`)."""
+    rows, skipped, first_err = PackedRows(), 0, None
     base_dir = source if os.path.isdir(source) else os.path.dirname(source)  # relative image paths start here
     for n, rec in records:
         try:
@@ -372,7 +357,7 @@ def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
     assistant turn, answer = its content).
     """
     records, source, schema, columns = _open(path, fmt, dataset, split, seed)
-    first = next((r for _, r in records if isinstance(r, dict)), {})
+    first = records.first or {}
     if schema is None and fmt == "auto" and "prompt" in first:
         check_columns(columns, ["prompt"], "GRPO prompt rows")
         convert = lambda r: _prompt_row(r, "answer" in first)  # noqa: E731

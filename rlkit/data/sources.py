@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,9 +49,10 @@ class DatasetEntry:
 
 @dataclass(frozen=True)
 class Records:
-    """All records of a source; `entry` is set when they come through a dataset_info.json."""
+    """The records of a source, read as they are iterated (once); `entry` is set when they come
+    through a dataset_info.json."""
 
-    records: list[Record]
+    records: Iterable[Record]
     source: str
     entry: DatasetEntry | None = None
     columns: dict[str, tuple[str, ...]] = field(default_factory=dict)  # each table file's columns
@@ -69,11 +70,54 @@ def read_records(path: str, dataset: str | None = None, split: str | None = None
         got = _read_dataset_info(path, dataset, split)
         if got.entry.num_samples is None:
             return got
-        drawn = sample_records(got.records, got.entry.num_samples, seed)
-        log.info("%s: %d rows drawn from %d (num_samples, seed %d)", got.source, len(drawn), len(got.records), seed)
+        every = list(got.records)
+        drawn = sample_records(every, got.entry.num_samples, seed)
+        log.info("%s: %d rows drawn from %d (num_samples, seed %d)", got.source, len(drawn), len(every), seed)
         return Records(drawn, got.source, got.entry, got.columns)
     records, source, columns = _read_container(path, split)
-    return Records(list(records), source, columns=columns)
+    return Records(records, source, columns=columns)
+
+
+class Peeked:
+    """Records read as they are iterated, the first ones (up to the first object) read ahead:
+    the format is told from the first row before the rest is read."""
+
+    def __init__(self, records: Iterable[Record]) -> None:
+        self._rest = iter(records)
+        self.head: list[Record] = []
+        for rec in self._rest:
+            self.head.append(rec)
+            if isinstance(rec[1], dict):
+                break
+
+    @property
+    def first(self) -> dict | None:
+        """The first row that is an object (None: there is none)."""
+        return self.head[-1][1] if self.head and isinstance(self.head[-1][1], dict) else None
+
+    def __iter__(self) -> Iterator[Record]:
+        yield from self.head
+        yield from self._rest
+
+
+def drop_kto_false(records: Iterable[Record], col: str, source: str) -> Iterator[Record]:
+    """LLaMA-Factory's KTO data tags each response desirable (true) or not (false): a false one
+    must not become a target (nor a GRPO gold). A row without the tag is kept, as there."""
+    kept = total = 0
+    for n, rec in records:
+        total += 1
+        tag = rec.get(col) if isinstance(rec, dict) else None
+        if tag is not None and not isinstance(tag, bool):
+            raise DataError(f"{source}: row {n}: field {col!r} (kto_tag) is {type(tag).__name__} "
+                            "(expected true or false)")
+        if tag is not False:
+            kept += 1
+            yield n, rec
+    if kept < total:
+        log.warning("%s: dropped %d of %d rows tagged %s=false (KTO's undesirable responses are not "
+                    "training targets)", source, total - kept, total, col)
+    if not kept:
+        raise DataError(f"{source}: every row is tagged {col}=false (KTO's undesirable responses); nothing to train on")
 
 
 def sample_records(records: list[Record], n: int, seed: int) -> list[Record]:
@@ -144,7 +188,7 @@ def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Rec
         raise DataError(f"{where}: num_samples must be a positive integer, got {num!r}")
     file_path = os.path.join(os.path.dirname(info_path), entry["file_name"])
     records, source, in_files = _read_container(file_path, split)
-    return Records(list(records), source, DatasetEntry(where, formatting, columns, entry.get("tags"), num), in_files)
+    return Records(records, source, DatasetEntry(where, formatting, columns, entry.get("tags"), num), in_files)
 
 
 def _read_container(path: str, split: str | None) -> tuple[Iterator[Record], str, dict[str, tuple[str, ...]]]:

@@ -103,6 +103,9 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     return task
 
 
+_CHECK_CHUNK = 4096  # prompts rendered and tokenised at a time before launch
+
+
 def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> None:
     """Render every prompt, and fit it in the engines' `rollout.max_model_len`, before launch: a
     chat template that refuses a row (a system turn it does not take, turns that do not alternate)
@@ -116,22 +119,25 @@ def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> No
 
     cut = 0
     for source, rows in sources:
-        texts = []
-        for n, row in enumerate(rows, 1):
-            try:
-                texts.append(task.render(row))
-            except TemplateError as e:
-                raise DataError(f"{source}: prompt {n}: the tokenizer's chat template refuses it ({e}); fix the row, "
-                                "or set data.template: alpaca") from None
-        if rollout is None or not texts:
-            continue
-        for n, ids in enumerate(task.tokenizer(texts).input_ids, 1):  # one batch: the fast tokenizer's threads
-            row = rows[n - 1]  # a row with images: its marks as the engines expand them into image tokens
-            length = len(task.images.encode(texts[n - 1], row["images"])) if row.get("images") else len(ids)
-            if length >= rollout.max_model_len:
-                raise ConfigError(f"{source}: prompt {n} is {length} tokens, the engines hold {rollout.max_model_len} "
-                                  "with its completion: raise it, or shorten or drop the row", "rollout.max_model_len")
-            cut += length + rollout.max_tokens > rollout.max_model_len
+        for start in range(0, len(rows), _CHECK_CHUNK):  # a chunk at a time: a large file's texts are not all held
+            chunk = rows[start:start + _CHECK_CHUNK]
+            texts = []
+            for n, row in enumerate(chunk, start + 1):
+                try:
+                    texts.append(task.render(row))
+                except TemplateError as e:
+                    raise DataError(f"{source}: prompt {n}: the tokenizer's chat template refuses it ({e}); fix the "
+                                    "row, or set data.template: alpaca") from None
+            if rollout is None or not texts:
+                continue
+            for n, ids in enumerate(task.tokenizer(texts).input_ids, start + 1):  # the fast tokenizer's threads
+                row = chunk[n - 1 - start]  # a row with images: its marks as the engines expand them into image tokens
+                length = len(task.images.encode(texts[n - 1 - start], row["images"])) if row.get("images") else len(ids)
+                if length >= rollout.max_model_len:
+                    raise ConfigError(f"{source}: prompt {n} is {length} tokens, the engines hold "
+                                      f"{rollout.max_model_len} with its completion: raise it, or shorten or drop the "
+                                      "row", "rollout.max_model_len")
+                cut += length + rollout.max_tokens > rollout.max_model_len
     if cut:
         logging.getLogger("rlkit").warning(
             "%d prompts leave less than rollout.max_tokens (%d) of rollout.max_model_len (%d): their completions end "

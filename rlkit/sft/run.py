@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,12 +41,13 @@ log = logging.getLogger("rlkit")
 
 @dataclass
 class SFTData:
-    """Tokenised rows: train samples with their difficulty, held-out samples, the pad id, the
-    template they were rendered with (`data.template`, `auto` resolved)."""
+    """Tokenised rows: train samples with their difficulty, held-out samples (each a compact
+    `TokenRows`: indexing gives a sample's lists), the pad id, the template they were rendered
+    with (`data.template`, `auto` resolved)."""
 
-    train: list[dict]
+    train: Sequence[dict]
     difficulties: list[str | None]
-    eval: list[dict]
+    eval: Sequence[dict]
     pad_id: int
     template: str = "alpaca"
     notes: list[str] = field(default_factory=list)  # lines for the console before training
@@ -60,19 +62,21 @@ def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0, images: Im
 
     from rlkit.data.collate import encode_sft
     from rlkit.data.formats import load_rows
+    from rlkit.data.store import TokenRows
     from rlkit.data.templates import resolve_template
     from rlkit.errors import DataError
 
     template, notes = data.template, []
 
-    def encode(path: str, skip_bad_rows: bool, split: str | None) -> tuple[list[dict], list[str | None]]:
+    def encode(path: str, skip_bad_rows: bool, split: str | None) -> tuple[TokenRows, list[str | None]]:
         nonlocal template
         loaded = load_rows(path, data.format, data.dataset, skip_bad_rows, split, seed=seed)
         if loaded.rows and template == "auto":
             template = resolve_template(template, loaded.rows[0], tokenizer, loaded.source)
         lengths: list[int] = []
-        encoded = []
+        encoded, difficulties = TokenRows(), []
         for n, row in enumerate(loaded.rows, 1):
+            difficulties.append(row.get("difficulty"))
             if data.packing and row.get("images"):
                 raise DataError(f"{loaded.source}: row {n} has images, and rows with images are not packed (the "
                                 "image features follow the rows): set data.packing: false")
@@ -86,10 +90,10 @@ def load_sft_data(data: SFTDataConfig, tokenizer: Any, seed: int = 0, images: Im
                 raise DataError(f"{loaded.source}: row {n}: {e}") from None
         note = report_truncation(loaded.source, lengths, data.cutoff_len)
         notes.extend([note] if note else [])
-        return encoded, [r.get("difficulty") for r in loaded.rows]
+        return encoded, difficulties
 
     train, difficulties = encode(data.train, data.skip_bad_rows, data.split)
-    held_out = encode(data.eval, False, data.eval_split)[0] if data.eval else []
+    held_out = encode(data.eval, False, data.eval_split)[0] if data.eval else TokenRows()
     return SFTData(train, difficulties, held_out, tokenizer.pad_token_id, template, notes, images)
 
 
