@@ -101,7 +101,7 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any, demands: Sequence[
     before anything starts; `started`: the stage's own check once Ray is up (GRPO: the teacher's node)."""
     from rlkit.engine.cluster import check_resources
     from rlkit.engine.group import LearnerGroup
-    from rlkit.engine.placement import start_ray
+    from rlkit.engine.placement import start_ray, stop_ray
 
     started_ray = start_ray(cfg.ray, device, Path(cfg.output_dir) / "logs")
     group = None
@@ -115,9 +115,7 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any, demands: Sequence[
         if group is not None:
             group.shutdown()
         if started_ray:
-            import ray
-
-            ray.shutdown()
+            stop_ray()
 
 
 def learner_demand(cfg: Any, num_learners: int, device: Any, key: str) -> Demand:

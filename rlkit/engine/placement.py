@@ -6,11 +6,13 @@ Learners (`group.py`) and rollout engines (`engines.py`) are placed through thes
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlkit.accel import CPU_KERNEL_CACHE_ENV, CPU_MALLOC_ENV, DeviceInfo
 from rlkit.config import RayConfig
+from rlkit.engine import reaper
 from rlkit.errors import UserError
 
 # Variables every actor gets (vLLM reads VLLM_* at import; one OpenMP thread per process on CPU).
@@ -28,8 +30,8 @@ def worker_env(device: DeviceInfo, extra: dict[str, str] | None = None) -> dict[
 
 
 def start_ray(cfg: RayConfig, device: DeviceInfo, log_dir: Path | None = None) -> bool:
-    """Attach to `cfg.address` or start a local instance. Returns True if rlkit started it.
-    With a quiet console (the CLI, see `rlkit.console`) the actors' output goes to `log_dir`."""
+    """Attach to `cfg.address` or start a local instance (watched: `stop_ray`). Returns True if
+    rlkit started it. With a quiet console (the CLI, see `rlkit.console`) the actors' output goes to `log_dir`."""
     import ray
 
     from rlkit import console
@@ -50,10 +52,33 @@ def start_ray(cfg: RayConfig, device: DeviceInfo, log_dir: Path | None = None) -
         except (ConnectionError, RuntimeError) as e:
             raise UserError(_join_error(address, e), "ray.address") from None
     else:
-        ray.init(num_cpus=cfg.num_cpus or max(os.cpu_count() or 1, 4), include_dashboard=False, **common)
+        global _STOP_WATCHER
+        _STOP_WATCHER = reaper.watch()  # before Ray starts: its processes inherit the run's mark
+        try:
+            ray.init(num_cpus=cfg.num_cpus or max(os.cpu_count() or 1, 4), include_dashboard=False, **common)
+        except BaseException:
+            stop_ray()
+            raise
     if quiet:
         console.quiet_driver()  # what Ray's start added
     return not address
+
+
+_STOP_WATCHER: Callable[[], None] | None = None
+
+
+def stop_ray() -> None:
+    """Shut down the Ray instance `start_ray` started, then end whatever of it is still running
+    (the watcher of `rlkit.engine.reaper`, which also does so if this process dies first)."""
+    global _STOP_WATCHER
+    import ray
+
+    try:
+        ray.shutdown()
+    finally:
+        stop, _STOP_WATCHER = _STOP_WATCHER, None
+        if stop is not None:
+            stop()
 
 
 def _beside_job(env: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,160 @@
+"""Nothing of a run outlives its driver, however the driver dies.
+
+When rlkit starts a local Ray instance, the driver first marks its environment with a token of
+its own (`RLKIT_RUN_TOKEN`), which Ray's services, its workers and the processes they start
+(vLLM's) inherit, and starts a small watcher process in a session of its own. The watcher notes
+the driver's descendants started since, every second (Ray's dashboard and runtime-env agents
+do not inherit the driver's environment, and outlive a killed driver by a minute or more), and
+waits on a pipe from the driver. The pipe closes when the driver is done with Ray (`stop()`,
+after `ray.shutdown()`): the watcher ends what still carries the token; or when the driver dies
+by any signal, SIGKILL included (an out-of-memory killer, a scheduler's hard stop): the watcher
+ends that and every descendant it noted (SIGTERM, then SIGKILL after a grace period). A run that
+joins a cluster (`ray.address`) starts no watcher: the cluster's processes are not the run's.
+
+    python -m rlkit.engine.reaper TOKEN DRIVER_PID   (started by `watch`, not by hand)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+TOKEN_ENV = "RLKIT_RUN_TOKEN"
+GRACE_S = 3.0  # SIGTERM, then SIGKILL for what is still there after this
+STOP = b"stop\n"
+
+
+def watch() -> Callable[[], None]:
+    """Mark this process's environment with a fresh token and start the watcher; returns `stop`,
+    which ends what still carries the token, waits for the watcher and removes the mark."""
+    token = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "rlkit.engine.reaper", token, str(os.getpid())],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True, close_fds=True)
+    os.environ[TOKEN_ENV] = token
+
+    def stop() -> None:
+        if os.environ.get(TOKEN_ENV) == token:
+            del os.environ[TOKEN_ENV]
+        try:
+            proc.stdin.write(STOP)  # the driver is done with Ray (a pipe closed without it: the driver died)
+            proc.stdin.close()
+            proc.wait(timeout=GRACE_S + 10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return stop
+
+
+def carrying(token: str) -> list[int]:
+    """Pids of the processes whose environment holds ``RLKIT_RUN_TOKEN=token`` (this one excluded)."""
+    mark = f"{TOKEN_ENV}={token}".encode()
+    me = os.getpid()
+    if not os.path.isdir("/proc"):
+        return _carrying_psutil(token)
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    out.append(int(pid))
+        except OSError:  # gone, or not ours to read
+            continue
+    return out
+
+
+def _carrying_psutil(token: str) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(TOKEN_ENV) == token:
+                out.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def descendants(pid: int, since: float) -> dict[int, float]:
+    """The processes below `pid` started at or after `since` (epoch seconds): {pid: start time}."""
+    import psutil
+
+    out = {}
+    try:
+        for p in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if p.pid != os.getpid() and p.create_time() >= since:
+                    out[p.pid] = p.create_time()
+    except psutil.Error:  # the driver is gone
+        pass
+    return out
+
+
+def _alive(noted: dict[int, float]) -> list[int]:
+    """The noted processes still running (the same process: its start time matches)."""
+    import psutil
+
+    out = []
+    for pid, started in noted.items():
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).create_time() == started:
+                out.append(pid)
+    return out
+
+
+def end(token: str, noted: dict[int, float] | None = None, grace_s: float = GRACE_S) -> int:
+    """SIGTERM every process carrying the token (and the `noted` ones still running), SIGKILL what
+    is left after `grace_s`; how many there were."""
+    def left() -> list[int]:
+        return sorted(set(carrying(token)) | set(_alive(noted or {})))
+
+    pids = left()
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    remaining = pids
+    while remaining and time.monotonic() < deadline:
+        time.sleep(0.1)
+        remaining = left()
+    for pid in remaining:
+        _signal(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):  # already gone
+        os.kill(pid, sig)
+
+
+def main(argv: list[str]) -> int:
+    import select
+
+    token, driver, since = argv[0], int(argv[1]), time.time() - 1.0
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the driver: the watcher still cleans up
+    noted: dict[int, float] = {}
+    said = b""
+    while True:  # until the driver closes the pipe or dies: a read returns b"" then
+        noted.update(descendants(driver, since))
+        try:
+            ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+            got = os.read(sys.stdin.fileno(), 4096) if ready else None
+        except OSError:
+            got = b""
+        if got == b"":
+            break
+        said += got or b""
+    end(token, None if STOP in said else noted)  # a driver that died: everything it started goes
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
