@@ -69,4 +69,9 @@ def test_the_demo_and_the_first_run_raise_held_out_accuracy(tmp_path):
     res = run_rlkit(command_on("docs/getting-started.md", "rlkit export"), tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "tiny-sft-step1200" / "config.json").is_file()
-    assert seconds < 20 * 60
+    # the time the README and the getting-started page state for the demo is kept honest
+    for page in ("README.md", "docs/getting-started.md"):
+        said = re.search(r"It takes about \w+\s+minutes on two cores \((\d+) s measured", (ROOT / page).read_text())
+        stated = int(said[1])
+        assert seconds < 2 * stated, (f"{page} says the demo takes {stated} s; it took {seconds:.0f} s here: measure "
+                                      "`rlkit demo` alone and say so")
