@@ -5,8 +5,9 @@ tokenised SFT samples (`TokenRows`: 5 bytes a token instead of Python lists).
 A sample's ``input_ids`` go into one flat int32 array and which of them are targets into a byte
 array (a label is the token itself or -100: ``encode_sft``'s rule); samples are cut out by
 offsets when a batch is made. A list of Python ints costs about 36 bytes a token (a pointer and
-an int object) for the ids and as much again for the labels: 1M rows of 250 tokens were 17 GB
-before the first step, and are 1.25 GB here. Anything else a sample carries (its images), or
+an int object) for the ids and as much again for the labels: SFT on 1M rows (a 0.9 GiB JSONL
+file) held 12.2 GiB before the first step, and holds 2.5 GiB here (`scripts/bench_data.py`).
+Anything else a sample carries (its images), or
 labels outside that rule, is kept as given, for that sample only.
 """
 
@@ -21,20 +22,14 @@ from typing import Any, overload
 IGNORE_INDEX = -100
 
 
-class PackedRows(Sequence[dict[str, Any]]):
-    """Append-only rows, each pickled into one growing buffer; indexing unpickles a fresh copy (a
-    change to it is not kept: copy the rows out with ``list()`` to edit them). Equal to a list of
-    the same rows. A 1 GB JSONL file of 1M rows held 4.3 GB as dicts, and about 1 GB here."""
+class _Cut(Sequence[dict[str, Any]]):
+    """Items cut out of flat storage at the offsets `_ends` (the first is 0); `_item(i)` makes one."""
 
-    def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
-        self._buf = bytearray()
-        self._ends = array("q", [0])
-        for r in rows:
-            self.append(r)
+    _ends: array
+    _kind = "item"
 
-    def append(self, row: dict[str, Any]) -> None:
-        self._buf += pickle.dumps(row, protocol=pickle.HIGHEST_PROTOCOL)
-        self._ends.append(len(self._buf))
+    def _item(self, i: int) -> dict[str, Any]:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return len(self._ends) - 1
@@ -47,15 +42,35 @@ class PackedRows(Sequence[dict[str, Any]]):
 
     def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
         if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
+            return [self._item(k) for k in range(*i.indices(len(self)))]
         n = len(self)
         if not -n <= i < n:
-            raise IndexError(f"row {i} of {n}")
-        i %= n
-        return pickle.loads(self._buf[self._ends[i]:self._ends[i + 1]])
+            raise IndexError(f"{self._kind} {i} of {n}")
+        return self._item(i % n)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return (self[k] for k in range(len(self)))
+        return (self._item(k) for k in range(len(self)))
+
+
+class PackedRows(_Cut):
+    """Append-only rows, each pickled into one growing buffer; indexing unpickles a fresh copy (a
+    change to it is not kept: copy the rows out with ``list()`` to edit them). Equal to a list of
+    the same rows. A 0.9 GiB JSONL file of 1M rows held 4.4 GiB as dicts, and 0.94 GiB here."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
+        self._buf = bytearray()
+        self._ends = array("q", [0])
+        for r in rows:
+            self.append(r)
+
+    def append(self, row: dict[str, Any]) -> None:
+        self._buf += pickle.dumps(row, protocol=pickle.HIGHEST_PROTOCOL)
+        self._ends.append(len(self._buf))
+
+    _kind = "row"
+
+    def _item(self, i: int) -> dict[str, Any]:
+        return pickle.loads(self._buf[self._ends[i]:self._ends[i + 1]])
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (PackedRows, list, tuple)):
@@ -77,7 +92,7 @@ class PackedRows(Sequence[dict[str, Any]]):
         return len(self._buf) + self._ends.itemsize * len(self._ends)
 
 
-class TokenRows(Sequence[dict[str, Any]]):
+class TokenRows(_Cut):
     """Append-only samples ``{"input_ids": [...], "labels": [...], ...}``; indexing gives them back
     as lists (a slice gives a list of samples)."""
 
@@ -103,31 +118,15 @@ class TokenRows(Sequence[dict[str, Any]]):
         self._target.frombytes(target)
         self._ends.append(len(self._ids))
 
-    def __len__(self) -> int:
-        return len(self._ends) - 1
+    _kind = "sample"
 
-    @overload
-    def __getitem__(self, i: int) -> dict[str, Any]: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
-
-    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"sample {i} of {n}")
-        i %= n
+    def _item(self, i: int) -> dict[str, Any]:
         start, end = self._ends[i], self._ends[i + 1]
         ids = self._ids[start:end].tolist()
         out = {"input_ids": ids,
                "labels": [t if m else IGNORE_INDEX for t, m in zip(ids, self._target[start:end])]}
         out.update(self._extra.get(i, {}))
         return out
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return (self[k] for k in range(len(self)))
 
     def lengths(self) -> Sequence[int]:
         """Each sample's token count."""
