@@ -99,18 +99,16 @@ def left_running(tag: str, wait_s: float = 20.0) -> list[str]:
     ended (none: everything it started has exited)."""
     import time
 
-    marker = f"RLKIT_TEST_RUN={tag}".encode()
+    from rlkit.engine.reaper import carrying
+
     deadline = time.monotonic() + wait_s
     while True:
         found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
+        for pid in carrying(tag, "RLKIT_TEST_RUN"):
             try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     found.append(f"{pid}: " + f.read().replace(b"\0", b" ").decode(errors="replace")[:200])
-            except OSError:
+            except OSError:  # gone meanwhile
                 continue
         if not found or time.monotonic() > deadline:
             return found

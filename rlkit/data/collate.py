@@ -16,10 +16,9 @@ from typing import Any
 import torch
 
 from rlkit.data.images import ImageInputs
+from rlkit.data.store import IGNORE_INDEX
 from rlkit.data.templates import render_sft, sft_turns
 from rlkit.errors import DataError
-
-IGNORE_INDEX = -100
 
 
 def truncate_lengths(prompt_len: int, response_len: int, cutoff_len: int) -> tuple[int, int]:

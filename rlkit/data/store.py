@@ -7,8 +7,8 @@ array (a label is the token itself or -100: ``encode_sft``'s rule); samples are 
 offsets when a batch is made. A list of Python ints costs about 36 bytes a token (a pointer and
 an int object) for the ids and as much again for the labels: SFT on 1M rows (a 0.9 GiB JSONL
 file) held 12.2 GiB before the first step, and holds 2.5 GiB here (`scripts/bench_data.py`).
-Anything else a sample carries (its images), or
-labels outside that rule, is kept as given, for that sample only.
+Anything else a sample carries (its images), or labels outside that rule, is kept as given, for
+that sample only.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ class PackedRows(_Cut):
     change to it is not kept: copy the rows out with ``list()`` to edit them). Equal to a list of
     the same rows. A 0.9 GiB JSONL file of 1M rows held 4.4 GiB as dicts, and 0.94 GiB here."""
 
+    _kind = "row"
+
     def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
         self._buf = bytearray()
         self._ends = array("q", [0])
@@ -66,8 +68,6 @@ class PackedRows(_Cut):
     def append(self, row: dict[str, Any]) -> None:
         self._buf += pickle.dumps(row, protocol=pickle.HIGHEST_PROTOCOL)
         self._ends.append(len(self._buf))
-
-    _kind = "row"
 
     def _item(self, i: int) -> dict[str, Any]:
         return pickle.loads(self._buf[self._ends[i]:self._ends[i + 1]])

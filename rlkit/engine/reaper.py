@@ -52,12 +52,12 @@ def watch() -> Callable[[], None]:
     return stop
 
 
-def carrying(token: str) -> list[int]:
-    """Pids of the processes whose environment holds ``RLKIT_RUN_TOKEN=token`` (this one excluded)."""
-    mark = f"{TOKEN_ENV}={token}".encode()
+def carrying(token: str, name: str = TOKEN_ENV) -> list[int]:
+    """Pids of the processes whose environment holds ``name=token`` (this one excluded)."""
+    mark = f"{name}={token}".encode()
     me = os.getpid()
     if not os.path.isdir("/proc"):
-        return _carrying_psutil(token)
+        return _carrying_psutil(token, name)
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         if int(pid) == me:
@@ -71,13 +71,13 @@ def carrying(token: str) -> list[int]:
     return out
 
 
-def _carrying_psutil(token: str) -> list[int]:
+def _carrying_psutil(token: str, name: str) -> list[int]:
     import psutil
 
     out = []
     for p in psutil.process_iter():
         try:
-            if p.pid != os.getpid() and p.environ().get(TOKEN_ENV) == token:
+            if p.pid != os.getpid() and p.environ().get(name) == token:
                 out.append(p.pid)
         except (psutil.Error, OSError):
             continue

@@ -130,9 +130,10 @@ def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> No
                                     "row, or set data.template: alpaca") from None
             if rollout is None or not texts:
                 continue
-            for n, ids in enumerate(task.tokenizer(texts).input_ids, start + 1):  # the fast tokenizer's threads
-                row = chunk[n - 1 - start]  # a row with images: its marks as the engines expand them into image tokens
-                length = len(task.images.encode(texts[n - 1 - start], row["images"])) if row.get("images") else len(ids)
+            tokenized = task.tokenizer(texts).input_ids  # one batch: the fast tokenizer's threads
+            for n, (row, text, ids) in enumerate(zip(chunk, texts, tokenized), start + 1):
+                # a row with images: its marks as the engines expand them into image tokens
+                length = len(task.images.encode(text, row["images"])) if row.get("images") else len(ids)
                 if length >= rollout.max_model_len:
                     raise ConfigError(f"{source}: prompt {n} is {length} tokens, the engines hold "
                                       f"{rollout.max_model_len} with its completion: raise it, or shorten or drop the "

@@ -157,9 +157,7 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
                                   "**kwargs)` returning one float per completion (its constructor takes `args`; "
                                   "an optional `setup()` runs once before the first call)")
     else:
-        call, fn_args = obj, spec.args
-    if not callable(call):  # e.g. a class whose __call__ is None
-        raise _err(key, spec, f"{attr!r} is not callable")
+        call, fn_args = obj, spec.args  # `_find` checked it is callable
     setup = _setup(call, attr, spec, key)
     named, var_kw = _check_signature(call, attr, fn_args, columns, spec, key)
     name = spec.name or _default_name(obj, attr)
@@ -185,12 +183,14 @@ def _setup(call: Any, attr: str, spec: RewardSpec, key: str) -> Callable[[], Any
     if not callable(setup):
         return None
     try:
-        inspect.signature(setup).bind()
-    except TypeError:
-        raise _err(key, spec, f"{attr}.setup{inspect.signature(setup)} takes arguments, but setup() is called with "
-                              "none; pass what it needs through `args` (to the constructor)") from None
+        sig = inspect.signature(setup)
     except ValueError:  # no signature to read (a builtin): trust it
-        pass
+        return setup
+    try:
+        sig.bind()
+    except TypeError:
+        raise _err(key, spec, f"{attr}.setup{sig} takes arguments, but setup() is called with none; pass what it "
+                              "needs through `args` (to the constructor)") from None
     return setup
 
 
