@@ -74,3 +74,52 @@ def sequence_bounds(model: Any, position_ids: Tensor) -> dict[str, Any]:
     if implementation == PACKED_SDPA:  # every layer reads them as ints: on the host, not a device sync per layer
         bounds = bounds.cpu()
     return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+
+
+# transformers' layer types that carry a state from one position to the next (Gated DeltaNet,
+# Mamba, short convolutions, attention beside a state); "mamba" is their older name
+STATE_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba")
+
+
+def carried_state(config: Any) -> str | None:
+    """What in a model (its transformers `config`) carries a state from token to token, in words
+    (`linear_attention layers`), or None for a model of attention layers only. A packed row would
+    hand that state from one sequence to the next: transformers passes the sequences' bounds to its
+    attention, and its reference kernels for these layers (what runs without fla/causal-conv1d
+    kernels, the CPU always) ignore them. From the config's `layer_types`, else transformers' own
+    `_is_stateful` mark on the model class (Mamba, Jamba, Falcon-H1, Zamba, RWKV, ...)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = sorted({kind for kind in getattr(text, "layer_types", None) or () if kind in STATE_LAYER_TYPES})
+    if kinds:
+        return f"{' and '.join(kinds)} layers"
+    return f"{config.model_type}'s recurrent layers" if _stateful_class(config) else None
+
+
+def _stateful_class(config: Any) -> bool:
+    """transformers' `_is_stateful` on the model class `config` names (its `architectures`, else
+    the causal-LM class of its model type); False for a class transformers does not ship."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names = [*(getattr(config, "architectures", None) or ()),
+             MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""), "")]
+    for name in filter(None, names):
+        try:
+            cls = getattr(transformers, name)
+        except (AttributeError, ImportError, RuntimeError):  # not shipped, or a missing optional dependency
+            continue
+        return bool(getattr(cls, "_is_stateful", False))
+    return False
+
+
+def check_packable(config: Any, path: str, key: str, instead: str) -> None:
+    """Before launch, where a recipe packs sequences into one row (`key`): one line for a model
+    whose layers carry a state from token to token (`carried_state`), saying what to set
+    (`instead`) to keep its sequences in rows of their own."""
+    from rlkit.errors import ConfigError
+
+    state = carried_state(config)
+    if state:
+        raise ConfigError(f"{path} ({config.model_type}) has {state}, which carry a state from token to token: a "
+                          "packed row would hand one sequence's state to the next (transformers' kernels for them "
+                          f"do not read the sequence bounds), so rlkit does not pack it: {instead}", key)

@@ -86,7 +86,7 @@ def model_config(cfg: ModelConfig) -> Any:
 
 def check_model(cfg: Any) -> None:
     """Before launch, what a stage recipe `cfg` asks of its model: the model (and tokenizer) path,
-    its options, the LoRA targets, and for GRPO the engines' context and tensor parallelism."""
+    its options and the LoRA targets (GRPO's engines: `engine.serving`)."""
     check_model_path(cfg.model.path)
     config = model_config(cfg.model)  # transformers can read it; read once for the checks below
     if cfg.model.tokenizer:
@@ -95,47 +95,6 @@ def check_model(cfg: Any) -> None:
     check_model_options(cfg.model, finetuning)
     if finetuning in ("lora", "qlora"):
         check_lora_targets(cfg.model, cfg.lora.target_modules, config)
-    if hasattr(cfg, "rollout"):
-        check_engine_shape(config, cfg.model.path, cfg.rollout.max_model_len, cfg.rollout.tensor_parallel_size)
-        check_engine_vision(config, cfg.model.path)
-
-
-# vision-language models vLLM starts without torchvision (their image processors are PIL ones)
-VLLM_WITHOUT_TORCHVISION = ("idefics3", "smolvlm")
-
-
-def check_engine_vision(config: Any, path: str) -> None:
-    """Before launch: vLLM inspects a vision-language model with transformers' fast image
-    processors, which need torchvision; without it the engines fail at start (a CPU-only host: the
-    registry's torchvision builds are CUDA ones, and do not import beside torch+cpu)."""
-    import importlib.util
-
-    from rlkit.errors import UserError
-
-    kind = getattr(config, "model_type", "")
-    if is_vision_language(config) and kind not in VLLM_WITHOUT_TORCHVISION \
-            and importlib.util.find_spec("torchvision") is None:
-        without = ", ".join(VLLM_WITHOUT_TORCHVISION)
-        raise UserError(f"vLLM cannot start {path} ({kind}) here: it loads its image processor with torchvision, "
-                        "which is not installed: install the torchvision build that matches this torch (a GPU "
-                        f"host's install has it), or use a model vLLM serves without it ({without})", "model.path")
-
-
-def check_engine_shape(config: Any, path: str, max_model_len: int, tensor_parallel_size: int) -> None:
-    """Before launch: the engines' context fits the model's (`config`, the transformers config of
-    the model at `path`: vLLM refuses a `max_model_len` past `max_position_embeddings`) and their
-    tensor parallelism splits its attention heads."""
-    from rlkit.errors import UserError
-
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    longest = getattr(text, "max_position_embeddings", None)
-    if longest and max_model_len > longest:
-        raise UserError(f"{max_model_len} tokens is past the model's context ({longest}, max_position_embeddings of "
-                        f"{path}): lower it", "rollout.max_model_len")
-    heads = getattr(text, "num_attention_heads", None)
-    if heads and heads % tensor_parallel_size:
-        raise UserError(f"{tensor_parallel_size} does not divide the model's {heads} attention heads: choose a "
-                        "divisor", "rollout.tensor_parallel_size")
 
 
 # attention kernels that need a package of their own

@@ -193,8 +193,9 @@ def test_qwen2_vl_trains_on_the_learner_and_its_processor_names_torchvision(tmp_
 
     from rlkit import stages
     from rlkit.engine.logprobs import token_logprobs
+    from rlkit.engine.serving import check_engines
     from rlkit.errors import UserError
-    from rlkit.models import check_model, load_image_inputs, load_model, load_tokenizer, wrap_for_training
+    from rlkit.models import load_image_inputs, load_model, load_tokenizer, wrap_for_training
     from rlkit.tiny import build_tokenizer
     from rlkit.vision import vision_parts
 
@@ -227,7 +228,7 @@ def test_qwen2_vl_trains_on_the_learner_and_its_processor_names_torchvision(tmp_
                                                                              f"output_dir={tmp_path / 'o'}"])
         with pytest.raises(UserError, match=r"^model.path: vLLM cannot start .*qwen2-vl \(qwen2_vl\) here: it loads "
                                             "its image processor with torchvision, which is not installed"):
-            check_model(grpo)
+            check_engines(grpo, None)
     model = load_model(cfg, torch.float32)
     parts = vision_parts(model)
     assert parts["projector"] and all(".visual.merger." in n for n in parts["projector"])

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from rlkit import faults
+from rlkit.attention import carried_state
 from rlkit.engine.vllm_ext import dtype_name
 from rlkit.engine.weights import FlatBucket
 from rlkit.seeding import derive_seed
@@ -118,6 +119,8 @@ class RolloutWorker:
 
         name_worker_log(f"engine-{index}")
         self.index, self.adapters, self.max_loras = index, [], max_loras  # adapters: LoRARequests, newest last
+        llm = llm_kwargs or {}
+        from transformers import AutoConfig
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -154,7 +157,11 @@ class RolloutWorker:
             # torch.Generator cannot do ("CPU Generator does not use offset"): seeded batches of
             # more than max_num_batched_tokens prompt tokens would crash the engine.
             kwargs["enable_chunked_prefill"] = False
-        kwargs.update(llm_kwargs or {})
+            remote = llm.get("trust_remote_code", False)
+            if carried_state(AutoConfig.from_pretrained(str(model), trust_remote_code=remote)):
+                # vLLM caches a recurrent layer's state by prefix only with chunked prefill ("align" mode)
+                kwargs["enable_prefix_caching"] = False
+        kwargs.update(llm)
         self.llm = LLM(**kwargs)
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
         self.start_seconds = time.perf_counter() - start

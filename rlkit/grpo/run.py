@@ -84,11 +84,13 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     from rlkit.distill.teacher import check_distill, check_teacher_node
     from rlkit.engine.cluster import ship_by_value
     from rlkit.engine.engines import AdapterServing, start_engines, sync_transport
+    from rlkit.engine.serving import check_engines
 
     g = cfg.grpo
     device = detect(cfg.device)
     sync_transport(cfg.rollout, device)  # one that runs on this device
-    cfg = prepare_inputs(cfg, device, "grpo", checks=[check_distill], learners=cfg.grpo.num_learners)
+    cfg = prepare_inputs(cfg, device, "grpo", checks=[check_engines, check_packing, check_distill],
+                         learners=cfg.grpo.num_learners)
     task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed,
                      cfg.rollout, on_cpu=not device.is_accelerator)
     if task.images is not None:
@@ -307,6 +309,16 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: RolloutEngines, learners: 
     largest, mean = sync_check(engines, learners, probe, tol, when)
     return {"sync/check_abs_diff_max": largest, "sync/check_abs_diff_mean": mean,
             "time/sync_check": time.perf_counter() - t0}
+
+
+def check_packing(cfg: GRPOConfig, device: Any) -> None:
+    """Before launch: `grpo.max_tokens_per_micro_batch` packs only a model without layers that carry a state."""
+    from rlkit.attention import check_packable
+    from rlkit.models import model_config
+
+    if cfg.grpo.max_tokens_per_micro_batch:
+        check_packable(model_config(cfg.model), cfg.model.path, "grpo.max_tokens_per_micro_batch",
+                       "set it to 0 and size micro-batches with grpo.micro_batch_size (padded rows)")
 
 
 def check_images(cfg: GRPOConfig) -> None:

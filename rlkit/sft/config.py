@@ -17,7 +17,7 @@ from rlkit.recipe import check
 @dataclass(frozen=True)
 class SFTDataConfig(DataConfig):
     cutoff_len: int = 1024  # tokens per row (prompt + response); longer rows are cut, with a count before training
-    packing: bool = False  # pack several rows into one sequence (attention stays per row)
+    packing: bool = False  # pack rows into one sequence (attention per row; not models with stateful layers)
     mask_history: bool = False  # multi-turn rows: train the last assistant turn only (default: every turn)
 
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {}

@@ -172,13 +172,23 @@ class EarlyStopping:
         return {"best_eval": self.best_eval, "best_step": self.best_step, "bad_evals": self.bad_evals}
 
 
+def check_packing(cfg: SFTConfig, device: Any) -> None:
+    """Before launch: `data.packing` only for a model without layers that carry a state."""
+    from rlkit.attention import check_packable
+    from rlkit.models import model_config
+
+    if cfg.data.packing:
+        check_packable(model_config(cfg.model), cfg.model.path, "data.packing",
+                       "set data.packing: false (a row per sample, padded)")
+
+
 def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     """Run SFT from a loaded recipe; returns the final model directory."""
     from rlkit.accel import detect
     from rlkit.models import load_image_inputs, load_tokenizer
 
     device = detect(cfg.device)
-    cfg = prepare_inputs(cfg, device, "sft", learners=cfg.train.num_learners)
+    cfg = prepare_inputs(cfg, device, "sft", checks=[check_packing], learners=cfg.train.num_learners)
     tokenizer = load_tokenizer(cfg.model)
     data = load_sft_data(cfg.data, tokenizer, cfg.seed, load_image_inputs(cfg.model, tokenizer))
     t = cfg.train
