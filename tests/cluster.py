@@ -5,7 +5,8 @@ private range used only here, and the root namespace has no route to them.
 
 Root is needed (`ip netns add`); `NetnsCluster.available()` says why not where it cannot run.
 A run inside host i: `cluster.run(i, [...])`. Host i's Ray node stops with `stop_node(i)` (a
-node lost mid-run) and joins again with `start_node(i)`. `private={i: [folder]}` gives host i an
+node lost mid-run) and joins again with `start_node(i)`; `cut(i)` takes its link down (a host cut
+off: its node and processes stay up) and `reconnect(i)` brings it back. `private={i: [folder]}` gives host i an
 empty folder of its own at that path (a tmpfs in its own mount namespace): a filesystem the
 other hosts do not share. `close()` stops every node, kills what is left of the processes started
 in the namespaces (found by the marker variable they inherit), and deletes the namespaces.
@@ -147,6 +148,31 @@ class NetnsCluster:
         os.killpg(node.pid, signal.SIGKILL)
         node.wait()
         self._kill_marked(lambda ns: ns == self.names[i])
+
+    def cut(self, i: int) -> None:
+        """Host i is cut off from the network (its link down): its Ray node and processes stay up."""
+        _ip("-n", self.names[i], "link", "set", "eth0", "down")
+
+    def reconnect(self, i: int) -> None:
+        """Host i's link is up again (after `cut(i)`; Ray has marked its node dead: `stop_node`, `start_node`)."""
+        _ip("-n", self.names[i], "link", "set", "eth0", "up")
+
+    def processes(self, i: int) -> dict[int, str]:
+        """{pid: command line} of this cluster's processes in host i's namespace."""
+        marker = f"RLKIT_TEST_RUN={self.tag}".encode()
+        out = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if marker not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            if _netns_of(int(pid)) == self.names[i]:
+                out[int(pid)] = cmd
+        return out
 
     # ------------------------------------------------------------------ teardown
 

@@ -161,12 +161,16 @@ def test_engines_load_the_models_own_tokenizer_and_code(tiny_model):
 
 
 def test_engine_values_vllm_would_refuse_are_one_line(tiny_model, task_data, tmp_path):
+    from rlkit.engine.serving import check_engines
+
     with pytest.raises(UserError, match=r"^rollout.max_model_len: 4096 tokens is past the model's context \(1024, "
                                         r"max_position_embeddings of .*\): lower it$"):
-        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.max_model_len=4096"), _cpu(), "grpo")
+        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.max_model_len=4096"), _cpu(), "grpo",
+                       checks=[check_engines])  # GRPO's stage check
     with pytest.raises(UserError, match=r"^rollout.tensor_parallel_size: 3 does not divide the model's 4 attention "
                                         r"heads: choose a divisor$"):
-        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.tensor_parallel_size=3"), _cpu(), "grpo")
+        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.tensor_parallel_size=3"), _cpu(), "grpo",
+                       checks=[check_engines])
     for bad, says in (("rollout.gpu_memory_utilization=1.5", r"rollout.gpu_memory_utilization: must be in \(0, 1\]"),
                       ("rollout.kv_cache_gib=0", "rollout.kv_cache_gib: must be > 0 GiB"),
                       ("rollout.tensor_parallel_size=0", "rollout.tensor_parallel_size: must be >= 1")):

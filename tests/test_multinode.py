@@ -315,6 +315,44 @@ def test_a_lost_node_ends_the_run_in_one_line_and_the_run_resumes_when_it_is_bac
     assert (out / "final" / "model.safetensors").is_file()
 
 
+def test_a_learner_on_a_host_cut_off_from_the_network_ends_within_its_collective_timeout(hosts, tiny_model, task_data,
+                                                                                       tmp_path):
+    """Host B's link goes down during SFT: its Ray node stays up and keeps the learner it hosts,
+    blocked in a collective, after the driver has stopped (over 150 s, measured before the
+    watch). The learner ends itself once the head has been unreachable for its collective timeout
+    (deepspeed.dist_timeout_s), saying so in its log; the driver stops in one line as for a lost node."""
+    out, limit = tmp_path / "cut", 30
+    args = [*RLKIT, "sft", str(SFT_RECIPE), *sft_overrides(
+        tiny_model, task_data, out, "train.num_learners=2", "deepspeed.zero_stage=2", "train.max_steps=200",
+        "eval.every=0", "checkpoint.every=0", "ray.placement=strict_spread", f"deepspeed.dist_timeout_s={limit}"),
+        "--address", hosts.head]
+    run = hosts.popen(0, args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not ((out / "metrics.jsonl").exists() and len(_rows(out)) >= 2):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    actors = {pid: cmd for pid, cmd in hosts.processes(1).items() if cmd.startswith("ray::Learner")}
+    assert len(actors) == 1, hosts.processes(1)  # strict_spread: one learner on each host
+    cut_at = time.monotonic()
+    hosts.cut(1)
+    try:
+        while any(pid in hosts.processes(1) for pid in actors) and time.monotonic() - cut_at < limit + 30:
+            time.sleep(0.5)
+        took = time.monotonic() - cut_at
+        _, err = run.communicate(timeout=240)
+    finally:
+        hosts.reconnect(1)
+        hosts.stop_node(1)  # Ray has marked the node dead: it joins again as a new one
+        hosts.start_node(1)
+    print(f"\nthe learner on the cut-off host ended {took:.1f} s after the cut")
+    assert limit <= took < limit + 30, took
+    line = _one_line(subprocess.CompletedProcess(args, run.returncode, "", err))
+    assert f"Ray node {hosts.addresses[1]} left the cluster during" in line, line
+    said = "".join(p.read_text() for p in (out / "logs").glob("learner-*.log"))
+    assert f"the cluster's head at {hosts.head} has not been reachable for {limit} s (its collective timeout): " \
+           "this host is cut off, and the process ends" in said, said[-2000:]
+
+
 def test_a_distillation_teacher_on_the_other_host_scores_as_the_copy_beside_the_learner(hosts, tiny_model, sft_model,
                                                                                         task_data, tmp_path):
     """`distill.placement: actor` with `distill.node` = host B: the teacher's own actor runs there and

@@ -68,6 +68,7 @@ def worker_options(rollout: RolloutConfig, model: ModelConfig, device: DeviceInf
     return dict(dtype="float32" if model.dtype == "fp32" else "auto", seed=seed,
                 max_model_len=rollout.max_model_len, gpu_memory_utilization=rollout.gpu_memory_utilization,
                 kv_cache_gib=None if device.is_accelerator else rollout.kv_cache_gib, llm_kwargs=llm,
+                cut_off_s=rollout.sync_timeout_s or None,
                 **({} if adapter is None else {"lora_rank": adapter.rank, "max_loras": adapter.versions}))
 
 
@@ -349,7 +350,7 @@ class ColocatedEngines:
         self.transport = sync_transport(rollout, device)
         self.names = [f"engine {rank} (in learner {rank})" for rank in range(learners.size)]
         options = [{**worker_options(rollout, model, device, derive_seed(seed, "engine", rank, bits=31)),
-                    "index": rank} for rank in range(learners.size)]
+                    "index": rank, "cut_off_s": None} for rank in range(learners.size)]  # the learner's watch is theirs
         learners.start_engines(model.path, [{**o, "sleep_mode": rollout.sleep} for o in options],
                                rollout.start_timeout_s or None)
 

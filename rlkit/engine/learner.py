@@ -50,6 +50,7 @@ class Learner:
     def __init__(self, spec: LearnerSpec, rank: int, world_size: int):
         from rlkit.accel import apply_env, configure_cpu_threads, detect
         from rlkit.console import name_worker_log
+        from rlkit.engine.reaper import exit_when_cut_off
 
         name_worker_log(f"learner-{rank}")
         self.spec, self.rank, self.world_size = spec, rank, world_size
@@ -64,6 +65,7 @@ class Learner:
         self._ds_hf_config: Any = None  # keeps HfDeepSpeedConfig alive for ZeRO-3 loading
         self._transports: dict[str, Any] = {}  # persistent transports (a broadcast group), opened on first push
         self.colocated: Any = None  # ColocatedEngine, see start_engine
+        exit_when_cut_off(spec.deepspeed.dist_timeout_s, f"learner {rank}")
 
     # ------------------------------------------------------------------ setup
 

@@ -11,6 +11,11 @@ by any signal, SIGKILL included (an out-of-memory killer, a scheduler's hard sto
 ends that and every descendant it noted (SIGTERM, then SIGKILL after a grace period). A run that
 joins a cluster (`ray.address`) starts no watcher: the cluster's processes are not the run's.
 
+On every node, each learner and engine actor also watches the way back (`exit_when_cut_off`): a
+host cut off from the network keeps its Ray node, and the node its actors (blocked in a
+collective, or idle), long after the driver has given up on them. An actor that cannot reach the
+cluster's head for its collective timeout ends itself and what it started.
+
     python -m rlkit.engine.reaper TOKEN DRIVER_PID   (started by `watch`, not by hand)
 """
 
@@ -19,8 +24,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -133,6 +140,53 @@ def end(token: str, noted: dict[int, float] | None = None, grace_s: float = GRAC
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(OSError):  # already gone
         os.kill(pid, sig)
+
+
+def exit_when_cut_off(limit_s: float | None, what: str, every_s: float = 2.0) -> threading.Thread | None:
+    """In a Ray actor (`what`: "learner 1"): a daemon thread that connects to the cluster's head
+    (Ray's GCS address) every `every_s` seconds and, once it has failed to for `limit_s` seconds
+    (the actor's collective timeout: a collective would fail by then anyway, and nothing can tell
+    the actor to stop), says so in the actor's log and ends the process and its children. None
+    (no thread) outside a Ray actor, or without a limit."""
+    import ray
+
+    if not limit_s or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return None
+    host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+
+    def reachable() -> bool:
+        try:
+            with socket.create_connection((host, int(port)), timeout=every_s):
+                return True
+        except OSError:
+            return False
+
+    def watch() -> None:
+        since = None
+        while True:
+            if reachable():
+                since = None
+            elif since is None:
+                since = time.monotonic()
+            elif time.monotonic() - since >= limit_s:
+                print(f"rlkit: {what}: the cluster's head at {host}:{port} has not been reachable for {limit_s:.0f} s "
+                      "(its collective timeout): this host is cut off, and the process ends", flush=True)
+                end_children()
+                os._exit(70)
+            time.sleep(every_s)
+
+    thread = threading.Thread(target=watch, name="rlkit-cut-off", daemon=True)
+    thread.start()
+    return thread
+
+
+def end_children() -> None:
+    """SIGKILL every process below this one (vLLM's engine core, compile workers)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children(recursive=True):
+            _signal(child.pid, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> int:

@@ -30,6 +30,7 @@ import torch
 
 from rlkit import faults
 from rlkit.attention import carried_state
+from rlkit.engine.reaper import exit_when_cut_off
 from rlkit.engine.vllm_ext import dtype_name
 from rlkit.engine.weights import FlatBucket
 from rlkit.seeding import derive_seed
@@ -106,6 +107,8 @@ class RolloutWorker:
     `gpu_memory_utilization` unless `kv_cache_gib` is given. `llm_kwargs` go to `vllm.LLM` last.
     `index`: the engine's number in its run (errors and logs name it). `lora_rank`: serve a LoRA
     adapter of up to this rank on the base weights (`load_adapter`), keeping `max_loras` versions.
+    `cut_off_s`: as an actor of its own, exit once the cluster's head has been unreachable this long
+    (`reaper.exit_when_cut_off`).
     """
 
     def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0,
@@ -113,11 +116,12 @@ class RolloutWorker:
                  gpu_memory_utilization: float = 0.85, kv_cache_gib: float | None = None,
                  enforce_eager: bool | None = None, logprobs_mode: str = "processed_logprobs",
                  sleep_mode: bool = False, llm_kwargs: dict[str, Any] | None = None, index: int = 0,
-                 lora_rank: int | None = None, max_loras: int = 1):
+                 lora_rank: int | None = None, max_loras: int = 1, cut_off_s: float | None = None):
         start = time.perf_counter()
         from rlkit.console import name_worker_log
 
         name_worker_log(f"engine-{index}")
+        exit_when_cut_off(cut_off_s, f"engine {index}")
         self.index, self.adapters, self.max_loras = index, [], max_loras  # adapters: LoRARequests, newest last
         llm = llm_kwargs or {}
         from transformers import AutoConfig
