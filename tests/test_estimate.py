@@ -40,6 +40,23 @@ def test_a_text_only_gemma3_is_counted_as_its_family():
     assert est.Arch.from_config(config, "gemma-3-270m").params == pytest.approx(268_098_176, rel=1e-3)
 
 
+def test_a_cpu_engine_counts_the_tokenizer_copies_vllm_holds(tmp_path):
+    """A bare vLLM-CPU engine of Gemma 3 270M (bf16, 1 GiB of KV cache) peaked at 3.36 GiB above
+    vLLM's import; the estimate counted 2.36 until it counted vLLM's four tokenizer copies (0.27
+    GiB each for Gemma's 262,144 entries). Host memory: not a part of an accelerator engine's."""
+    config = dict(model_type="gemma3_text", hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                  num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                  tie_word_embeddings=True)
+    arch = est.Arch.from_config(config, "gemma-3-270m")
+    cfg = stages.load("grpo", ROOT / "recipes" / "smollm2-gsm8k-grpo.yaml", [f"output_dir={tmp_path}"])
+    cpu = {p.kind: p for p in est.estimate(cfg, "grpo", arch)}["rollout engine"]
+    assert cpu.parts["tokenizers (CPU)"] == 4 * 262144 * 1024  # 1 GiB
+    bare = cpu.total - cpu.parts["weight sync buffers"]  # the measured engine took no sync
+    assert 0.95 < bare / 2**30 / 3.36 < 1.05  # 2.33 / 3.36 = 0.69 without the tokenizers
+    gpu = {p.kind: p for p in est.estimate(cfg, "grpo", arch, est.Hardware.parse("1xH100"))}["rollout engine"]
+    assert "tokenizers (CPU)" not in gpu.parts
+
+
 @pytest.mark.parametrize("size", ["tiny", "tiny-untied"])
 def test_the_tiny_models_are_counted_exactly_lora_too(size, tmp_path, tiny_model):
     from peft import LoraConfig, get_peft_model

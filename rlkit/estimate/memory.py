@@ -45,6 +45,12 @@ CPU_COLLECTIVES = 0.05 * GIB  # a CPU rank of 2+ (gloo and DeepSpeed's shared-me
 DS_REDUCE_BUCKET = 5e8  # DeepSpeed's reduce_bucket_size default (elements): ZeRO-1/2/3 allocate it whole
 VLLM_BATCHED_TOKENS = 8192  # vLLM's profile batch (max_num_batched_tokens)
 VLLM_MAX_SEQS = 256  # vLLM's max_num_seqs: the sampler's logits rows
+# A CPU engine (vLLM in the actor's process) holds four copies of the model's tokenizer (the
+# frontend's, its input processor's, detokenizer's and engine core's), about 1 KiB per vocabulary
+# entry each (its BPE merges): measured, a Gemma 3 tokenizer (262,144 entries, 515k merges) 0.27
+# GiB a copy, 1.12 GiB more in the engine than the same model's weights with a 419-entry one
+VLLM_CPU_TOKENIZERS = 4
+TOKENIZER_BYTES_PER_ENTRY = 1024
 LOGITS_CHUNK = 2**26  # logits elements the learner forms at once (rlkit.engine.logprobs.CHUNK_ELEMENTS)
 LOGITS_KEEP_BYTES = 2**29  # what its forward may keep for the backward (rlkit.engine.head.KEEP_BYTES)
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -251,6 +257,8 @@ def _engine(arch: Arch, width: int, r: Any, seqs: int, ctx: float) -> Process:
         parts["packed weights (CPU bf16)"] = weights
     if not ctx and not r.colocate:  # a sync's bucket from the object store and the copy it is read into
         parts["weight sync buffers"] = 2 * min(r.sync_bucket_mib * 2**20, weights)
+    if not ctx:  # on an accelerator the tokenizers are host memory, not the device's
+        parts["tokenizers (CPU)"] = VLLM_CPU_TOKENIZERS * arch.vocab * TOKENIZER_BYTES_PER_ENTRY
     parts["context" if ctx else "runtime (CPU)"] = ctx or CPU_RUNTIME
     return Process("rollout engine", r.num_engines, parts, budget=r.gpu_memory_utilization,
                    note=f"{seqs} sequences x max_model_len {r.max_model_len}")
