@@ -89,7 +89,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     g = cfg.grpo
     device = detect(cfg.device)
     sync_transport(cfg.rollout, device)  # one that runs on this device
-    cfg = prepare_inputs(cfg, device, "grpo", checks=[check_engines, check_packing, check_distill],
+    cfg = prepare_inputs(cfg, device, "grpo", checks=[check_packing, check_engines, check_distill],
                          learners=cfg.grpo.num_learners)
     task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed,
                      cfg.rollout, on_cpu=not device.is_accelerator)
