@@ -27,9 +27,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from rlkit.engine.reaper import carrying
+
 NODE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cluster" / "ray-node.sh"
 SUBNET = "10.213.7"  # private addresses of the test hosts: 10.213.7.1, .2, ...
 PORT = 6379
+MARKER = "RLKIT_TEST_RUN"  # the variable every process started in the hosts carries (its value: the cluster's tag)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -51,7 +54,7 @@ class NetnsCluster:
         self.head = f"{self.addresses[0]}:{PORT}"
         self.temp = Path(f"/tmp/{self.tag}-ray")
         self.logs = Path(f"/tmp/{self.tag}-logs")  # each Ray node's own output
-        self.env = {**os.environ, "RLKIT_TEST_RUN": self.tag, "RAY": str(Path(sys.executable).parent / "ray"),
+        self.env = {**os.environ, MARKER: self.tag, "RAY": str(Path(sys.executable).parent / "ray"),
                     "RLKIT_RAY_PORT": str(PORT), "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0",
                     # token authentication on, as `ray start` turns it on where a token exists; this cluster's own token
                     "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex * 2, **(env or {})}
@@ -159,36 +162,25 @@ class NetnsCluster:
 
     def processes(self, i: int) -> dict[int, str]:
         """{pid: command line} of this cluster's processes in host i's namespace."""
-        marker = f"RLKIT_TEST_RUN={self.tag}".encode()
         out = {}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
+        for pid in carrying(self.tag, MARKER):
+            if _netns_of(pid) != self.names[i]:
                 continue
-            if _netns_of(int(pid)) == self.names[i]:
-                out[int(pid)] = cmd
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    out[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:  # gone
+                continue
         return out
 
     # ------------------------------------------------------------------ teardown
 
     def _kill_marked(self, where: Any = lambda ns: True) -> None:
         """SIGKILL every process that carries this cluster's marker and runs in a namespace `where` accepts."""
-        marker = f"RLKIT_TEST_RUN={self.tag}".encode()
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
-                ns = _netns_of(int(pid))
-                if where(ns):
-                    os.kill(int(pid), signal.SIGKILL)
-            except OSError:
-                continue
+        for pid in carrying(self.tag, MARKER):
+            if where(_netns_of(pid)):
+                with contextlib.suppress(OSError):  # already gone
+                    os.kill(pid, signal.SIGKILL)
 
     def close(self) -> None:
         for node in self.nodes.values():
