@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlkit.vision import text_config
+
 PACKED_SDPA = "rlkit_packed_sdpa"
 _READS_BOUNDS = (PACKED_SDPA, "flash_attention_2", "flash_attention_3", "flash_attention_4")
 
@@ -88,7 +90,7 @@ def carried_state(config: Any) -> str | None:
     attention, and its reference kernels for these layers (what runs without fla/causal-conv1d
     kernels, the CPU always) ignore them. From the config's `layer_types`, else transformers' own
     `_is_stateful` mark on the model class (Mamba, Jamba, Falcon-H1, Zamba, RWKV, ...)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     kinds = sorted({kind for kind in getattr(text, "layer_types", None) or () if kind in STATE_LAYER_TYPES})
     if kinds:
         return f"{' and '.join(kinds)} layers"

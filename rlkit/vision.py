@@ -13,6 +13,12 @@ import torch
 from rlkit.config import ModelConfig
 
 
+def text_config(config: Any) -> Any:
+    """A transformers config's language model part: a vision-language model's text config, else the
+    config itself."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def is_vision_language(config: Any) -> bool:
     """Whether a transformers config is a vision-language model's (it has a vision tower)."""
     return getattr(config, "vision_config", None) is not None

@@ -13,7 +13,7 @@ from typing import Any
 
 from rlkit.attention import carried_state
 from rlkit.errors import UserError
-from rlkit.vision import is_vision_language
+from rlkit.vision import is_vision_language, text_config
 
 # vision-language models vLLM starts without torchvision (their image processors are PIL ones)
 VLLM_WITHOUT_TORCHVISION = ("idefics3", "smolvlm")
@@ -56,7 +56,7 @@ def check_engine_shape(config: Any, path: str, max_model_len: int, tensor_parall
     """Before launch: the engines' context fits the model's (`config`, the transformers config of
     the model at `path`: vLLM refuses a `max_model_len` past `max_position_embeddings`) and their
     tensor parallelism splits its attention heads."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     longest = getattr(text, "max_position_embeddings", None)
     if longest and max_model_len > longest:
         raise UserError(f"{max_model_len} tokens is past the model's context ({longest}, max_position_embeddings of "
@@ -73,7 +73,7 @@ def check_engine_layers(config: Any, path: str, dtype: str, device: Any) -> None
     if not carried_state(config):
         return
     kind = config.model_type
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     if kind in VLLM_UNTIED_ONLY and getattr(text, "tie_word_embeddings", False):
         raise UserError(f"vLLM serves {kind} with an lm_head of its own and {path} ties it to the embeddings "
                         "(tie_word_embeddings): its engines would sample from an unloaded head; save the model "

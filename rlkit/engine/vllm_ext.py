@@ -105,9 +105,11 @@ class WeightSyncExtension:
         packed GEMM copy on CPU; re-run its post-load processing so logits use the new weight. A
         vision-language model says it in its text config and may keep the head under its language
         model (Qwen2-VL's `language_model.lm_head`): every `lm_head` module is repacked."""
+        from rlkit.vision import text_config
+
         model = self.model_runner.get_model()
         config = getattr(model, "config", None)
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        text = text_config(config)
         if not (getattr(config, "tie_word_embeddings", False) or getattr(text, "tie_word_embeddings", False)):
             return
         for name, lm_head in model.named_modules():

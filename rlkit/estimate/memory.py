@@ -21,7 +21,9 @@ section 3: 2 + 2 + 12 bytes per parameter in mixed precision):
 - a fixed 1 GiB for the CUDA / CANN context and the allocator's slack.
 Per rollout engine (tensor parallel t): the weights / t; the KV cache for its share of the step's
 sequences at max_model_len (2 x layers x kv_heads x head_dim x bytes per token, / t); a runtime
-peak (vLLM's profile batch and the sampler's logits); the context. vLLM itself takes
+peak (vLLM's profile batch and the sampler's logits); the context; on a CPU, a separate engine's
+weight syncs: two buckets mapped from the object store and the layer being reloaded (vLLM builds it
+afresh beside the live one, and in bf16 its oneDNN-packed copy: twice the largest layer). vLLM itself takes
 gpu_memory_utilization of the device and fills it with KV cache: the verdict asks that what the
 step needs fits there. Colocated: the learner's peak while the engine sleeps (rollout.sleep frees
 its weights and KV cache), and while it generates the learner's resident state plus the engine.
@@ -257,6 +259,9 @@ def _engine(arch: Arch, width: int, r: Any, seqs: int, ctx: float) -> Process:
         parts["packed weights (CPU bf16)"] = weights
     if not ctx and not r.colocate:  # a sync's bucket from the object store and the copy it is read into
         parts["weight sync buffers"] = 2 * min(r.sync_bucket_mib * 2**20, weights)
+        # vLLM reloads a layer by building it afresh beside the live one (materialise, load,
+        # process_weights_after_loading, copy back); in bf16 the processing packs a second copy
+        parts["weight reload (largest layer)"] = (2 if width == 2 else 1) * arch.largest_module_params * width / t
     if not ctx:  # on an accelerator the tokenizers are host memory, not the device's
         parts["tokenizers (CPU)"] = VLLM_CPU_TOKENIZERS * arch.vocab * TOKENIZER_BYTES_PER_ENTRY
     parts["context" if ctx else "runtime (CPU)"] = ctx or CPU_RUNTIME
