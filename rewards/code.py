@@ -17,12 +17,13 @@ compares what it sends back, as plain data, with the expected values it never se
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rlkit.reward.contract import completion_text, needs_one_of, reward_range
+from rlkit.reward.contract import Failed, batch_seconds, completion_text, needs_one_of, reward_range
 from rlkit.reward.judge import Verdict, cases_of, judge
 from rlkit.reward.sandbox import Limits, Sandbox
 
@@ -54,8 +55,21 @@ def _preflight(args: dict[str, Any], key: str) -> None:
         key=f"{key}.args.isolation", url_key=f"{key}.args.sandbox_url")
 
 
+SANDBOX_START_S = 2.0  # a sandbox's start and its judge, at most (measured: 11 ms a sample, bench_code_reward.py)
+
+
+def _batch_seconds(n: int, args: dict[str, Any]) -> float:
+    """What a batch of `n` samples may take: each sample runs at most two sandboxes (its test's
+    own values, then the candidate), each killed at `timeout_s` (plus its start), `workers` at a
+    time."""
+    workers = args.get("workers") or os.cpu_count() or 1
+    per_sample = 2 * (float(args.get("timeout_s", 5.0)) + SANDBOX_START_S)
+    return math.ceil(n / workers) * per_sample + SANDBOX_START_S
+
+
 @reward_range(0.0, 1.0)
 @needs_one_of("test_cases", "verification_info")
+@batch_seconds(_batch_seconds)
 def code_reward(completions: list, test_cases: list | None = None, verification_info: list | None = None,
                 timeout_s: float = 5.0, memory_mb: int = 512, max_procs: int = 4, scratch_mb: int = 64,
                 output_kb: int = 1024, isolation: str = "namespaces", sandbox_url: str | None = None,
@@ -65,7 +79,9 @@ def code_reward(completions: list, test_cases: list | None = None, verification_
 
     0.0 without a code block; None for samples without test cases. ``on_crash``: the score of a
     sample whose sandbox was killed before every test reported (wall clock, output flood), 0.0 or
-    None. ``isolation``: "namespaces" (bubblewrap, the default), "remote" (a SandboxFusion
+    None; such a sample is counted in ``reward/code_reward/errors`` (a `Failed` score), and a batch
+    is given the time its samples' limits add up to (`batch_seconds`), so slow samples cost
+    themselves, never the step. ``isolation``: "namespaces" (bubblewrap, the default), "remote" (a SandboxFusion
     ``/run_code`` service at ``sandbox_url``; the judge stays here) or "process" (weaker, see
     `rlkit.reward.sandbox`). Samples run in parallel (``workers``, default: CPU count), each in its own sandbox.
     """
@@ -83,7 +99,10 @@ def code_reward(completions: list, test_cases: list | None = None, verification_
         if not codes[i].strip():
             return 0.0
         v = judge(codes[i], tests[i], box)
-        return on_crash if (v.timed_out or v.flooded) and v.passed < v.total else v.score
+        if (v.timed_out or v.flooded) and v.passed < v.total:
+            why = f"ran past its {timeout_s:g} s" if v.timed_out else f"wrote past its {output_kb} KiB of output"
+            return None if on_crash is None else Failed(on_crash, f"was killed: its code {why}")
+        return v.score
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         return list(pool.map(one, range(len(completions))))

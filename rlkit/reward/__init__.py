@@ -8,6 +8,7 @@ No Ray, DeepSpeed or vLLM imports here.
 """
 
 from rlkit.reward.contract import (
+    Failed,
     RewardError,
     RewardResult,
     RewardSpec,
@@ -18,6 +19,6 @@ from rlkit.reward.resolve import ResolvedReward, resolve
 from rlkit.reward.score import RewardScorer
 
 __all__ = [
-    "RewardError", "RewardResult", "RewardScorer", "RewardSpec", "ResolvedReward",
+    "Failed", "RewardError", "RewardResult", "RewardScorer", "RewardSpec", "ResolvedReward",
     "completion_text", "prompt_text", "resolve",
 ]

@@ -49,7 +49,8 @@ class RewardSpec:
     fn: ``package.module:function``, ``path/to/file.py:function`` or ``module.function``.
     weight: multiplier in the weighted sum. args: extra kwargs for every call (for a class:
     constructor kwargs). name: metric name (default: the function/class name).
-    timeout_s: wall-clock limit of one call on a batch (None: no limit).
+    timeout_s: wall-clock limit of one call on a batch (None: no limit); a reward that declares
+    what a batch takes (`batch_seconds`) is given at least that.
     on_error: ``{"default": x}`` fills x for samples whose call raised or timed out (counted
     in metrics) instead of stopping the run.
     range: ``[low, high]`` the values it may return (either may be null: unbounded); default:
@@ -65,7 +66,7 @@ class RewardSpec:
     # extra keyword arguments of every call (a class: of its constructor)
     args: dict[str, Any] = field(default_factory=dict)
     name: str | None = None  # metric name (default: the function or class name)
-    timeout_s: float | None = 30.0  # limit of one call on a batch (None: none)
+    timeout_s: float | None = 30.0  # limit of a call on a batch (None: none; more if the reward declares more)
     # {default: x}: x for samples whose call raised or timed out, instead of stopping
     on_error: dict[str, float] | None = None
     # [low, high]: the values it may return (null: what the function declares, if anything)
@@ -130,13 +131,41 @@ def declared_range(fn: Any, args: dict[str, Any]) -> tuple[float | None, float |
     declared = getattr(fn, "rlkit_range", None)
     if not callable(declared):
         return declared
+    return check_range(list(declared(**with_defaults(fn, args))), "reward_range")
+
+
+def with_defaults(fn: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` with the defaults of `fn`'s other keyword parameters filled in."""
     import inspect
 
     try:
         defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
     except (TypeError, ValueError):
         defaults = {}
-    return check_range(list(declared(**{**defaults, **args})), "reward_range")
+    return {**defaults, **args}
+
+
+class Failed(float):
+    """A sample's score that is a failure the function itself caught (its code ran past its time
+    limit, its sandbox was killed): it scores this value and is counted in `reward/<fn>/errors`,
+    said once in the log; the step goes on. Compares and computes as the float it holds."""
+
+    def __new__(cls, value: float, why: str = "") -> Failed:
+        self = super().__new__(cls, value)
+        self.why = why
+        return self
+
+
+def batch_seconds(estimate: Callable[[int, dict[str, Any]], float]) -> Callable[[Any], Any]:
+    """Declare what a batch of n samples may take (`estimate(n, args)`, seconds; `args`: the spec's
+    args over the function's defaults), for a reward that
+    bounds each sample itself (a code sandbox's wall clock): rlkit waits for a batch at least that
+    long, whatever the spec's `timeout_s`, so a batch of slow samples costs those samples, never the
+    step."""
+    def mark(fn: Any) -> Any:
+        fn.rlkit_batch_seconds = estimate
+        return fn
+    return mark
 
 
 def needs_one_of(*columns: str) -> Callable[[Any], Any]:
@@ -184,7 +213,8 @@ class RewardResult:
 
     total: weighted sum per sample over functions that returned non-None.
     per_fn: raw values per function (None = not applicable or failed without default).
-    errors: samples whose call raised / timed out and got a default, per function.
+    errors: samples whose call raised / timed out and got a default, or that the function scored
+    as `Failed`, per function.
     clipped: values clipped into the function's range (its spec's ``clip``), per function.
     seconds: wall time of each function's call(s).
     failures: (sample index, one-line message) per function; filled only in

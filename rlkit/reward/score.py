@@ -15,7 +15,16 @@ from numbers import Real
 from types import ModuleType
 from typing import Any, Literal
 
-from rlkit.reward.contract import RewardError, RewardResult, RewardSpec, completion_text, preview, prompt_text
+from rlkit.reward.contract import (
+    Failed,
+    RewardError,
+    RewardResult,
+    RewardSpec,
+    completion_text,
+    preview,
+    prompt_text,
+    with_defaults,
+)
 from rlkit.reward.resolve import ResolvedReward, is_object, resolve, source_object
 
 _log = logging.getLogger("rlkit")
@@ -150,8 +159,9 @@ class RewardScorer:
         for r, wait in zip(self.rewards, runs):
             t0 = time.perf_counter()
             try:
-                out, secs = wait(r.spec.timeout_s)
+                out, secs = wait(self._limit(r, n))
                 vals = _validate(r, out, n, batch, clipped)
+                self._count_failed(r, out, vals, batch, errors)
             except _BadValue as e:  # wrong shape/type/range: a bug in the function, never defaulted
                 if not self.collect_errors:
                     raise
@@ -171,6 +181,29 @@ class RewardScorer:
         total = self._total(per_fn, batch, failures)
         return RewardResult(total=total, per_fn=per_fn, errors=errors, seconds=seconds, failures=failures,
                             clipped=clipped)
+
+    def _limit(self, r: ResolvedReward, n: int) -> float | None:
+        """How long a call on `n` samples may take: the spec's `timeout_s`, or longer where the
+        function declares what such a batch takes (`contract.batch_seconds`)."""
+        limit = r.spec.timeout_s
+        fn = source_object(r.fn)
+        derive = getattr(fn, "rlkit_batch_seconds", None)
+        if limit is not None and callable(derive):
+            limit = max(limit, float(derive(n, with_defaults(fn, dict(r.spec.args)))))
+        return limit
+
+    def _count_failed(self, r: ResolvedReward, out: Any, vals: list[float | None], batch: _Batch,
+                      errors: dict[str, int]) -> None:
+        """The samples the function scored as `Failed`: counted in its errors, said once."""
+        failed = [i for i, v in enumerate(out) if isinstance(v, Failed)]
+        if not failed:
+            return
+        errors[r.name] = len(failed)
+        if r.name not in self._warned:
+            self._warned.add(r.name)
+            i = failed[0]
+            _log.warning("%s %r: sample %d %s %s, scored %s (counted in reward/%s/errors; this is said once)",
+                         r.key, r.name, i, _sample(batch, i), out[i].why or "failed", vals[i], r.name)
 
     # -- running calls -------------------------------------------------------------------
 
@@ -250,7 +283,7 @@ class RewardScorer:
             one = ([prompts[i]], [completions[i]], None if ids is None else [ids[i]],
                    {k: [v[i]] for k, v in cols.items()})
             try:
-                out, _ = self._start(r, one)(r.spec.timeout_s)
+                out, _ = self._start(r, one)(self._limit(r, 1))
                 vals.append(_validate(r, out, 1, one, clipped)[0])
             except _BadValue:  # a wrong value, not a raising call: never defaulted
                 raise

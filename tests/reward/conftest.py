@@ -6,7 +6,7 @@ from rlkit.reward import RewardSpec
 
 MODULE = '''
 import asyncio, time
-from rlkit.reward.contract import reward_range
+from rlkit.reward.contract import Failed, batch_seconds, reward_range
 
 def exact(completions, answer, **kwargs):            # written the TRL way
     return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
@@ -51,6 +51,11 @@ def nan(completions, **kwargs):
 def sleepy(completions, seconds=1.0, **kwargs):
     time.sleep(seconds)
     return [1.0 for _ in completions]
+
+@batch_seconds(lambda n, args: n * args["each"] + 1.0)
+def each_sleepy(completions, each=0.2, **kwargs):  # bounds each sample itself: late ones score Failed
+    time.sleep(each * len(completions))
+    return [Failed(0.0, "ran past its limit") if "late" in c else 1.0 for c in completions]
 
 def chat(completions, **kwargs):
     return [float(len(c[0]["content"])) for c in completions]

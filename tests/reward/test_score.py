@@ -147,6 +147,20 @@ def test_timeout_stops_or_defaults(mod):
     assert r.total == [0.0, 0.0] and r.errors == {"sleepy": 2}
 
 
+def test_a_reward_that_bounds_each_sample_gets_its_batch_time_and_counts_what_failed(mod, caplog):
+    """A function that declares what a batch takes (`batch_seconds`) is waited for that long past
+    the spec's `timeout_s` (6 x 0.2 s against 0.3 s), and the samples it scores as `Failed` count
+    as errors, said once: the step goes on. In worker processes too."""
+    bounded = spec(mod, "each_sleepy", timeout_s=0.3)
+    r = RewardScorer([bounded]).score(["p"] * 6, ["late", "ok", "late", "ok", "ok", "ok"], None, {})
+    assert r.total == [0.0, 1.0, 0.0, 1.0, 1.0, 1.0] and r.errors == {"each_sleepy": 2}
+    assert r.metrics()["reward/each_sleepy/errors"] == 2.0
+    said = [rec.getMessage() for rec in caplog.records if "each_sleepy" in rec.getMessage()]
+    assert len(said) == 1 and "sample 0" in said[0] and "ran past its limit, scored 0.0" in said[0]
+    with RewardScorer([bounded], parallel="process") as s:
+        assert s.score(["p"] * 2, ["late", "ok"], None, {}).errors == {"each_sleepy": 1}
+
+
 def test_process_pool_mode(mod):
     with RewardScorer([spec(mod, "length"), spec(mod, "exact")], parallel="process") as s:
         r = s.score(["p", "q"], ["ab", "c"], None, {"answer": ["ab", "x"]})

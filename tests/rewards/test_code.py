@@ -135,6 +135,21 @@ def test_a_run_killed_before_every_test_reported_scores_on_crash():
     assert code_reward([fenced("def add(a, b):\n    return a + b")], [tests[:1]], on_crash=None) == [1.0]
 
 
+@needs_sandbox
+def test_slow_samples_cost_themselves_never_the_step(caplog):
+    """Samples that sleep past their 1 s: the batch is given the time its samples' limits add up to
+    (past the spec's 2 s, in which six of them on two workers cannot end), each scores 0 and is
+    counted in reward/code_reward/errors; before, the batch call timed out and stopped the step."""
+    spec = RewardSpec(fn="rewards.code:code_reward", timeout_s=2.0, args={"timeout_s": 1.0, "workers": 2})
+    slow = fenced("import time\ntime.sleep(30)\ndef add(a, b):\n    return a + b")
+    good = fenced("def add(a, b):\n    return a + b")
+    r = RewardScorer([spec], columns={"test_cases"}).score(
+        ["p"] * 8, [slow] * 6 + [good] * 2, None, {"test_cases": [ADD_TESTS] * 8})
+    assert r.total == [0.0] * 6 + [0.75] * 2 and r.metrics()["reward/code_reward/errors"] == 6.0
+    assert r.seconds["code_reward"] > 2.0  # longer than the spec's limit
+    assert any("its code ran past its 1 s" in rec.getMessage() for rec in caplog.records)
+
+
 def test_without_namespaces_it_refuses_unless_the_recipe_accepts_less(monkeypatch):
     monkeypatch.setattr(sandbox, "namespaces_problem", lambda python=None: "bubblewrap is not installed")
     spec = RewardSpec(fn="rewards.code:code_reward")
