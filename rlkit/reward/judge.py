@@ -148,11 +148,38 @@ _CMP: dict[str, Callable[[Any, Any], Any]] = {
 _BIN: dict[str, Callable[[Any, Any], Any]] = {
     "Add": operator.add, "Sub": operator.sub, "Mult": operator.mul, "Div": operator.truediv,
     "FloorDiv": operator.floordiv, "Mod": operator.mod}
+# Distinct values of one hash a set or dict may be built from: values the sandbox chose to hash
+# alike (ints equal modulo 2**61 - 1) would make building it quadratic in the driver (40,000 such
+# ints: 6.8 s); a real result has none or a few.
+SAME_HASH = 8
+
+
+def _hash_safe(items: Any) -> list:
+    """`items` as a list, or ValueError when more than SAME_HASH distinct ones share a hash: what a
+    set, frozenset or dict may be built from in the judge (linear: a few comparisons per item)."""
+    items, seen = list(items), {}
+    for x in items:
+        alike = seen.setdefault(hash(x), [])
+        if not any(x == y for y in alike):
+            if len(alike) == SAME_HASH:
+                raise ValueError("values that hash alike")
+            alike.append(x)
+    return items
+
+
+def _set(items: Any = ()) -> set:
+    return set(_hash_safe(items))
+
+
+def _frozenset(items: Any = ()) -> frozenset:
+    return frozenset(_hash_safe(items))
+
+
 _CALLS: dict[str, Callable[..., Any]] = {
-    "abs": abs, "len": len, "sorted": sorted, "set": set, "frozenset": frozenset, "tuple": tuple, "list": list,
+    "abs": abs, "len": len, "sorted": sorted, "set": _set, "frozenset": _frozenset, "tuple": tuple, "list": list,
     "round": round, "min": min, "max": max, "sum": sum, "all": all, "any": any, "bool": bool, "int": int,
     "float": float, "str": str, "isclose": math.isclose, "math.isclose": math.isclose}
-_TAGS: dict[str, Callable[[list], Any]] = {"tuple": tuple, "set": set, "frozenset": frozenset}
+_TAGS: dict[str, Callable[[list], Any]] = {"tuple": tuple, "set": _set, "frozenset": _frozenset}
 # what plain data can raise in the judge: a failed test, never a failed step
 _BAD = (ValueError, TypeError, KeyError, ArithmeticError, RecursionError, MemoryError)
 
@@ -253,7 +280,9 @@ def decode(v: Any) -> Any:
         if tag in _TAGS and type(x) is list:
             return _TAGS[tag](decode(i) for i in x)
         if tag == "dict" and type(x) is list and all(type(p) is list and len(p) == 2 for p in x):
-            return {decode(k): decode(val) for k, val in x}
+            pairs = [(decode(k), decode(val)) for k, val in x]
+            _hash_safe(k for k, _ in pairs)
+            return dict(pairs)
         if tag == "bytes" and type(x) is str:
             return bytes.fromhex(x)
         if tag == "float" and x in ("nan", "inf", "-inf"):

@@ -6,6 +6,7 @@ import http.server
 import json
 import math
 import threading
+import time
 
 import pytest
 
@@ -133,6 +134,20 @@ def test_a_run_killed_before_every_test_reported_scores_on_crash():
     assert code_reward([loop], [tests], timeout_s=1.0, on_crash=None) == [None]
     assert run_tests(extract_code(loop), tests, timeout_s=1.0).passed == 1  # what finished still counts
     assert code_reward([fenced("def add(a, b):\n    return a + b")], [tests[:1]], on_crash=None) == [1.0]
+
+
+@needs_sandbox
+def test_values_that_hash_alike_cost_the_judge_no_more_than_their_bytes():
+    """A forged result of 40,000 ints equal modulo 2**61 - 1 (one hash) would make the judge's set
+    quadratic in the driver (seconds of its CPU); the judge refuses it in one pass and the test
+    fails. Equal values, and a few that share a hash, still make their set."""
+    forged = ("import json, os\nM = 2**61 - 1\nrec = {'i': 0, 'v': {'set': [i * M for i in range(40000)]}}\n"
+              "os.write(3, (json.dumps(rec) + '\\n').encode())\nos._exit(0)")
+    t0 = time.perf_counter()
+    assert run_tests(forged, ["assert len(f()) == 40000"]).passed == 0
+    assert time.perf_counter() - t0 < 2.0
+    fair = "def g():\n    return [1] * 1000 + [2, 2**61 + 1, 2 * 2**61]"  # 2**61 + 1 hashes as 2**61 - 1's 2
+    assert run_tests(fair, ["assert set(g()) == {1, 2, 2**61 + 1, 2 * 2**61}", "assert len(set(g())) == 4"]).passed == 2
 
 
 @needs_sandbox
