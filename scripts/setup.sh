@@ -9,10 +9,11 @@ VENV="${RLKIT_VENV:-.venv}"
 TARGET="${RLKIT_TARGET:-cpu}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
-# The code reward's sandbox (rlkit/reward/sandbox.py) walls untrusted code off with bubblewrap.
+# The code reward's sandbox (rlkit/reward/sandbox.py) walls untrusted code off with bubblewrap and a
+# seccomp filter (libseccomp, through pyseccomp).
 if ! command -v bwrap >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null) \
+    apt-get install -y -q bubblewrap libseccomp2 >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap libseccomp2 >/dev/null) \
       || echo "rlkit: could not install bubblewrap: code rewards will refuse to run until it is (apt install bubblewrap)"
   else
     echo "rlkit: bubblewrap (bwrap) is not installed: code rewards will refuse to run until it is (apt install bubblewrap)"

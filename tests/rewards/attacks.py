@@ -68,6 +68,27 @@ ATTACKS = {
     "signals": ("import os, signal\ndef solve():\n    for pid in ({victim}, {driver}, -1):\n        try:\n"
                 "            os.kill(pid, signal.SIGKILL)\n        except OSError:\n            pass\n    return 0",
                 ["assert solve() == 1"]),
+    # the kernel's own interfaces (x86_64 syscall numbers): the driver's session keyring (a secret
+    # the scenario puts there; keys planted there or in the sandbox user's keyring), a tmpfs mounted
+    # in a nested user namespace (memory past every limit), tracing and eBPF
+    "keyring": ("import ctypes\ndef solve():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+                "    for ring in (-3, -4, -5):\n        libc.syscall(248, b'user', b'rlkit-planted', b'x', 1, ring)\n"
+                "    key = libc.syscall(250, 10, -3, b'user', b'rlkit-attack', 0)\n"
+                "    buf = ctypes.create_string_buffer(256)\n"
+                "    n = libc.syscall(250, 11, key, buf, 256) if key > 0 else -1\n"
+                "    return buf.raw[:n].decode() if n > 0 else None", ["assert solve() == {secret!r}"]),
+    "nested_mounts": ("import ctypes, os\ndef solve():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+                      "    if libc.unshare(0x10000000 | 0x00020000) != 0:\n        return 0\n"
+                      "    os.makedirs('/tmp/big', exist_ok=True)\n"
+                      "    ok = libc.mount(b'none', b'/tmp/big', b'tmpfs', 0, b'size=3g') == 0\n"
+                      "    ok += libc.mount(b'none', b'/tmp/big', b'cgroup2', 0, None) == 0\n    return int(ok)",
+                      ["assert solve() > 0"]),
+    "kernel_interfaces": ("import ctypes\ndef solve():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+                          "    reached = libc.syscall(101, 0, 0, 0, 0) == 0\n"  # ptrace(PTRACE_TRACEME)
+                          "    attr = ctypes.create_string_buffer(128)\n"
+                          "    reached += libc.syscall(321, 0, attr, 128) >= 0\n"  # bpf(BPF_MAP_CREATE)
+                          "    reached += libc.syscall(298, attr, 0, -1, -1, 0) >= 0\n"  # perf_event_open
+                          "    return reached", ["assert solve() > 0"]),
     # leaving things behind, filling, flooding, bombs
     "leftovers": ("import ctypes, os\ndef solve():\n    for d in ('.', '/tmp', '/var/tmp', '/dev/shm'):\n        try:\n"
                   "            os.makedirs(d + '/rlkit-leftover/deep', exist_ok=True)\n"
@@ -87,6 +108,31 @@ ATTACKS = {
     "memory_bomb": ("x = bytearray(8 * 1024 ** 3)\ny = [0] * (10 ** 9)", ["assert solve() == 1"]),
     "infinite_loop": ("while True:\n    pass", ["assert solve() == 1"]),
 }
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _add_key(description: bytes, payload: bytes) -> int:
+    """A user key in this process's session keyring (x86_64 add_key); -1 where keyrings are off."""
+    return _libc().syscall(248, b"user", description, payload, len(payload), -3)
+
+
+def _find_key(description: bytes) -> int:
+    """The id of a user key reachable from the session keyring (KEYCTL_SEARCH), else -1."""
+    return _libc().syscall(250, 10, -3, b"user", description, 0)
+
+
+def _keys_left(*ours: int) -> list[str]:
+    """A key the candidate planted in the driver's session keyring; ours and it are removed."""
+    planted = _find_key(b"rlkit-planted")
+    for key in (*ours, planted):
+        if key > 0:
+            _libc().syscall(250, 21, key)  # KEYCTL_INVALIDATE
+    return ["planted a key in the driver's session keyring"] if planted > 0 else []
 
 
 def _listing(shared: str) -> set[str]:
@@ -152,6 +198,7 @@ def scenario(name: str, audit: bool) -> dict:
     outside = [os.path.join(home, "escaped"), f"/tmp/rlkit-escape-{uuid.uuid4().hex}",
                f"/var/tmp/rlkit-escape-{uuid.uuid4().hex}", f"/dev/shm/rlkit-escape-{uuid.uuid4().hex}",
                os.path.join(shared, "escaped"), os.path.join(CHECKOUT, f"rlkit-escape-{uuid.uuid4().hex}")]
+    secret_key = _add_key(b"rlkit-attack", SECRET.encode())
     before, shm_before = _listing(shared), _sysv_shm()
     code, tests = ATTACKS[name]
     fill = {"secret": SECRET, "secret_file": secret_file, "checkout_file": checkout_file,
@@ -176,6 +223,7 @@ def scenario(name: str, audit: bool) -> dict:
     new = sorted(_listing(shared) - before)
     escaped += [f"left {p}" for p in new]
     escaped += [f"left SysV shared memory {k}" for k in sorted(_sysv_shm() - shm_before)]
+    escaped += _keys_left(secret_key)
     time.sleep(0.05)
     escaped += [f"left process {p}" for p in _sandbox_processes()]
     if seconds > 8:

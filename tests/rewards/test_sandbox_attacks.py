@@ -51,11 +51,15 @@ def test_contained_as_the_driver_user(attack, audit):
 
 
 def readable_checkout(tmp: Path) -> Path:
-    """The code the scenarios need (rlkit, the shipped rewards, this scenario module), copied where
+    """The code the scenarios need (rlkit, the shipped rewards, this scenario module, and pyseccomp,
+    which the sandbox's filter is built with: one module over the system's libseccomp), copied where
     an ordinary user can read it: the checkout itself may sit under a folder only root enters."""
+    import pyseccomp
+
     copy = tmp / "checkout"
     for part in ("rlkit", "rewards"):
         shutil.copytree(Path(CHECKOUT) / part, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(pyseccomp.__file__, copy / "pyseccomp.py")
     (copy / "tests" / "rewards").mkdir(parents=True)
     for f in ("tests/__init__.py", "tests/rewards/__init__.py", "tests/rewards/attacks.py"):
         shutil.copy(Path(CHECKOUT) / f, copy / f)
