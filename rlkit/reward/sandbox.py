@@ -15,9 +15,10 @@ Isolation (``isolation``):
   the kernel frees with the namespaces when the run ends (SysV IPC with its IPC namespace). As root,
   bubblewrap runs without a user namespace and the program drops to a throwaway uid of its own
   before anything else, so its process limit is enforced (the kernel does not enforce one for root).
-  A seccomp filter (`seccomp_filter`) denies the kernel keyring, new namespaces and mounts, ptrace,
-  eBPF, perf events, io_uring and the like; without root bubblewrap also forbids nested user
-  namespaces.
+  A seccomp filter (`seccomp_filter`) denies the kernel keyring, new namespaces and mounts, memory
+  files, ptrace, eBPF, perf events, io_uring and the like; without root bubblewrap also forbids
+  nested user namespaces. The root and ``/dev`` are read-only: ``/tmp`` and ``/dev/shm`` are all
+  it can write.
 * ``"remote"``: an HTTP execution service with SandboxFusion's ``POST /run_code`` API (what verl
   uses): the same program and payload go to ``url``; its stdout comes back (bounded) and the judge
   compares here as it does locally. The service's walls are its own.
@@ -142,7 +143,8 @@ def _bwrap_args(python: str, limits: Limits) -> tuple[str, ...]:
             args += ["--ro-bind", f, f]
     args += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--perms", "1777", "--tmpfs", "/tmp",
              "--size", size, "--perms", "1777", "--tmpfs", "/dev/shm", "--symlink", "/tmp", "/var/tmp",
-             "--chdir", "/tmp"]
+             "--chdir", "/tmp",
+             "--remount-ro", "/dev", "--remount-ro", "/"]  # bubblewrap's own tmpfs: writable to a user's sandbox
     for k, v in {**_ENV, "HOME": "/tmp"}.items():
         args += ["--setenv", k, v]
     return (*args, "--", python)
@@ -166,7 +168,8 @@ DENIED_SYSCALLS = (
     "bpf", "perf_event_open", "ptrace", "process_vm_readv", "process_vm_writev", "userfaultfd",
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "swapon", "swapoff",
     "reboot", "acct", "quotactl", "open_by_handle_at", "name_to_handle_at", "syslog",
-    "io_uring_setup", "io_uring_enter", "io_uring_register")
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "memfd_create", "memfd_secret")  # memory files: each up to the file-size limit, outside the address-space one
 # clone(2)'s namespace flags (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): each refused
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 

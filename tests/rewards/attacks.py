@@ -89,6 +89,15 @@ ATTACKS = {
                           "    reached += libc.syscall(321, 0, attr, 128) >= 0\n"  # bpf(BPF_MAP_CREATE)
                           "    reached += libc.syscall(298, attr, 0, -1, -1, 0) >= 0\n"  # perf_event_open
                           "    return reached", ["assert solve() > 0"]),
+    "memory_outside": ("import os\ndef solve():\n    n = 0\n    for _ in range(64):\n        try:\n"
+                       "            fd = os.memfd_create('x')\n            for _ in range(16):\n"
+                       "                os.write(fd, b'x' * (1 << 20)); n += 1\n        except OSError:\n"
+                       "            break\n        if n > 160:\n            return n\n"
+                       "    for d in ('/', '/etc', '/dev', '/usr'):\n        try:\n"
+                       "            with open(d.rstrip('/') + '/rlkit-fill', 'wb') as f:\n"
+                       "                while n <= 160:\n                    f.write(b'x' * (1 << 20)); n += 1\n"
+                       "        except OSError:\n            pass\n    return n",
+                       ["assert solve() > 128"]),  # MiB past /tmp's and /dev/shm's 64 each
     # leaving things behind, filling, flooding, bombs
     "leftovers": ("import ctypes, os\ndef solve():\n    for d in ('.', '/tmp', '/var/tmp', '/dev/shm'):\n        try:\n"
                   "            os.makedirs(d + '/rlkit-leftover/deep', exist_ok=True)\n"
