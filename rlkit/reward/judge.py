@@ -34,6 +34,7 @@ from typing import Any
 
 from rlkit.errors import RewardError
 from rlkit.reward import sandbox
+from rlkit.reward.plain import BAD, plain_frozenset, plain_set, records, sent_values
 from rlkit.reward.sandbox import Sandbox
 
 # Runs in the sandbox. stdin line 1: JSON {limits, uid, audit, mode, code, exprs | inputs}. Sends one
@@ -148,40 +149,11 @@ _CMP: dict[str, Callable[[Any, Any], Any]] = {
 _BIN: dict[str, Callable[[Any, Any], Any]] = {
     "Add": operator.add, "Sub": operator.sub, "Mult": operator.mul, "Div": operator.truediv,
     "FloorDiv": operator.floordiv, "Mod": operator.mod}
-# Distinct values of one hash a set or dict may be built from: values the sandbox chose to hash
-# alike (ints equal modulo 2**61 - 1) would make building it quadratic in the driver (40,000 such
-# ints: 6.8 s); a real result has none or a few.
-SAME_HASH = 8
-
-
-def _hash_safe(items: Any) -> list:
-    """`items` as a list, or ValueError when more than SAME_HASH distinct ones share a hash: what a
-    set, frozenset or dict may be built from in the judge (linear: a few comparisons per item)."""
-    items, seen = list(items), {}
-    for x in items:
-        alike = seen.setdefault(hash(x), [])
-        if not any(x == y for y in alike):
-            if len(alike) == SAME_HASH:
-                raise ValueError("values that hash alike")
-            alike.append(x)
-    return items
-
-
-def _set(items: Any = ()) -> set:
-    return set(_hash_safe(items))
-
-
-def _frozenset(items: Any = ()) -> frozenset:
-    return frozenset(_hash_safe(items))
-
-
 _CALLS: dict[str, Callable[..., Any]] = {
-    "abs": abs, "len": len, "sorted": sorted, "set": _set, "frozenset": _frozenset, "tuple": tuple, "list": list,
+    "abs": abs, "len": len, "sorted": sorted, "set": plain_set, "frozenset": plain_frozenset, "tuple": tuple,
+    "list": list,
     "round": round, "min": min, "max": max, "sum": sum, "all": all, "any": any, "bool": bool, "int": int,
     "float": float, "str": str, "isclose": math.isclose, "math.isclose": math.isclose}
-_TAGS: dict[str, Callable[[list], Any]] = {"tuple": tuple, "set": _set, "frozenset": _frozenset}
-# what plain data can raise in the judge: a failed test, never a failed step
-_BAD = (ValueError, TypeError, KeyError, ArithmeticError, RecursionError, MemoryError)
 
 
 class TestError(RewardError):
@@ -269,50 +241,6 @@ def _number(v: Any) -> int | float:
     return v
 
 
-def decode(v: Any) -> Any:
-    """A value the sandbox sent, back to Python (its tags undone); ValueError if not plain data."""
-    if v is None or type(v) in (bool, int, float, str):
-        return v
-    if type(v) is list:
-        return [decode(x) for x in v]
-    if type(v) is dict and len(v) == 1:
-        (tag, x), = v.items()
-        if tag in _TAGS and type(x) is list:
-            return _TAGS[tag](decode(i) for i in x)
-        if tag == "dict" and type(x) is list and all(type(p) is list and len(p) == 2 for p in x):
-            pairs = [(decode(k), decode(val)) for k, val in x]
-            _hash_safe(k for k, _ in pairs)
-            return dict(pairs)
-        if tag == "bytes" and type(x) is str:
-            return bytes.fromhex(x)
-        if tag == "float" and x in ("nan", "inf", "-inf"):
-            return float(x)
-    raise ValueError("not plain data")
-
-
-def _lines(out: bytes) -> dict[int, dict]:
-    """The first well-formed record per index."""
-    got: dict[int, dict] = {}
-    for line in out.decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if type(rec) is dict and type(rec.get("i")) is int:
-            got.setdefault(rec["i"], rec)
-    return got
-
-
-def _values(out: sandbox.Outcome, exprs: list[str]) -> dict[str, Any]:
-    """The plain values a run sent back for its expressions (those it could not send are missing)."""
-    vals = {}
-    for i, rec in _lines(out.stdout).items():
-        if 0 <= i < len(exprs) and "v" in rec:
-            with contextlib.suppress(*_BAD):
-                vals[exprs[i]] = decode(rec["v"])
-    return vals
-
-
 def cases_of(column: Any) -> list | None:
     """One row's test cases from its ``test_cases`` / ``verification_info`` value: a list, or its
     JSON string, or open-r1's ``{"language", "test_cases"}`` / ``{"inputs", "outputs"}``. None: no
@@ -377,7 +305,7 @@ def trusted_values(sides: list[str], box: Sandbox) -> dict[str, Any]:
     with _trusted_lock:
         if key in _trusted:
             return _trusted[key]
-        vals = _values(_run("", "exprs", sides, box, audit=True), sides)
+        vals = sent_values(_run("", "exprs", sides, box, audit=True), sides)
         if len(_trusted) > 4096:
             _trusted.clear()
         _trusted[key] = vals
@@ -397,10 +325,10 @@ def judge(code: str, tests: list, box: Sandbox, audit: bool = True) -> Verdict:
     trusted = trusted_values(sides, box)
     asked = [s for s in sides if s not in trusted]
     out = _run(code, "exprs", asked, box, audit) if asked else None
-    values = {**trusted, **(_values(out, asked) if out else {})}
+    values = {**trusted, **(sent_values(out, asked) if out else {})}
     passed = 0
     for c in checks:
-        with contextlib.suppress(*_BAD):
+        with contextlib.suppress(*BAD):
             passed += bool(evaluate(c.tree, {k: values[s] for k, s in enumerate(c.sides) if s in values}))
     return Verdict(passed, len(tests), bool(out and out.timed_out), bool(out and out.flooded),
                    out.seconds if out else 0.0)
@@ -412,7 +340,7 @@ def _norm(s: str) -> str:
 
 def _judge_stdio(code: str, tests: list[dict], box: Sandbox, audit: bool) -> Verdict:
     out = _run(code, "stdio", [str(t.get("input", "")) for t in tests], box, audit)
-    got = _lines(out.stdout)
+    got = records(out.stdout)
     passed = 0
     for i, t in enumerate(tests):
         printed = got.get(i, {}).get("out")

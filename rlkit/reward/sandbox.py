@@ -15,7 +15,7 @@ Isolation (``isolation``):
   the kernel frees with the namespaces when the run ends (SysV IPC with its IPC namespace). As root,
   bubblewrap runs without a user namespace and the program drops to a throwaway uid of its own
   before anything else, so its process limit is enforced (the kernel does not enforce one for root).
-  A seccomp filter (`seccomp_filter`) denies the kernel keyring, new namespaces and mounts, memory
+  A seccomp filter (`rlkit.reward.seccomp`) denies the kernel keyring, new namespaces and mounts, memory
   files, ptrace, eBPF, perf events, io_uring and the like; without root bubblewrap also forbids
   nested user namespaces. The root and ``/dev`` are read-only: ``/tmp`` and ``/dev/shm`` are all
   it can write.
@@ -52,6 +52,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from rlkit.errors import RewardError
+from rlkit.reward import seccomp
 
 ISOLATIONS = ("namespaces", "remote", "process")
 # the program's whole environment (HOME: its working directory), in both local modes
@@ -156,54 +157,6 @@ def _bwrap_command(python: str, limits: Limits, filter_fd: int, *program: str) -
     return [*args[:-2], "--seccomp", str(filter_fd), *args[-2:], *program]
 
 
-# What code under test never needs and a sandbox must not reach (denied with EPERM by a seccomp
-# filter bubblewrap loads before the program starts): the kernel keyring (the driver's session
-# keyring, keys that outlive the run), new namespaces and mounts (a tmpfs or cgroup2 mounted in a
-# nested user namespace is memory past every limit, and cgroup.kill), and the kernel's debugging,
-# tracing, module and io_uring interfaces.
-DENIED_SYSCALLS = (
-    "keyctl", "add_key", "request_key",
-    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen",
-    "fsconfig", "fsmount", "fspick", "mount_setattr",
-    "bpf", "perf_event_open", "ptrace", "process_vm_readv", "process_vm_writev", "userfaultfd",
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "swapon", "swapoff",
-    "reboot", "acct", "quotactl", "open_by_handle_at", "name_to_handle_at", "syslog",
-    "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "memfd_create", "memfd_secret")  # memory files: each up to the file-size limit, outside the address-space one
-# clone(2)'s namespace flags (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): each refused
-CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
-
-
-@functools.lru_cache(maxsize=1)
-def seccomp_filter() -> bytes:
-    """The sandbox's seccomp filter as the BPF program bubblewrap's `--seccomp` reads (libseccomp,
-    through pyseccomp): everything allowed but `DENIED_SYSCALLS` and clone(2) into new namespaces;
-    clone3, whose flags a filter cannot read, answers ENOSYS, so the C library falls back to clone."""
-    import errno
-
-    import pyseccomp as seccomp
-
-    f = seccomp.SyscallFilter(seccomp.ALLOW)
-    for name in DENIED_SYSCALLS:
-        with contextlib.suppress(RuntimeError, ValueError):  # a syscall this architecture lacks
-            f.add_rule(seccomp.ERRNO(errno.EPERM), name)
-    for flag in CLONE_NAMESPACES:
-        f.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
-    f.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    with tempfile.TemporaryFile() as out:
-        f.export_bpf(out)
-        out.seek(0)
-        return out.read()
-
-
-def _filter_fd() -> int:
-    """A file descriptor holding the seccomp filter, for bubblewrap to read (closed by the caller)."""
-    fd = os.memfd_create("rlkit-seccomp", 0)
-    os.write(fd, seccomp_filter())
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
 @functools.lru_cache(maxsize=4)
 def namespaces_problem(python: str | None = None) -> str | None:
     """Why the "namespaces" mode cannot run here (one line), or None when it can. Probed once."""
@@ -212,11 +165,11 @@ def namespaces_problem(python: str | None = None) -> str | None:
         return ("bubblewrap is not installed (`bwrap` not on PATH): install Debian's `bubblewrap` package "
                 "(scripts/setup.sh does as root)")
     try:
-        seccomp_filter()
+        seccomp.seccomp_filter()
     except (ImportError, OSError, RuntimeError, ValueError) as e:
         return (f"its seccomp filter cannot be built ({type(e).__name__}: {e}): install libseccomp (Debian's "
                 "`libseccomp2`) and the Python package pyseccomp")
-    fd = _filter_fd()
+    fd = seccomp.filter_fd()
     try:
         p = subprocess.run(_bwrap_command(python, Limits(), fd, "-I", "-S", "-c", "print('ok')"),
                            capture_output=True, timeout=30, stdin=subprocess.DEVNULL, pass_fds=(fd,))
@@ -273,7 +226,7 @@ class Sandbox:
         python, limits = interpreter(), self.limits
         work, fds = None, ()
         if self.isolation == "namespaces":
-            fds = (_filter_fd(),)
+            fds = (seccomp.filter_fd(),)
             cmd = _bwrap_command(python, limits, fds[0], "-I", "-S", "-c", program)
             cwd, env = "/", {"PATH": _ENV["PATH"]}  # bubblewrap's own: it clears it for the program
         else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing
 import sys
 import threading
@@ -11,7 +10,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from numbers import Real
 from types import ModuleType
 from typing import Any, Literal
 
@@ -20,25 +18,19 @@ from rlkit.reward.contract import (
     RewardError,
     RewardResult,
     RewardSpec,
-    completion_text,
-    preview,
     prompt_text,
     with_defaults,
 )
 from rlkit.reward.resolve import ResolvedReward, is_object, resolve, source_object
+from rlkit.reward.values import BadValue, Batch, failure, fallback, sample_text, validate
 
 _log = logging.getLogger("rlkit")
 
 Parallel = Literal["thread", "process", "none"]
-_Batch = tuple[list, list, "list | None", dict]
 
 
 class _Timeout(Exception):
     pass
-
-
-class _BadValue(RewardError):
-    """A returned value of the wrong shape, type or range (not an exception the function raised)."""
 
 
 class RewardScorer:
@@ -160,9 +152,9 @@ class RewardScorer:
             t0 = time.perf_counter()
             try:
                 out, secs = wait(self._limit(r, n))
-                vals = _validate(r, out, n, batch, clipped)
+                vals = validate(r, out, n, batch, clipped)
                 self._count_failed(r, out, vals, batch, errors)
-            except _BadValue as e:  # wrong shape/type/range: a bug in the function, never defaulted
+            except BadValue as e:  # wrong shape/type/range: a bug in the function, never defaulted
                 if not self.collect_errors:
                     raise
                 vals, secs = [None] * n, time.perf_counter() - t0
@@ -192,7 +184,7 @@ class RewardScorer:
             limit = max(limit, float(derive(n, with_defaults(fn, dict(r.spec.args)))))
         return limit
 
-    def _count_failed(self, r: ResolvedReward, out: Any, vals: list[float | None], batch: _Batch,
+    def _count_failed(self, r: ResolvedReward, out: Any, vals: list[float | None], batch: Batch,
                       errors: dict[str, int]) -> None:
         """The samples the function scored as `Failed`: counted in its errors, said once."""
         failed = [i for i, v in enumerate(out) if isinstance(v, Failed)]
@@ -203,11 +195,11 @@ class RewardScorer:
             self._warned.add(r.name)
             i = failed[0]
             _log.warning("%s %r: sample %d %s %s, scored %s (counted in reward/%s/errors; this is said once)",
-                         r.key, r.name, i, _sample(batch, i), out[i].why or "failed", vals[i], r.name)
+                         r.key, r.name, i, sample_text(batch, i), out[i].why or "failed", vals[i], r.name)
 
     # -- running calls -------------------------------------------------------------------
 
-    def _start(self, r: ResolvedReward, batch: _Batch) -> Callable[[float | None], tuple[Any, float]]:
+    def _start(self, r: ResolvedReward, batch: Batch) -> Callable[[float | None], tuple[Any, float]]:
         """Start one call; returns ``wait(timeout) -> (output, seconds)``."""
         if self.parallel == "process":
             return self._start_in_process(r, batch)
@@ -233,7 +225,7 @@ class RewardScorer:
             return box["out"], box["secs"]
         return wait_thread
 
-    def _start_in_process(self, r: ResolvedReward, batch: _Batch) -> Callable[[float | None], tuple[Any, float]]:
+    def _start_in_process(self, r: ResolvedReward, batch: Batch) -> Callable[[float | None], tuple[Any, float]]:
         """`parallel: process`: the call in the pool's spawned process; a timeout kills the pool."""
         fut = self._process_pool().submit(_process_call, r.spec, self.base_dir, r.key, batch)
 
@@ -258,7 +250,7 @@ class RewardScorer:
                 p.kill()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _isolate(self, r: ResolvedReward, batch: _Batch, exc: BaseException, clipped: dict[str, int]
+    def _isolate(self, r: ResolvedReward, batch: Batch, exc: BaseException, clipped: dict[str, int]
                  ) -> tuple[list[float | None], list[tuple[int, str]]]:
         """After a failed batch call: find the failing samples by calling one at a time.
 
@@ -270,12 +262,12 @@ class RewardScorer:
         prompts, completions, ids, cols = batch
         n = len(completions)
         # collecting (`rlkit reward test`): a failure shows as a failure, not as a score
-        default = None if self.collect_errors and r.spec.on_error is None else _fallback(r)
+        default = None if self.collect_errors and r.spec.on_error is None else fallback(r)
         explicit = r.spec.on_error is not None or self.collect_errors
         if isinstance(exc, _Timeout):
             msg = f"{r.key} {r.name!r} {exc} on a batch of {n} samples (raise `timeout_s:` or speed it up)"
             if not explicit:
-                raise RewardError(f"{msg}; first sample {_sample(batch, 0)}") from None
+                raise RewardError(f"{msg}; first sample {sample_text(batch, 0)}") from None
             return [default] * n, [(i, msg) for i in range(n)]
         vals: list[float | None] = []
         bad: list[tuple[int, str]] = []
@@ -284,17 +276,17 @@ class RewardScorer:
                    {k: [v[i]] for k, v in cols.items()})
             try:
                 out, _ = self._start(r, one)(self._limit(r, 1))
-                vals.append(_validate(r, out, 1, one, clipped)[0])
-            except _BadValue:  # a wrong value, not a raising call: never defaulted
+                vals.append(validate(r, out, 1, one, clipped)[0])
+            except BadValue:  # a wrong value, not a raising call: never defaulted
                 raise
             except Exception as e:  # noqa: BLE001
-                msg = _failure(r, e, batch, i)
+                msg = failure(r, e, batch, i)
                 if r.spec.fail_fast and not self.collect_errors:
                     raise RewardError(msg) from None
                 vals.append(default)
                 bad.append((i, msg))
         if not bad:  # only the batch call fails: blame the batch
-            msg = _failure(r, exc, batch, None)
+            msg = failure(r, exc, batch, None)
             if not explicit:
                 raise RewardError(msg) from None
             return [default] * n, [(i, msg) for i in range(n)]
@@ -302,7 +294,7 @@ class RewardScorer:
             raise RewardError(f"{bad[0][1]} (and on every other sample of the batch of {n})")
         return vals, bad
 
-    def _total(self, per_fn: dict[str, list[float | None]], batch: _Batch,
+    def _total(self, per_fn: dict[str, list[float | None]], batch: Batch,
                failures: dict[str, list[tuple[int, str]]]) -> list[float]:
         n = len(batch[1])
         total: list[float] = []
@@ -314,7 +306,7 @@ class RewardScorer:
                 total.append(float(self.default))
             else:
                 msg = (f"every reward returned None for sample {i} ({', '.join(self.names)}) "
-                       f"{_sample(batch, i)}; make one return a number there, or give such samples a reward "
+                       f"{sample_text(batch, i)}; make one return a number there, or give such samples a reward "
                        "with `grpo.reward_default` in the recipe")
                 if not self.collect_errors:
                     raise RewardError(msg)
@@ -324,7 +316,7 @@ class RewardScorer:
 
 
 def _check_batch(prompts: Sequence, completions: Sequence, completion_ids: Sequence | None,
-                 columns: dict[str, Sequence]) -> _Batch:
+                 columns: dict[str, Sequence]) -> Batch:
     n = len(completions)
     if len(prompts) != n:
         raise RewardError(f"score(): {len(prompts)} prompts for {n} completions")
@@ -337,74 +329,10 @@ def _check_batch(prompts: Sequence, completions: Sequence, completion_ids: Seque
             {k: list(v) for k, v in columns.items()})
 
 
-def _fallback(r: ResolvedReward) -> float:
-    """What a sample whose call raised scores: on_error's default, else the range's low end, else 0."""
-    if r.spec.on_error is not None:
-        return float(r.spec.on_error["default"])
-    low = r.bounds[0] if r.bounds else None
-    return 0.0 if low is None else low
-
-
-def _validate(r: ResolvedReward, out: Any, n: int, batch: _Batch, clipped: dict[str, int]) -> list[float | None]:
-    """The call's output as floats/None within the function's range (clipped and counted with the
-    spec's `clip`), or RewardError naming the function and the sample."""
-    who = f"{r.key} {r.name!r}"
-    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__") or not hasattr(out, "__iter__"):
-        raise _BadValue(f"{who} returned {type(out).__name__}; expected a list of {n} floats (None = n/a)")
-    if len(out) != n:
-        raise _BadValue(f"{who} returned {len(out)} values for {n} completions")
-    low, high = r.bounds or (None, None)
-    lo, hi = -math.inf if low is None else low, math.inf if high is None else high
-    vals: list[float | None] = []
-    for i, v in enumerate(out):
-        if v is None:
-            vals.append(None)
-            continue
-        if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:  # numpy / torch scalars
-            v = v.item()
-        if not isinstance(v, Real):
-            raise _BadValue(f"{who} returned {type(v).__name__} {preview(repr(v), 40)} at index {i}; "
-                              "expected a float or None")
-        v = float(v)
-        if r.spec.clip and not (math.isnan(v) or lo <= v <= hi):
-            v = min(max(v, lo), hi)
-            clipped[r.name] = clipped.get(r.name, 0) + 1
-        if math.isnan(v) or (math.isinf(v) and lo <= v <= hi):  # no bound on that side to clip to
-            raise _BadValue(f"{who} returned {v} at index {i} {_sample(batch, i)}; rewards must be finite")
-        if not lo <= v <= hi:
-            raise _BadValue(f"{who} returned {v:g} at index {i} {_sample(batch, i)}, outside its range "
-                            f"[{_bound(low)}, {_bound(high)}]; fix it, or set `clip: true` on this reward to clip "
-                            "and count such values")
-        vals.append(v)
-    return vals
-
-
-def _bound(b: float | None) -> str:
-    return "-" if b is None else f"{b:g}"
-
-
-def _sample(batch: _Batch, i: int) -> str:
-    return (f"(prompt={preview(prompt_text(batch[0][i]))!r}, "
-            f"completion={preview(completion_text(batch[1][i]))!r})")
-
-
-def _failure(r: ResolvedReward, e: BaseException, batch: _Batch, i: int | None) -> str:
-    what = f"{type(e).__name__}: {preview(str(e), 300)}"
-    where = (f"on sample {i} {_sample(batch, i)}" if i is not None else
-             f"on the whole batch of {len(batch[1])} (each sample alone passes)")
-    if r.spec.on_error:
-        hint = ""
-    elif i is not None and r.spec.fail_fast:
-        hint = "; fix it, or drop `fail_fast` to score such samples low"
-    else:
-        hint = "; fix it, or set `on_error: {default: 0.0}` on this reward"
-    return f"{r.key} {r.name!r} raised {what} {where}{hint}"
-
-
 _PROCESS_CACHE: dict[tuple, ResolvedReward] = {}
 
 
-def _process_call(spec: RewardSpec, base_dir: str | None, key: str, batch: _Batch) -> tuple[Any, float]:
+def _process_call(spec: RewardSpec, base_dir: str | None, key: str, batch: Batch) -> tuple[Any, float]:
     """Worker side of ``parallel="process"``: resolve once per process, call, time."""
     ck = (repr(spec), base_dir, key)
     if ck not in _PROCESS_CACHE:
