@@ -62,9 +62,13 @@ def _batch_seconds(n: int, args: dict[str, Any]) -> float:
     """What a batch of `n` samples may take: each sample runs at most two sandboxes (its test's
     own values, then the candidate), each killed at `timeout_s` (plus its start), `workers` at a
     time."""
-    workers = args.get("workers") or os.cpu_count() or 1
     per_sample = 2 * (float(args.get("timeout_s", 5.0)) + SANDBOX_START_S)
-    return math.ceil(n / workers) * per_sample + SANDBOX_START_S
+    return math.ceil(n / _workers(args.get("workers"))) * per_sample + SANDBOX_START_S
+
+
+def _workers(workers: int | None) -> int:
+    """The samples judged at once: `workers`, default the CPU count (the pool and the batch's time)."""
+    return workers or os.cpu_count() or 1
 
 
 @reward_range(0.0, 1.0)
@@ -104,7 +108,7 @@ def code_reward(completions: list, test_cases: list | None = None, verification_
             return None if on_crash is None else Failed(on_crash, f"was killed: its code {why}")
         return v.score
 
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(max_workers=_workers(workers)) as pool:
         return list(pool.map(one, range(len(completions))))
 
 
