@@ -16,6 +16,7 @@ from rlkit.accel import Kind
 from rlkit.data.curriculum import DEFAULT_LEVELS, DEFAULT_PHASES, validate_phases
 from rlkit.data.formats import ROW_FORMATS
 from rlkit.data.templates import TEMPLATES
+from rlkit.program_config import ProgramConfig
 from rlkit.recipe import check
 from rlkit.tiny import SIZES, VLM
 from rlkit.transports import SyncName, colocation_problem
@@ -355,6 +356,8 @@ class RolloutConfig:
     # expression and "=", its value is appended as tokens out of the loss, and generation goes on
     calculator: bool = False
     tool_timeout_s: float | None = 30.0  # a tool call running longer fails: its result is an error
+    # the user's own agent program, talking to the engines through an OpenAI-compatible endpoint
+    program: ProgramConfig = field(default_factory=ProgramConfig)
 
     def __post_init__(self):
         mismatch = colocation_problem(self.sync, self.colocate)
@@ -383,6 +386,9 @@ class RolloutConfig:
               "a rollout has an environment (TRL's, with tools) or an interaction (gym-style), not both")
         check(not (self.calculator and (self.tools or self.environment or self.interaction)), "calculator",
               "the inline calculator runs its own rollout loop: not with tools, an environment or an interaction")
+        check(not (self.program.fn and (self.tools or self.environment or self.interaction or self.calculator)),
+              "program", "an agent program runs its own turns: not with tools, an environment, an interaction or the "
+              "calculator")
         check(self.max_tool_calls is None or self.max_tool_calls >= 0, "max_tool_calls",
               f"must be >= 0 (None: as many as max_tokens allows), got {self.max_tool_calls}")
         check(self.tool_timeout_s is None or self.tool_timeout_s > 0, "tool_timeout_s",

@@ -140,6 +140,8 @@ class AgentBatch:
     busy: dict[int, float] = field(default_factory=dict)  # engine index -> seconds generating
     tool_seconds: float = 0.0
     pool: Environments | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # the rollouts' own (an agent program's)
+    returned: bool = False  # an agent program's returned rewards ride on the samples' env_reward
 
     def release(self) -> None:
         """The rollouts are scored: their environment instances go back to the pool."""

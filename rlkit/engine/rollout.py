@@ -60,6 +60,7 @@ class Sample:
     tool_failures: int = 0
     turns: int = 1
     env_reward: float | None = None  # a gym-style interaction's rewards, summed over its steps
+    forks: list[Sample] | None = None  # an agent program's earlier samples of this rollout (rlkit/agent/program.py)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,16 @@ class Rollout:
     policy_version: int = 0  # the policy version (optimizer steps synced) whose weights generated it
     tool_mask: list[int] | None = None  # multi-turn: 0 on tool-result tokens (no loss), else 1
     images: tuple = ()  # the prompt's images (paths or PIL images), whose tokens prompt_ids holds expanded
+    forks: tuple[Rollout, ...] = ()  # an agent program's earlier samples of this rollout: its reward, advantage
+
+
+def expand_forks(rollouts: Sequence[Rollout], advantages: Tensor) -> tuple[list[Rollout], Tensor]:
+    """The rollouts with their forks before them, each fork with its rollout's advantage."""
+    if not any(r.forks for r in rollouts):
+        return list(rollouts), advantages
+    out = [part for r in rollouts for part in (*r.forks, r)]
+    counts = torch.tensor([len(r.forks) + 1 for r in rollouts])
+    return out, advantages.repeat_interleave(counts, dim=0)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ class Generation:
     def state_dict(self) -> dict[str, Any]:
         """Waits for the samples; everything needed to score and train on them after a restart."""
         samples = self.wait()
-        agent = self.agent and {"prompts": self.agent.prompts, "prompt_texts": self.agent.prompt_texts}
+        agent = self.agent and {"prompts": self.agent.prompts, "prompt_texts": self.agent.prompt_texts,
+                                "returned": self.agent.returned}
         rows = [{k: v for k, v in r.items() if not _has_image_object(v)} for r in self.rows]  # plain containers
         return {"rows": rows, "prompts": self.prompts, "version": self.version, "indices": self.indices,
                 "samples": [dataclasses.asdict(s) for s in samples], "agent": agent}
@@ -83,13 +84,20 @@ class Generation:
         indices when given (a row's images, which the checkpoint does not hold as objects)."""
         from rlkit.agent.loop import AgentBatch
 
-        samples = [Sample(**s) for s in state["samples"]]
+        samples = [_sample(s) for s in state["samples"]]
         agent = state.get("agent")
         indices = state.get("indices") or []
         rows = [train_rows[i] for i in indices] if train_rows is not None and indices else state["rows"]
         return cls(rows, state["prompts"], [], None, time.perf_counter(), version=state["version"],
                    samples=samples, indices=state.get("indices", []),
-                   agent=agent and AgentBatch(samples, agent["prompts"], agent["prompt_texts"], None))
+                   agent=agent and AgentBatch(samples, agent["prompts"], agent["prompt_texts"], None,
+                                              returned=agent.get("returned", False)))
+
+
+def _sample(state: dict[str, Any]) -> Sample:
+    """A sample from `dataclasses.asdict` (its forks too)."""
+    forks = state.get("forks")
+    return Sample(**{**state, "forks": forks and [_sample(f) for f in forks]})
 
 
 def _has_image_object(value: Any) -> bool:
@@ -152,6 +160,7 @@ def score_rows(scorer: Any, rows: list[dict], prompts: list[str], samples: list[
     if agent is not None:
         if agent.environments is not None:
             columns["environments"] = agent.environments
+        if agent.environments is not None or agent.returned:  # an interaction's or an agent program's rewards
             columns["env_rewards"] = [s.env_reward for s in samples]
         return scorer.score(agent.prompts, [s.text if s.messages is None else s.messages for s in samples],
                             [s.token_ids for s in samples], columns, prompt_texts=agent.prompt_texts)
@@ -215,13 +224,13 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
             first = {**metrics, **_completion_metrics(samples), "reward/frac_zero_std": frac_zero_std(rewards, G)}
             if generation.agent is not None:
                 first.update(rollout_metrics(samples, generation.agent.tool_seconds))
+                first.update(generation.agent.metrics)
         zero = zero_std_mask(rewards, G)
         shown = generation.prompt_texts(G)
         scored += [(i, rewards[g * G:(g + 1) * G].tolist()) for g, i in enumerate(generation.indices)]
         for g in range(len(generation.rows)):
             images = tuple(generation.rows[g].get("images") or ())
-            group = [Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs,
-                             generation.version, s.tool_mask, images) for s in samples[g * G:(g + 1) * G]]
+            group = [_rollout(s, generation.version, images) for s in samples[g * G:(g + 1) * G]]
             texts = [(shown[k], samples[k].text) for k in range(g * G, (g + 1) * G)]
             (spare if algo.dynamic_sampling and bool(zero[g]) else kept).append(
                 (group, rewards[g * G:(g + 1) * G], per_fn[g * G:(g + 1) * G], texts))
@@ -240,6 +249,13 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
                    "rollout/tokens_per_s": n_tokens / max(t_gen, 1e-9),
                    "dynamic_sampling/kept_groups": float(min(len(kept), want))}
     return exp
+
+
+def _rollout(s: Sample, version: int, images: tuple) -> Rollout:
+    """What the driver keeps of a sample (and of its forks)."""
+    forks = tuple(_rollout(f, version, images) for f in s.forks or ())
+    return Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs, version, s.tool_mask,
+                   images, forks)
 
 
 def _completion_metrics(samples: list[Sample]) -> dict[str, float]:

@@ -42,7 +42,7 @@ from rlkit.driver import (
 from rlkit.engine.cluster import Demand
 from rlkit.engine.objective import mean_metrics
 from rlkit.engine.perf import perf_metrics
-from rlkit.grpo.batch import GRPOBatch, plan_micro_batches, plan_token_micro_batches
+from rlkit.grpo.batch import GRPOBatch, expand_forks, plan_micro_batches, plan_token_micro_batches
 from rlkit.grpo.config import GRPOConfig
 from rlkit.grpo.difficulty import OnlineDifficulty
 from rlkit.grpo.experience import Experience, Generation, advantages, collect, evaluate, start_generation
@@ -205,7 +205,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir,
         engines.idle()                                                            # generate, score (+ refills)
         seen = _observe(sampler.row_filter, exp)                                  # online difficulty, when on
         adv, adv_metrics = advantages(exp, g)
-        batch = GRPOBatch.collate(exp.rollouts, adv, task.pad_id, g.mask_truncated, task.images)
+        batch = GRPOBatch.collate(*expand_forks(exp.rollouts, adv), task.pad_id, g.mask_truncated, task.images)
         t_teacher = time.perf_counter()
         if teacher is not None:                                                   # the teacher's logprobs
             batch = teacher.score(batch, cfg.rollout.temperature)

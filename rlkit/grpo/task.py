@@ -3,10 +3,12 @@ and the reward functions. Loaded and checked before any actor starts."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlkit.agent.program import program_reward
 from rlkit.agent.tools import environment_rewards, load_environments, load_interaction, load_tools
 from rlkit.config import DataConfig, ModelConfig, RolloutConfig
 from rlkit.errors import ConfigError, DataError
@@ -82,7 +84,7 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     eval_rows = load_prompts(data.eval, data.format, data.dataset, split=data.eval_split,
                              seed=seed).rows if data.eval else []
     template = resolve_template(data.template, rows[0], tokenizer, data.train) if rows else data.template
-    multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction)
+    multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction or rollout.program.fn)
     images = _image_inputs(model, tokenizer, ((data.train, rows), (data.eval, eval_rows)),
                            bool(multi_turn or (rollout and rollout.calculator)))
     agent = _agent(rollout, template, tokenizer, recipe_dir) if multi_turn else None
@@ -93,11 +95,13 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
         agent = Calculator(tokenizer, lambda row: render_prompt(dict(row), template, tokenizer), rollout.max_model_len,
                            kv_cache_tokens(rollout, model.path, model.dtype) if on_cpu else None)
     environments = agent.environments if agent else None
-    columns = (set(rows[0]) | ({"environments", "env_rewards"} if environments else set())) if rows else None
-    if not rewards and not (environments and environments.rewards):
+    program = bool(rollout and rollout.program.fn)
+    columns = (set(rows[0]) | ({"environments", "env_rewards"} if environments else set()) |
+               ({"env_rewards"} if program else set())) if rows else None
+    if not rewards and not (environments and environments.rewards) and not program:
         raise ConfigError("name at least one reward function (the environment has no get_reward)", "rewards")
-    scorer = RewardScorer(list(rewards), recipe_dir, columns=columns, default=reward_default,
-                          extra=environment_rewards(environments) if environments else ())
+    extra = environment_rewards(environments) if environments else [program_reward()] if program else ()
+    scorer = RewardScorer(list(rewards), recipe_dir, columns=columns, default=reward_default, extra=extra)
     task = Task(rows, eval_rows, template, tokenizer, scorer, agent, images)
     check_prompts(task, ((data.train, rows), (data.eval, eval_rows)), rollout)
     return task
@@ -164,14 +168,22 @@ def _image_inputs(model: ModelConfig, tokenizer: Any, sources: Any, multi_turn: 
 
 
 def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: str | None) -> Any:
-    """The run's tools and environments, checked (one line each) before launch."""
-    from rlkit.agent.loop import Agent
+    """The run's tools and environments, or its agent program, checked (one line each) before launch."""
+    from rlkit.agent.loop import Agent, prepare_tokenizer
 
     key = "rollout.tools" if rollout.tools else "rollout.environment" if rollout.environment else \
-        "rollout.interaction"
+        "rollout.interaction" if rollout.interaction else "rollout.program.fn"
     if template != "chat":
         raise ConfigError("tool calls need the tokenizer's chat template: set data.template: chat (rows of any "
                           "format become chat messages)", key)
+    if rollout.program.fn:
+        from rlkit.agent.program import ProgramAgent, load_program
+
+        recipe = {"temperature": rollout.temperature, "top_p": rollout.top_p}
+        with contextlib.suppress(ConfigError):  # tool calls parsed into OpenAI's format; without, a turn is text
+            tokenizer = prepare_tokenizer(tokenizer, key)
+        return ProgramAgent(tokenizer, load_program(rollout.program.fn, recipe_dir),
+                            rollout.program, rollout.max_tokens, rollout.max_model_len, recipe)
     tools = load_tools(rollout.tools, recipe_dir)
     environments = load_environments(rollout.environment, recipe_dir) if rollout.environment else \
         load_interaction(rollout.interaction, recipe_dir) if rollout.interaction else None

@@ -32,3 +32,13 @@ def tool_task(tmp_path_factory) -> dict[str, Path]:
     script = tool_task_script()
     tools = script.sft(model, data["sft_tools"], root / "sft-tools", script.TOOL_STEPS, root)
     return {"root": root, "model": model, "tools": tools, **data}
+
+
+@pytest.fixture(scope="session")
+def mixed_tool_model(tool_task) -> Path:
+    """The transcripts' model after 120 SFT steps on the mixed rows (the tool offered in every row,
+    30% of them transcripts): it can use `add` but seldom calls it (the script's GRPO start)."""
+    script = tool_task_script()
+    root = tool_task["root"]
+    return script.sft(tool_task["tools"], tool_task["sft_mixed"], root / "sft-mixed", 120, root, lr=1e-3,
+                      packing=True)

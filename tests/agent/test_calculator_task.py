@@ -13,14 +13,12 @@ from tests.agent.conftest import tool_task_script
 pytestmark = pytest.mark.slow
 
 
-def test_grpo_with_the_tool_beats_the_no_tool_baseline(tool_task, tmp_path):
+def test_grpo_with_the_tool_beats_the_no_tool_baseline(tool_task, mixed_tool_model, tmp_path):
     script = tool_task_script()
     direct = script.sft(tool_task["model"], tool_task["sft_direct"], tmp_path / "sft-direct", script.SFT_STEPS,
                         tmp_path)
     baseline = script.no_tool_baseline(direct, tool_task, tmp_path)
-    mixed = script.sft(tool_task["tools"], tool_task["sft_mixed"], tmp_path / "sft-mixed", 120, tmp_path, lr=1e-3,
-                       packing=True)
-    rows = script.grpo(mixed, tool_task, tmp_path / "grpo", 8, 1e-4, 0, tmp_path, overrides=(
+    rows = script.grpo(mixed_tool_model, tool_task, tmp_path / "grpo", 8, 1e-4, 0, tmp_path, overrides=(
         "rollout.num_engines=1", "grpo.num_learners=1", "deepspeed.zero_stage=0", "grpo.beta=0", "eval.every=4"))
     evals = [r["eval/exact_match"] for r in rows if "eval/exact_match" in r]
     calls = [r["tools/call_frequency"] for r in rows if "tools/call_frequency" in r]

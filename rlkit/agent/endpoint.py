@@ -1,0 +1,357 @@
+"""An OpenAI-compatible Chat Completions endpoint in front of the rollout engines, with the exact
+tokens of every turn kept per session (token-in/token-out).
+
+Each rollout of an agent program (`rollout.program`, rlkit/agent/program.py) is a session: its
+base URL ``http://HOST:PORT/s/SESSION/v1`` (or the shared ``/v1`` with the session's key as the
+API key). A request's messages (and tools, in OpenAI's format) are rendered with the policy's chat
+template; when the rendered tokens begin with everything the session holds (its prompt, and every
+token sampled or appended since), the new tokens after them (tool results, the next user turn)
+join the completion out of the loss, and the engines generate the next turn from exactly those
+tokens. A request whose tokens do not extend the session's (the harness rewrote or cut its
+history, a template that drops earlier thinking, tool-call arguments written another way) starts a
+new sample of the same rollout (a fork, counted): rlkit never splices re-tokenised text into a
+sample. The model's tokens carry the engine's logprobs; nothing is re-tokenised.
+
+Sampling is the recipe's: a request's own temperature, max_tokens and the like are logged and
+overridden, or refused (`rollout.program.sampling`). A session answers at most
+`rollout.program.max_requests` requests. Every refusal is an OpenAI-style error body with an
+HTTP status, counted per kind for the rollout: it costs that rollout, never the step.
+
+Requests of a generation wait up to `batch_wait_s` to share one engine call (continuous batching
+at the turn's grain): a call goes as soon as every running program has a request waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlkit.agent.chat_api import MODEL_NAME, RequestError, check_request, chunks, completion
+from rlkit.engine.rollout import Sample
+from rlkit.program_config import ProgramConfig
+
+
+@dataclass
+class Segment:
+    """One sample of a rollout: the prompt it was forked at, then every token since (the model's,
+    in the loss with the engine's logprobs; the rest masked), and the conversation as last sent."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    finish: str = "stop"
+    turns: int = 0
+    tool_calls: int = 0
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def history(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    def append(self, ids: list[int], logprobs: list[float] | None = None) -> None:
+        """Tokens after the history: sampled (with `logprobs`: in the loss) or not (masked)."""
+        self.completion_ids += ids
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+
+
+@dataclass
+class Session:
+    """One rollout's conversation with the endpoint."""
+
+    id: str
+    key: str
+    batcher: Batcher
+    segments: list[Segment] = field(default_factory=list)
+    requests: int = 0
+    forks: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # kind -> requests refused
+    first_error: str | None = None
+    overridden: set[str] = field(default_factory=set)  # sampling keys the harness sent, overridden
+    closed: bool = False
+    served_s: float = 0.0  # seconds answering requests, less the wait for the engines
+    lock: asyncio.Lock | None = None
+
+    def refused(self, e: RequestError) -> None:
+        self.errors[e.kind] = self.errors.get(e.kind, 0) + 1
+        if self.first_error is None:
+            self.first_error = f"{e.kind}: {e}"
+
+
+class Batcher:
+    """The requests of one generation, sent to the engines together: `generate(prompts, budget)`
+    gives one sample per prompt; a call goes once `live()` requests wait (every running program
+    has one) or `wait_s` after the first. One call at a time; an engine failure fails the call's
+    requests and is kept in `error` (the generation raises it)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, generate: Callable[[list[list[int]], int], list[Sample]],
+                 live: Callable[[], int], wait_s: float):
+        self.loop, self.generate, self.live, self.wait_s = loop, generate, live, wait_s
+        self.pending: list[tuple[list[int], int, asyncio.Future]] = []
+        self.busy = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.error: BaseException | None = None
+        self.calls = 0
+        self.seconds = 0.0
+
+    async def __call__(self, ids: list[int], budget: int) -> tuple[Sample, float]:
+        future = self.loop.create_future()
+        self.pending.append((ids, budget, future))
+        self._kick()
+        return await future
+
+    def poke(self) -> None:
+        """A program ended (from any thread): the requests waiting may now be all there are."""
+        self.loop.call_soon_threadsafe(self._kick)
+
+    def _kick(self, due: bool = False) -> None:
+        if self.busy or not self.pending:
+            return
+        if due or len(self.pending) >= self.live() or self.wait_s == 0:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            self._flush()
+        elif self.timer is None:
+            self.timer = self.loop.call_later(self.wait_s, self._due)
+
+    def _due(self) -> None:
+        self.timer = None
+        self._kick(due=True)
+
+    def _flush(self) -> None:
+        batch, self.pending = self.pending, []
+        self.busy = True
+        t0 = time.perf_counter()
+        job = self.loop.run_in_executor(None, self.generate, [b[0] for b in batch], max(b[1] for b in batch))
+
+        def done(job: asyncio.Future) -> None:
+            seconds = time.perf_counter() - t0
+            self.busy, self.calls, self.seconds = False, self.calls + 1, self.seconds + seconds
+            if job.exception() is not None:
+                self.error = job.exception()
+                for *_, future in batch:
+                    if not future.done():
+                        future.set_exception(RequestError(503, "engine", f"the engines failed: {self.error}"))
+            else:
+                for (*_, future), sample in zip(batch, job.result()):
+                    if not future.done():
+                        future.set_result((sample, seconds))
+            self._kick()
+
+        job.add_done_callback(done)
+
+
+class Endpoint:
+    """The HTTP server (aiohttp, in a thread of its own) and its sessions."""
+
+    def __init__(self, tokenizer: Any, cfg: ProgramConfig, max_tokens: int, max_model_len: int,
+                 recipe: dict[str, Any]):
+        self.tokenizer, self.cfg = tokenizer, cfg
+        self.max_tokens, self.max_model_len = max_tokens, max_model_len
+        self.recipe = recipe  # the recipe's sampling values, by OpenAI's names
+        self.sessions: dict[str, Session] = {}
+        self.by_key: dict[str, Session] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.url: str | None = None
+        self._runner: Any = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> str:
+        """Serve (once); the base URL."""
+        if self.url is not None:
+            return self.url
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            self.loop = asyncio.new_event_loop()
+            try:
+                self.loop.run_until_complete(self._serve())
+            except BaseException as e:  # noqa: BLE001 — the address taken: raised in the caller
+                failure.append(e)
+                ready.set()
+                return
+            ready.set()
+            self.loop.run_forever()
+
+        threading.Thread(target=serve, name="rlkit-endpoint", daemon=True).start()
+        ready.wait()
+        if failure:
+            from rlkit.errors import ConfigError
+
+            raise ConfigError(f"cannot serve on {self.cfg.host}:{self.cfg.port}: {failure[0]} (choose a free port, "
+                              "or 0 for any)", "rollout.program.port")
+        return self.url
+
+    async def _serve(self) -> None:
+        from aiohttp import web
+
+        app = web.Application(client_max_size=8 << 20)
+        app.router.add_post("/s/{session}/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/s/{session}/v1/models", self._models)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://{self.cfg.host}:{port}"
+
+    def stop(self) -> None:
+        if self.loop is None or self._runner is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.url = None
+
+    def open(self, batcher: Batcher) -> Session:
+        """A new session (thread-safe)."""
+        session = Session(secrets.token_hex(8), "rlkit-" + secrets.token_hex(16), batcher)
+        with self._lock:
+            self.sessions[session.id] = session
+            self.by_key[session.key] = session
+        return session
+
+    def base_url(self, session: Session) -> str:
+        return f"{self.url}/s/{session.id}/v1"
+
+    def close(self, session: Session) -> None:
+        """The rollout is over: the session's later requests are refused, and it is forgotten."""
+        session.closed = True
+        with self._lock:
+            self.sessions.pop(session.id, None)
+            self.by_key.pop(session.key, None)
+
+    # ------------------------------------------------------------------ requests
+
+    def _session(self, request: Any) -> Session:
+        sid = request.match_info.get("session")
+        if sid is not None:
+            session = self.sessions.get(sid)
+        else:
+            auth = request.headers.get("Authorization", "")
+            session = self.by_key.get(auth.removeprefix("Bearer ").strip())
+        if session is None:
+            raise RequestError(401 if sid is None else 404, "unknown_session",
+                               "no rollout has this session (it ended, or the URL or API key is not rlkit's)")
+        return session
+
+    async def _models(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"object": "list", "data": [{"id": MODEL_NAME, "object": "model",
+                                                                "owned_by": "rlkit", "created": 0}]})
+
+    async def _chat(self, request: Any) -> Any:
+        from aiohttp import web
+
+        t0 = time.perf_counter()
+        session = None
+        try:
+            session = self._session(request)
+            if session.lock is None:
+                session.lock = asyncio.Lock()
+            try:
+                body = await request.json()
+            except ValueError:
+                raise RequestError(400, "malformed", "the request body is not JSON") from None
+            async with session.lock:
+                if session.closed:
+                    raise RequestError(410, "closed", "the rollout is over (its deadline passed)")
+                session.requests += 1
+                if session.requests > self.cfg.max_requests:
+                    raise RequestError(429, "flooded", f"this rollout sent more than rollout.program.max_requests "
+                                                       f"({self.cfg.max_requests}) requests")
+                answer, seconds = await self._turn(session, body)
+            session.served_s += time.perf_counter() - t0 - seconds
+        except RequestError as e:
+            if session is not None:
+                session.refused(e)
+            return web.json_response({"error": {"message": str(e), "type": "invalid_request_error", "code": e.kind}},
+                                     status=e.status)
+        if body.get("stream"):
+            return await self._stream(request, answer)
+        return web.json_response(answer)
+
+    async def _turn(self, session: Session, body: Any) -> tuple[dict[str, Any], float]:
+        """Render, extend or fork, generate, record; the Chat Completion and the engines' seconds."""
+        from jinja2 import TemplateError
+
+        messages, tools = check_request(body, self.cfg.sampling, self.recipe, session.overridden)
+        try:
+            ids = list(self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                                          tokenize=True, return_dict=False))
+        except (TemplateError, TypeError, ValueError, KeyError) as e:
+            raise RequestError(400, "malformed", "the policy's chat template cannot render these messages: "
+                               f"{' '.join(str(e).split())[:200]}") from None
+        if len(ids) >= self.max_model_len:
+            raise RequestError(400, "context_length_exceeded", f"the conversation is {len(ids)} tokens; the engines "
+                               f"hold {self.max_model_len} (rollout.max_model_len) with the answer")
+        seg = session.segments[-1] if session.segments else None
+        history = seg.history if seg is not None else []
+        if seg is not None and len(ids) > len(history) and ids[:len(history)] == history:
+            new = ids[len(history):]
+            budget = min(self.max_tokens - len(seg.completion_ids) - len(new), self.max_model_len - len(ids))
+        else:
+            if seg is not None:
+                session.forks += 1
+            seg, new = None, []
+            budget = min(self.max_tokens, self.max_model_len - len(ids))
+        if budget <= 0:  # the sample's completion budget is spent: the turn is not taken (TRL's rollback)
+            return completion(self._ident(session), [], "", "length", 0, len(ids)), 0.0
+        t0 = time.perf_counter()
+        sample, _ = await session.batcher(ids, budget)
+        seconds = time.perf_counter() - t0  # waiting for the engines (and for the others' requests)
+        if seg is None:
+            seg = Segment(ids)
+            session.segments.append(seg)
+        else:
+            seg.append(new)
+        sampled = list(sample.token_ids[:budget])
+        seg.append(sampled, list(sample.logprobs[:budget]))
+        seg.finish = "length" if len(sampled) < len(sample.token_ids) else sample.finish_reason
+        seg.turns += 1
+        message = self._parse(sampled, ids, tools)
+        seg.tool_calls += len(message.get("tool_calls") or ())
+        finish = "length" if seg.finish == "length" else "tool_calls" if message.get("tool_calls") else "stop"
+        answer = completion(self._ident(session), message.get("tool_calls") or [], message.get("content") or "",
+                            finish, len(sampled), len(ids))
+        seg.messages = messages + [answer["choices"][0]["message"]]
+        return answer, seconds
+
+    def _parse(self, sampled: list[int], prefix: list[int], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The model's turn as a chat message (transformers' response parsing, as the turn loop)."""
+        from trl.chat_template_utils import parse_response
+
+        if not sampled:
+            return {}
+        try:
+            return parse_response(self.tokenizer, sampled, prefix=prefix, tools=tools or None) or {}
+        except Exception:  # noqa: BLE001 — a turn the parser cannot read is its text
+            return {"role": "assistant", "content": self.tokenizer.decode(sampled, skip_special_tokens=True)}
+
+    @staticmethod
+    def _ident(session: Session) -> str:
+        """The turn's id: the session's and its count of turns."""
+        return f"{session.id}_{sum(s.turns for s in session.segments)}"
+
+    async def _stream(self, request: Any, answer: dict[str, Any]) -> Any:
+        """The answer as server-sent chunks (the whole turn is generated first)."""
+        from aiohttp import web
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for chunk in chunks(answer):
+            await response.write(chunk)
+        await response.write_eof()
+        return response

@@ -1,0 +1,319 @@
+"""The OpenAI-compatible endpoint and the agent programs behind it, on a scripted engine and the
+tiny tool tokenizer, with the real `openai` client: every turn's recorded tokens are the engine's
+sampled tokens, tool results are masked, a program that rewrites its history forks a new sample
+(never a splice), and a program that crashes, hangs, floods or sends malformed requests costs only
+its own rollout, with one log line per kind."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+
+import pytest
+
+from rlkit.agent.chat_api import normalise
+from rlkit.agent.loop import prepare_tokenizer
+from rlkit.agent.program import ProgramAgent
+from rlkit.engine.rollout import Sample, Sampling
+from rlkit.program_config import ProgramConfig
+
+CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call><|im_end|>'
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from rlkit.tiny import build_tokenizer
+
+    return prepare_tokenizer(build_tokenizer(512, tools=True))
+
+
+class Engine:
+    """Answers a prompt whose last turn is a user's with a call of `add` on the question's numbers,
+    and one after a tool result with "The answer is R"; logprobs distinct per call and token.
+    Records every call (prompts and the samples it gave)."""
+
+    def __init__(self, tok, delay=0.0):
+        self.tok, self.delay, self.calls = tok, delay, []
+
+    def generate(self, prompts, n, sampling, seed):
+        time.sleep(self.delay)
+        out = []
+        for p in prompts:
+            text = self.tok.decode(p)
+            last = text.rsplit("<|im_start|>", 2)[-2]
+            if "<tool_response>" not in last:
+                a, b = [int(x) for x in re.findall(r"\d+", last)][:2]
+                reply = CALL.format(a=a, b=b)
+            else:
+                result = last.split("<tool_response>\n")[-1].split("\n</tool_response>")[0]
+                reply = f"The answer is {result}<|im_end|>"
+            ids = self.tok(reply, add_special_tokens=False)["input_ids"][:sampling.max_tokens]
+            k = len(self.calls)
+            out.append(Sample(0, list(p), ids, reply, [-(k + 1) - t / 100 for t in range(len(ids))],
+                              "stop" if len(ids) < sampling.max_tokens or ids[-1] == self.tok.eos_token_id
+                              else "length"))
+        self.calls.append((prompts, out))
+        return out
+
+
+def calculator(row, client, exclude_none=True):
+    """A harness on the OpenAI SDK: ask, run the model's tool calls itself, ask again, until an
+    answer without calls; returns 1.0 when the answer holds the sum. The assistant messages go
+    back as the SDK dumps them (`exclude_none=False`: with `content: None` and the SDK's other
+    empty fields)."""
+    messages = [{"role": "user", "content": f"What is {row['a']} + {row['b']}?"}]
+    for _ in range(4):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=exclude_none))
+        if not message.tool_calls:
+            return float(str(row["a"] + row["b"]) in (message.content or ""))
+        for call in message.tool_calls:
+            args = json.loads(call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])})
+    return 0.0
+
+
+def agent(tok, program, **cfg):
+    cfg = {"timeout_s": 20.0, "batch_wait_s": 0.01, **cfg}
+    return ProgramAgent(tok, program, ProgramConfig(**cfg), max_tokens=300, max_model_len=1024,
+                        recipe={"temperature": 1.0, "top_p": 1.0})
+
+
+ROWS = [{"prompt": "q", "a": 12, "b": 30}, {"prompt": "q", "a": 7, "b": 5}]
+
+
+def assert_recorded_exactly(sample, calls):
+    """Every token of `sample` is either one the engine sampled, with its logprob and in the loss,
+    for exactly the context before it (an engine call's prompt), or a masked token the chat template
+    put between turns. `calls`: (prompt ids, sample) of every engine call. Returns the turns."""
+    answered = {}  # context -> the engine's samples for it (a row's rollouts share their first context)
+    for p, s in calls:
+        answered.setdefault(tuple(p), []).append(s)
+    context, ids, turns, i = list(sample.prompt_token_ids), sample.token_ids, 0, 0
+    while i < len(ids):
+        while i < len(ids) and sample.tool_mask[i] == 0:
+            assert sample.logprobs[i] == 0.0
+            context.append(ids[i])
+            i += 1
+        if i == len(ids):
+            break
+        # the engine was sent exactly the recorded context, and sampled exactly the recorded tokens
+        n = next((min(len(e.token_ids), len(ids) - i) for e in answered.get(tuple(context), ())
+                  if ids[i:i + len(e.token_ids)] == e.token_ids[:len(ids) - i]
+                  and sample.logprobs[i:i + len(e.token_ids)] == e.logprobs[:len(ids) - i]), None)
+        assert n is not None, f"tokens {i}.. of the sample are no engine call's answer to the context before them"
+        assert sample.tool_mask[i:i + n] == [1] * n
+        context += ids[i:i + n]
+        i, turns = i + n, turns + 1
+    return turns
+
+
+@pytest.mark.parametrize("exclude_none", [True, False])
+def test_every_turn_records_the_engines_tokens_and_masks_the_tool_results(tok, exclude_none):
+    engine = Engine(tok)
+    a = agent(tok, lambda row, client: calculator(row, client, exclude_none))
+    try:
+        batch = a.generate(ROWS, engine, Sampling(max_tokens=300), n=2, seed=0)
+    finally:
+        a.close()
+    assert len(batch.samples) == 4 and [s.prompt_index for s in batch.samples] == [0, 0, 1, 1]
+    assert [s.env_reward for s in batch.samples] == [1.0] * 4
+    assert batch.metrics["program/forks_mean"] == 0.0 and batch.metrics["program/requests_mean"] == 2.0
+    sampled = {}  # the engine's tokens and logprobs, by the prompt they answered
+    for prompts, out in engine.calls:
+        for p, s in zip(prompts, out):
+            sampled[tuple(p)] = s
+    for s in batch.samples:
+        assert s.forks == [] and s.turns == 2 and s.tool_calls == 1
+        assert assert_recorded_exactly(s, [(p, o) for prompts, out in engine.calls for p, o in zip(prompts, out)]) == 2
+        first = sampled[tuple(s.prompt_token_ids)]
+        n1 = len(first.token_ids)
+        assert s.token_ids[:n1] == first.token_ids and s.logprobs[:n1] == first.logprobs
+        # the second turn was generated from exactly the recorded tokens, and recorded as sampled
+        second_prompt = next(p for p in sampled if len(p) > len(s.prompt_token_ids) and
+                             list(p[:len(s.prompt_token_ids)]) == s.prompt_token_ids and
+                             list(p[len(s.prompt_token_ids):len(s.prompt_token_ids) + n1]) == first.token_ids)
+        second = sampled[second_prompt]
+        suffix = len(second_prompt) - len(s.prompt_token_ids) - n1
+        assert list(second_prompt) == s.prompt_token_ids + s.token_ids[:n1 + suffix]
+        assert s.token_ids[n1 + suffix:] == second.token_ids and s.logprobs[n1 + suffix:] == second.logprobs
+        assert s.tool_mask == [1] * n1 + [0] * suffix + [1] * len(second.token_ids)
+        assert "<tool_response>" in tok.decode(s.token_ids[n1:n1 + suffix])
+        assert [m["role"] for m in s.messages] == ["assistant", "tool", "assistant"]
+    # both programs' turns shared the engine's calls: two calls, not four
+    assert batch.metrics["program/engine_calls"] == 2.0
+
+
+def rewriting(row, client):
+    """Drops its first exchange from the history before the second request (a harness that
+    summarises or truncates)."""
+    messages = [{"role": "user", "content": f"What is {row['a']} + {row['b']}?"}]
+    reply = client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+    call = reply.choices[0].message.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    messages = [{"role": "user", "content": f"What is {row['a']} + {row['b']}? The tool says {args['a'] + args['b']}"}]
+    reply = client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+    return None
+
+
+def test_a_history_the_program_rewrote_forks_a_new_sample_never_a_splice(tok):
+    engine = Engine(tok)
+    a = agent(tok, rewriting)
+    try:
+        batch = a.generate(ROWS[:1], engine, Sampling(max_tokens=300), n=1, seed=0)
+    finally:
+        a.close()
+    (s,) = batch.samples
+    assert batch.metrics["program/forks_mean"] == 1.0
+    (fork,) = s.forks
+    # each sample is one engine call's prompt and exactly its tokens: nothing re-tokenised joined
+    calls = [(list(p), o) for prompts, out in engine.calls for p, o in zip(prompts, out)]
+    assert (fork.prompt_token_ids, fork.token_ids, fork.logprobs) == (calls[0][0], calls[0][1].token_ids,
+                                                                      calls[0][1].logprobs)
+    assert (s.prompt_token_ids, s.token_ids, s.logprobs) == (calls[1][0], calls[1][1].token_ids, calls[1][1].logprobs)
+    assert fork.tool_mask == [1] * len(fork.token_ids) and s.env_reward is None
+
+
+def test_streaming_gives_the_same_turn_in_chunks(tok):
+    def streaming(row, client):
+        messages = [{"role": "user", "content": f"What is {row['a']} + {row['b']}?"}]
+        chunks = list(client.chat.completions.create(model="policy", messages=messages, tools=[ADD], stream=True))
+        calls = [c for ch in chunks for c in (ch.choices[0].delta.tool_calls or [])]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        return float(json.loads(calls[0].function.arguments) == {"a": row["a"], "b": row["b"]})
+
+    a = agent(tok, streaming)
+    try:
+        batch = a.generate(ROWS, Engine(tok), Sampling(max_tokens=300), n=1, seed=0)
+    finally:
+        a.close()
+    assert [s.env_reward for s in batch.samples] == [1.0, 1.0]
+
+
+def test_crash_hang_flood_and_malformed_requests_cost_only_their_rollout(tok, caplog):
+    import httpx
+
+    def mixed(row, client):
+        kind = row["kind"]
+        if kind == "crash":
+            raise ValueError("the harness broke")
+        if kind == "hang":
+            time.sleep(30)
+        if kind == "flood":
+            for _ in range(10):
+                client.chat.completions.create(model="p", messages=[{"role": "user", "content": "What is 1 + 2?"}])
+        if kind == "malformed":
+            base = str(client.base_url).rstrip("/")
+            r = httpx.post(base + "/chat/completions", json={"messages": "not a list"},
+                           headers={"Authorization": f"Bearer {client.api_key}"})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "malformed"
+            client.chat.completions.create(model="p", messages=[{"role": "wizard", "content": "hi"}])
+        return calculator(row, client)
+
+    rows = [{"prompt": "q", "a": 2, "b": 3, "kind": k} for k in ("ok", "crash", "hang", "flood", "malformed")]
+    a = agent(tok, mixed, timeout_s=3.0, max_requests=4)
+    t0 = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlkit"):
+            batch = a.generate(rows, Engine(tok), Sampling(max_tokens=300), n=1, seed=0)
+    finally:
+        a.close()
+    assert time.monotonic() - t0 < 10  # the hung program cost its deadline, no more
+    m = batch.metrics
+    # one kind per rollout, its first cause (the flooding and the malformed programs then crashed on the errors)
+    assert [m[f"program/{k}"] for k in ("crashed", "timed_out", "flooded", "refused")] == [1.0] * 4
+    assert batch.samples[0].env_reward == 1.0 and batch.samples[0].turns == 2
+    assert batch.samples[1].token_ids == [tok.eos_token_id] and batch.samples[1].tool_mask == [0]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rollout.program")]
+    assert len(lines) == 4 and any("crashed" in x and "the harness broke" in x for x in lines)
+    assert any("timed out" in x for x in lines) and any("flooded" in x for x in lines)
+    assert any("refused" in x and "malformed" in x for x in lines)
+
+
+def test_a_harness_sampling_settings_are_overridden_or_refused(tok, caplog):
+    def hot(row, client):
+        client.chat.completions.create(model="p", messages=[{"role": "user", "content": "What is 1 + 2?"}],
+                                       temperature=0.2, max_tokens=5)
+        return 1.0
+
+    a = agent(tok, hot)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlkit"):
+            batch = a.generate(ROWS[:1], Engine(tok), Sampling(max_tokens=300), n=1, seed=0)
+    finally:
+        a.close()
+    assert batch.metrics["program/overridden"] == 1.0 and batch.samples[0].env_reward == 1.0
+    assert len(batch.samples[0].token_ids) > 5  # the recipe's budget, not the harness's
+    assert any("max_tokens, temperature" in r.getMessage() for r in caplog.records)
+    a = agent(tok, hot, sampling="refuse")
+    try:
+        batch = a.generate(ROWS[:1], Engine(tok), Sampling(max_tokens=300), n=1, seed=0)
+    finally:
+        a.close()
+    assert batch.metrics["program/refused"] == 1.0 and batch.samples[0].env_reward is None
+
+
+def test_openai_messages_become_what_the_chat_template_takes():
+    parts = [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    out = normalise([{"role": "developer", "content": parts},
+                     {"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "c1", "content": "3"}])
+    assert out[0] == {"role": "system", "content": "be brief"} and out[1]["content"] == ""
+    assert out[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1, "b": 2}
+    assert out[2]["name"] == "add"
+
+
+def test_a_forked_rollout_trains_each_sample_with_its_advantage_and_survives_a_checkpoint():
+    import torch
+
+    from rlkit.grpo.batch import GRPOBatch, Rollout, expand_forks
+    from rlkit.grpo.experience import Generation
+
+    fork = Sample(0, [1, 2], [5, 6], "a", [-0.5, -0.6], "stop", tool_mask=[1, 1])
+    last = Sample(0, [1, 9], [7, 8, 3], "b", [-0.7, 0.0, -0.8], "stop", tool_mask=[1, 0, 1], forks=[fork])
+    plain = Sample(1, [1, 4], [3], "c", [-0.1], "stop", tool_mask=[1], forks=[])
+    rollouts = [Rollout(s.prompt_token_ids, s.token_ids, False, s.logprobs, 0, s.tool_mask,
+                        forks=tuple(Rollout(f.prompt_token_ids, f.token_ids, False, f.logprobs, 0, f.tool_mask)
+                                    for f in s.forks or ())) for s in (last, plain)]
+    flat, adv = expand_forks(rollouts, torch.tensor([1.5, -1.5]))
+    assert [r.completion_ids for r in flat] == [[5, 6], [7, 8, 3], [3]] and adv.tolist() == [1.5, 1.5, -1.5]
+    batch = GRPOBatch.collate(flat, adv, 0, False)
+    assert batch.advantages.tolist() == [1.5, 1.5, -1.5] and batch.completion_mask.sum().item() == 2 + 2 + 1
+    gen = Generation([{"prompt": "q"}], ["q"], [], None, 0.0, samples=[last, plain])
+    from rlkit.agent.loop import AgentBatch
+
+    gen.agent = AgentBatch([last, plain], [[], []], ["q", "q"], None, returned=True)
+    back = Generation.restored(gen.state_dict())
+    assert back.samples == [last, plain] and back.agent.returned
+
+
+def test_what_cannot_run_is_one_line_before_launch(tok, tmp_path):
+    import socket
+
+    from rlkit.agent.program import load_program
+    from rlkit.config import RolloutConfig
+    from rlkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="program.*not with tools"):
+        RolloutConfig(tools=("rlkit.tiny:add",), program=ProgramConfig(fn="rlkit.agent.examples:calculator"))
+    (tmp_path / "agents.py").write_text("def one(row):\n    return 1.0\n\nNOT = 3\n")
+    with pytest.raises(ConfigError, match=r"rollout.program.fn.*cannot be called as run\(row, client\)"):
+        load_program("agents.py:one", str(tmp_path))
+    with pytest.raises(ConfigError, match="rollout.program.fn.*not a function"):
+        load_program("agents.py:NOT", str(tmp_path))
+    with pytest.raises(ConfigError, match="rollout.program.fn.*no function 'run'"):
+        load_program("agents.py:run", str(tmp_path))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        with pytest.raises(ConfigError, match=f"rollout.program.port.*127.0.0.1:{taken.getsockname()[1]}"):
+            agent(tok, calculator, port=taken.getsockname()[1])
+    finally:
+        taken.close()
