@@ -386,7 +386,7 @@ class RolloutConfig:
               "a rollout has an environment (TRL's, with tools) or an interaction (gym-style), not both")
         check(not (self.calculator and (self.tools or self.environment or self.interaction)), "calculator",
               "the inline calculator runs its own rollout loop: not with tools, an environment or an interaction")
-        check(not (self.program.fn and (self.tools or self.environment or self.interaction or self.calculator)),
+        check(not (self.program.on and (self.tools or self.environment or self.interaction or self.calculator)),
               "program", "an agent program runs its own turns: not with tools, an environment, an interaction or the "
               "calculator")
         check(self.max_tool_calls is None or self.max_tool_calls >= 0, "max_tool_calls",

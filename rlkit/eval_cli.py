@@ -79,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
           f"{', the inline calculator' if cfg.rollout.calculator else ''}); the engine's output: {log}",
           file=sys.stderr, flush=True)
     with console.output_to(log):
-        engine = _Engine(cfg)
+        from rlkit.engine.local import LocalEngine
+
+        engine = LocalEngine(cfg)
         evaluation = evaluate_rows(task, rows, engine, sampling, n, seed)
     report = _report(args, cfg.data.train, task, evaluation, sampling, seed)
     if args.per_sample:
@@ -163,30 +165,6 @@ def _sampling(args: argparse.Namespace, cfg: Any) -> tuple[Any, int, int]:
         sampling = dataclasses.replace(sampling, max_tokens=args.max_tokens)
     seed = args.seed if args.seed is not None else derive_seed(cfg.seed, "eval")
     return sampling, n, seed
-
-
-class _Engine:
-    """One vLLM engine in this process, with the rollout engines' interface (generate / idle)."""
-
-    def __init__(self, cfg: Any):
-        from rlkit.accel import detect
-        from rlkit.engine.engines import worker_options
-        from rlkit.engine.rollout import cpu_engine_env
-
-        device = detect(cfg.device)
-        options = worker_options(cfg.rollout, cfg.model, device, cfg.seed)
-        if not device.is_accelerator:  # before vLLM is imported: it reads them then
-            for key, value in cpu_engine_env(options["kv_cache_gib"] or 1.0).items():
-                os.environ.setdefault(key, value)
-        from rlkit.engine.rollout import RolloutWorker
-
-        self.worker = RolloutWorker(cfg.model.path, **options)
-
-    def generate(self, prompts: list[str], n: int, sampling: Any, seed: int) -> list[Any]:
-        return self.worker.generate(prompts, n, seed=seed, **sampling.kwargs())
-
-    def idle(self) -> None:
-        """The engine ends with the command."""
 
 
 def _report(args: argparse.Namespace, data: str, task: Any, ev: Any, sampling: Any, seed: int) -> dict[str, Any]:

@@ -44,7 +44,7 @@ TABLE: dict[str, Stage] = {s.name: s for s in (
     Stage("grpo", "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe",
           "rlkit.grpo.config:GRPOConfig", "rlkit.grpo.run:run_grpo", "grpo",
           {"train_micro_batch_size_per_gpu": "grpo.micro_batch_size"},
-          "grpo.micro_batch_size, num_learners and the rollout batch", notes="rlkit.grpo.task:recipe_notes"),
+          "grpo.micro_batch_size, num_learners and the rollout batch", notes="rlkit.grpo.dry_run:recipe_notes"),
     # rlkit distill: a GRPO recipe with a `distill:` section (a teacher)
     Stage("distill", "on-policy distillation: the student samples (vLLM), a frozen teacher scores its tokens",
           of="grpo"),

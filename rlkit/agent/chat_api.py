@@ -1,6 +1,8 @@
 """OpenAI's Chat Completions format, as rlkit's endpoint (rlkit/agent/endpoint.py) reads and
 writes it: a request checked and its messages made what transformers' chat templates take; a
-turn written back as a Chat Completion, whole or as server-sent chunks."""
+turn written back as a Chat Completion, whole or as server-sent chunks. A Responses API request
+(its input items, `instructions`, `previous_response_id`) becomes the same chat request, and the
+turn goes back as a Response."""
 
 from __future__ import annotations
 
@@ -130,3 +132,81 @@ def chunks(answer: dict[str, Any]) -> Iterator[bytes]:
 def _arguments(args: Any) -> str:
     """A tool call's arguments as OpenAI sends them: a JSON string."""
     return args if isinstance(args, str) else json.dumps(args if args is not None else {}, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------------- Responses API
+
+
+def responses_to_chat(body: Any, previous: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A Responses API request as the Chat Completions request it stands for; `previous`: the
+    conversation (chat messages, with the answer) of each earlier response id of the session."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "malformed", "the request body is not a JSON object")
+    if body.get("stream"):
+        raise RequestError(400, "malformed", "the Responses API is served without streaming (stream: false)")
+    items = body.get("input")
+    items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+    if not isinstance(items, list) or not items:
+        raise RequestError(400, "malformed", "`input` must be text or a non-empty list of items")
+    messages: list[dict[str, Any]] = []
+    if body.get("previous_response_id") is not None:
+        if body["previous_response_id"] not in previous:
+            raise RequestError(400, "malformed", f"previous_response_id {body['previous_response_id']!r} is no "
+                                                 "earlier response of this rollout")
+        messages = [dict(m) for m in previous[body["previous_response_id"]] if m.get("role") != "system"]
+    if body.get("instructions"):
+        messages.insert(0, {"role": "system", "content": str(body["instructions"])})
+    for item in items:
+        _item(item, messages)
+    tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
+             for t in body.get("tools") or () if isinstance(t, dict) and t.get("type") == "function"]
+    if len(tools) != len(body.get("tools") or ()):
+        raise RequestError(400, "malformed", "only function tools are served ({type: function, name, parameters})")
+    chat = {k: body[k] for k in ("temperature", "top_p", "seed") if k in body}
+    return {**chat, "messages": messages, "tools": tools, "max_tokens": body.get("max_output_tokens")}
+
+
+def _item(item: Any, messages: list[dict[str, Any]]) -> None:
+    """One input item appended to the chat messages (a function call joins the assistant turn before it)."""
+    kind = item.get("type", "message") if isinstance(item, dict) else None
+    if kind == "message" and item.get("role") in ("system", "developer", "user", "assistant"):
+        content = item.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text") for p in content):
+                raise RequestError(400, "malformed", "only text content is served (the policy is text-only)")
+            content = "".join(str(p.get("text", "")) for p in content)
+        messages.append({"role": item["role"], "content": content})
+    elif kind == "function_call" and isinstance(item.get("name"), str):
+        call = {"id": item.get("call_id", ""), "type": "function",
+                "function": {"name": item["name"], "arguments": item.get("arguments", "{}")}}
+        if messages and messages[-1]["role"] == "assistant":
+            messages[-1].setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        messages.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": str(item.get("output"))})
+    else:
+        raise RequestError(400, "malformed", f"an input item of type {kind!r} is not served (message, "
+                                             "function_call, function_call_output)")
+
+
+def chat_to_response(answer: dict[str, Any]) -> dict[str, Any]:
+    """A Chat Completion (of `completion`) as a Response."""
+    message, finish = answer["choices"][0]["message"], answer["choices"][0]["finish_reason"]
+    ident = answer["id"].removeprefix("chatcmpl-")
+    output: list[dict[str, Any]] = []
+    if message.get("content"):
+        output.append({"type": "message", "id": f"msg_{ident}", "status": "completed", "role": "assistant",
+                       "content": [{"type": "output_text", "text": message["content"], "annotations": []}]})
+    for call in message.get("tool_calls") or ():
+        output.append({"type": "function_call", "id": f"fc_{call['id']}", "call_id": call["id"],
+                       "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                       "status": "completed"})
+    usage = answer["usage"]
+    return {"id": f"resp_{ident}", "object": "response", "created_at": answer["created"], "model": answer["model"],
+            "status": "incomplete" if finish == "length" else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
+            "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                      "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": 0}}}

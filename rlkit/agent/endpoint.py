@@ -24,6 +24,7 @@ at the turn's grain): a call goes as soon as every running program has a request
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import threading
 import time
@@ -31,7 +32,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlkit.agent.chat_api import MODEL_NAME, RequestError, check_request, chunks, completion
+from rlkit.agent.chat_api import (
+    MODEL_NAME,
+    RequestError,
+    chat_to_response,
+    check_request,
+    chunks,
+    completion,
+    responses_to_chat,
+)
 from rlkit.engine.rollout import Sample
 from rlkit.program_config import ProgramConfig
 
@@ -74,6 +83,7 @@ class Session:
     errors: dict[str, int] = field(default_factory=dict)  # kind -> requests refused
     first_error: str | None = None
     overridden: set[str] = field(default_factory=set)  # sampling keys the harness sent, overridden
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Responses API: id -> conversation
     closed: bool = False
     served_s: float = 0.0  # seconds answering requests, less the wait for the engines
     lock: asyncio.Lock | None = None
@@ -152,10 +162,11 @@ class Endpoint:
     """The HTTP server (aiohttp, in a thread of its own) and its sessions."""
 
     def __init__(self, tokenizer: Any, cfg: ProgramConfig, max_tokens: int, max_model_len: int,
-                 recipe: dict[str, Any]):
+                 recipe: dict[str, Any], unix_path: str | None = None):
         self.tokenizer, self.cfg = tokenizer, cfg
         self.max_tokens, self.max_model_len = max_tokens, max_model_len
         self.recipe = recipe  # the recipe's sampling values, by OpenAI's names
+        self.unix_path = unix_path  # also served on this Unix socket (a sandboxed command's way out)
         self.sessions: dict[str, Session] = {}
         self.by_key: dict[str, Session] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -198,14 +209,19 @@ class Endpoint:
         app = web.Application(client_max_size=8 << 20)
         app.router.add_post("/s/{session}/v1/chat/completions", self._chat)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/s/{session}/v1/responses", self._responses)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/s/{session}/v1/models", self._models)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://{self.cfg.host}:{port}"
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://{self.cfg.host}:{self.port}"
+        if self.unix_path is not None:
+            await web.UnixSite(self._runner, self.unix_path).start()
+            os.chmod(self.unix_path, 0o777)  # a sandboxed command's throwaway uid connects to it
 
     def stop(self) -> None:
         if self.loop is None or self._runner is None:
@@ -253,6 +269,13 @@ class Endpoint:
                                                                 "owned_by": "rlkit", "created": 0}]})
 
     async def _chat(self, request: Any) -> Any:
+        return await self._serve_turn(request, responses=False)
+
+    async def _responses(self, request: Any) -> Any:
+        return await self._serve_turn(request, responses=True)
+
+    async def _serve_turn(self, request: Any, responses: bool) -> Any:
+        """One request of a session, as a Chat Completion or a Response; a refusal is an error body."""
         from aiohttp import web
 
         t0 = time.perf_counter()
@@ -272,14 +295,18 @@ class Endpoint:
                 if session.requests > self.cfg.max_requests:
                     raise RequestError(429, "flooded", f"this rollout sent more than rollout.program.max_requests "
                                                        f"({self.cfg.max_requests}) requests")
-                answer, seconds = await self._turn(session, body)
+                chat = responses_to_chat(body, session.responses) if responses else body
+                answer, seconds = await self._turn(session, chat)
+                if responses:
+                    answer = chat_to_response(answer)
+                    session.responses[answer["id"]] = session.segments[-1].messages if session.segments else []
             session.served_s += time.perf_counter() - t0 - seconds
         except RequestError as e:
             if session is not None:
                 session.refused(e)
             return web.json_response({"error": {"message": str(e), "type": "invalid_request_error", "code": e.kind}},
                                      status=e.status)
-        if body.get("stream"):
+        if not responses and body.get("stream"):
             return await self._stream(request, answer)
         return web.json_response(answer)
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -75,19 +77,45 @@ def program_reward() -> Any:
                           returned, False, frozenset({"env_rewards"}), True)
 
 
+def _returned(outcome: tuple[str, Any]) -> tuple[float | None, tuple[str, Any]]:
+    """The reward a program returned (None: none), and its outcome ("bad_result" for a value
+    that is no reward)."""
+    kind, result = outcome
+    if kind != "ok" or result is None:
+        return None, outcome
+    value = result.get("reward") if isinstance(result, Mapping) else result
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value), outcome
+    if value is None:
+        return None, outcome
+    return None, ("bad_result", f"returned {type(result).__name__} {str(result)[:80]!r}: return a number, "
+                                "{'reward': number} or None")
+
+
 class ProgramAgent(Agent):
     """The rollouts of a run with an agent program: `Agent`'s interface (generate, start, bind),
     the endpoint and the program runs in place of the turn loop."""
 
-    def __init__(self, tokenizer: Any, program: Callable[..., Any], cfg: ProgramConfig, max_tokens: int,
-                 max_model_len: int, recipe: Mapping[str, Any]):
+    def __init__(self, tokenizer: Any, program: Callable[..., Any] | None, cfg: ProgramConfig, max_tokens: int,
+                 max_model_len: int, recipe: Mapping[str, Any], recipe_dir: str | None = None):
         self.tokenizer, self.program, self.cfg = tokenizer, program, cfg
         self.tools, self.environments, self.max_tool_calls, self.timeout_s = [], None, None, None
         self.max_tokens, self.max_model_len = max_tokens, max_model_len
-        self.endpoint = Endpoint(tokenizer, cfg, max_tokens, max_model_len, dict(recipe))
+        unix = None
+        if program is None and cfg.isolation == "namespaces":  # a sandboxed command reaches it by a socket
+            folder = tempfile.mkdtemp(prefix="rlkit-endpoint-")
+            os.chmod(folder, 0o755)
+            unix = os.path.join(folder, "endpoint.sock")
+        self.endpoint = Endpoint(tokenizer, cfg, max_tokens, max_model_len, dict(recipe), unix)
         self._logged: set[str] = set()
         self._client: Any = None
+        self.failures: dict[str, str] = {}
         self.endpoint.start()  # before launch: an address that is taken is one line now
+        if program is None:
+            from rlkit.agent.command import CommandProgram
+
+            self.program = CommandProgram(cfg, recipe_dir, unix, self.endpoint.port)
+            self.program.check()
         self._background("rlkit-program")
 
     def generate(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
@@ -117,8 +145,9 @@ class ProgramAgent(Agent):
         if batcher.error is not None:
             raise batcher.error  # an engine failed: the run's own fault handling takes it
         samples, prompts = [], []
-        for i, (row, session, outcome) in enumerate(zip(expanded, sessions, outcomes)):
-            sample, prompt = self._sample(i // n, row, session, outcome)
+        for i, (row, session) in enumerate(zip(expanded, sessions)):
+            reward, outcomes[i] = _returned(outcomes[i])
+            sample, prompt = self._sample(i // n, row, session, reward)
             samples.append(sample)
             prompts.append(prompt)
         texts = [self.tokenizer.decode(s.prompt_token_ids) for s in samples]
@@ -170,20 +199,13 @@ class ProgramAgent(Agent):
                                timeout=self.cfg.timeout_s, http_client=self._http())
         try:
             return "ok", self.program(row, client)
+        except TimeoutError as e:  # a command past its deadline, killed
+            return "timed_out", str(e)
         except BaseException as e:  # noqa: BLE001 — the user's program: it costs its rollout
             return "crashed", f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
 
-    def _sample(self, row_index: int, row: dict, session: Session, outcome: tuple[str, Any]) -> tuple[Sample, list]:
+    def _sample(self, row_index: int, row: dict, session: Session, reward: float | None) -> tuple[Sample, list]:
         """The rollout's sample (its earlier forks on `forks`) and its prompt messages."""
-        kind, result = outcome
-        reward = None
-        if kind == "ok" and result is not None:
-            value = result.get("reward") if isinstance(result, Mapping) else result
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                reward = float(value)
-            elif value is not None:
-                outcome = ("bad_result", f"returned {type(result).__name__} {str(result)[:80]!r}: return a number, "
-                                         "{'reward': number} or None")
         samples = [self._segment_sample(row_index, seg, reward) for seg in session.segments]
         if not samples:  # no turn recorded: an empty completion, out of the loss
             from rlkit.data.templates import _prompt_messages
@@ -197,7 +219,9 @@ class ProgramAgent(Agent):
             return sample, prompt
         messages = session.segments[-1].messages
         first = next((k for k, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
-        return dataclasses.replace(samples[-1], forks=samples[:-1], messages=messages[first:]), messages[:first]
+        turns, calls = sum(s.turns for s in samples), sum(s.tool_calls for s in samples)  # the rollout's, forks too
+        return dataclasses.replace(samples[-1], forks=samples[:-1], messages=messages[first:], turns=turns,
+                                   tool_calls=calls), messages[:first]
 
     def _segment_sample(self, row_index: int, seg: Segment, reward: float | None) -> Sample:
         return Sample(row_index, seg.prompt_ids, seg.completion_ids, self.tokenizer.decode(seg.completion_ids),
@@ -217,6 +241,7 @@ class ProgramAgent(Agent):
                 kind, why = "refused", session.first_error
             if kind in kinds:
                 kinds[kind].append(f"rollout {i}: {why}")
+        self.failures = {kind: where[0] for kind, where in kinds.items() if where}  # the first of each kind
         for kind, where in kinds.items():
             if where:
                 log.warning("rollout.program: %d of %d rollouts %s (%s)", len(where), len(sessions),

@@ -235,8 +235,10 @@ class GRPOConfig(StageConfig):
               "colocated engines live in the learners' actors: put their resources under ray.resources.learner")
         check(not self.ray.resources.teacher or (self.distill is not None and self.distill.placement == "actor"),
               "ray.resources.teacher", "the teacher has an actor of its own only with distill.placement: actor")
-        check(len(self.rewards) > 0 or bool(self.rollout.environment or self.rollout.interaction), "rewards",
-              "name at least one reward function (or an environment with get_reward: rollout.environment)")
+        check(len(self.rewards) > 0 or bool(self.rollout.environment or self.rollout.interaction
+                                            or self.rollout.program.on), "rewards",
+              "name at least one reward function (or an environment with get_reward: rollout.environment, or an "
+              "agent program that returns its reward: rollout.program)")
         check(self.rollout.max_tokens < self.rollout.max_model_len, "rollout.max_tokens",
               f"must be < rollout.max_model_len ({self.rollout.max_model_len})")
         check(self.grpo.overlong_buffer < self.rollout.max_tokens, "grpo.overlong_buffer",

@@ -84,7 +84,7 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     eval_rows = load_prompts(data.eval, data.format, data.dataset, split=data.eval_split,
                              seed=seed).rows if data.eval else []
     template = resolve_template(data.template, rows[0], tokenizer, data.train) if rows else data.template
-    multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction or rollout.program.fn)
+    multi_turn = rollout and (rollout.tools or rollout.environment or rollout.interaction or rollout.program.on)
     images = _image_inputs(model, tokenizer, ((data.train, rows), (data.eval, eval_rows)),
                            bool(multi_turn or (rollout and rollout.calculator)))
     agent = _agent(rollout, template, tokenizer, recipe_dir) if multi_turn else None
@@ -95,7 +95,7 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
         agent = Calculator(tokenizer, lambda row: render_prompt(dict(row), template, tokenizer), rollout.max_model_len,
                            kv_cache_tokens(rollout, model.path, model.dtype) if on_cpu else None)
     environments = agent.environments if agent else None
-    program = bool(rollout and rollout.program.fn)
+    program = bool(rollout and rollout.program.on)
     columns = (set(rows[0]) | ({"environments", "env_rewards"} if environments else set()) |
                ({"env_rewards"} if program else set())) if rows else None
     if not rewards and not (environments and environments.rewards) and not program:
@@ -172,18 +172,19 @@ def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: st
     from rlkit.agent.loop import Agent, prepare_tokenizer
 
     key = "rollout.tools" if rollout.tools else "rollout.environment" if rollout.environment else \
-        "rollout.interaction" if rollout.interaction else "rollout.program.fn"
+        "rollout.interaction" if rollout.interaction else "rollout.program"
     if template != "chat":
         raise ConfigError("tool calls need the tokenizer's chat template: set data.template: chat (rows of any "
                           "format become chat messages)", key)
-    if rollout.program.fn:
+    if rollout.program.on:
         from rlkit.agent.program import ProgramAgent, load_program
 
         recipe = {"temperature": rollout.temperature, "top_p": rollout.top_p}
         with contextlib.suppress(ConfigError):  # tool calls parsed into OpenAI's format; without, a turn is text
             tokenizer = prepare_tokenizer(tokenizer, key)
-        return ProgramAgent(tokenizer, load_program(rollout.program.fn, recipe_dir),
-                            rollout.program, rollout.max_tokens, rollout.max_model_len, recipe)
+        program = load_program(rollout.program.fn, recipe_dir) if rollout.program.fn else None
+        return ProgramAgent(tokenizer, program, rollout.program, rollout.max_tokens, rollout.max_model_len, recipe,
+                            recipe_dir)
     tools = load_tools(rollout.tools, recipe_dir)
     environments = load_environments(rollout.environment, recipe_dir) if rollout.environment else \
         load_interaction(rollout.interaction, recipe_dir) if rollout.interaction else None
@@ -192,7 +193,7 @@ def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: st
 
 
 def recipe_notes(cfg: Any, recipe_path: str | Path | None) -> list[str]:
-    """What `--print-config` adds after a GRPO recipe: its rewards, resolved."""
+    """What `--print-config` says of a GRPO recipe's rewards: resolved."""
     from rlkit.reward.resolve import describe_rewards
 
     return ["rewards, resolved:", *(f"  {line}" for line in describe_rewards(cfg.rewards, recipe_dir(recipe_path)))]

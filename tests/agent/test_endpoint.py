@@ -204,6 +204,9 @@ def test_crash_hang_flood_and_malformed_requests_cost_only_their_rollout(tok, ca
             raise ValueError("the harness broke")
         if kind == "hang":
             time.sleep(30)
+        if kind == "bad":
+            calculator(row, client)
+            return "yes"
         if kind == "flood":
             for _ in range(10):
                 client.chat.completions.create(model="p", messages=[{"role": "user", "content": "What is 1 + 2?"}])
@@ -215,7 +218,7 @@ def test_crash_hang_flood_and_malformed_requests_cost_only_their_rollout(tok, ca
             client.chat.completions.create(model="p", messages=[{"role": "wizard", "content": "hi"}])
         return calculator(row, client)
 
-    rows = [{"prompt": "q", "a": 2, "b": 3, "kind": k} for k in ("ok", "crash", "hang", "flood", "malformed")]
+    rows = [{"prompt": "q", "a": 2, "b": 3, "kind": k} for k in ("ok", "crash", "hang", "flood", "malformed", "bad")]
     a = agent(tok, mixed, timeout_s=3.0, max_requests=4)
     t0 = time.monotonic()
     try:
@@ -226,11 +229,12 @@ def test_crash_hang_flood_and_malformed_requests_cost_only_their_rollout(tok, ca
     assert time.monotonic() - t0 < 10  # the hung program cost its deadline, no more
     m = batch.metrics
     # one kind per rollout, its first cause (the flooding and the malformed programs then crashed on the errors)
-    assert [m[f"program/{k}"] for k in ("crashed", "timed_out", "flooded", "refused")] == [1.0] * 4
+    assert [m[f"program/{k}"] for k in ("crashed", "timed_out", "flooded", "refused", "bad_result")] == [1.0] * 5
     assert batch.samples[0].env_reward == 1.0 and batch.samples[0].turns == 2
     assert batch.samples[1].token_ids == [tok.eos_token_id] and batch.samples[1].tool_mask == [0]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rollout.program")]
-    assert len(lines) == 4 and any("crashed" in x and "the harness broke" in x for x in lines)
+    assert len(lines) == 5 and any("crashed" in x and "the harness broke" in x for x in lines)
+    assert any("bad result" in x and "'yes'" in x for x in lines) and batch.samples[5].turns == 2
     assert any("timed out" in x for x in lines) and any("flooded" in x for x in lines)
     assert any("refused" in x and "malformed" in x for x in lines)
 
@@ -317,3 +321,34 @@ def test_what_cannot_run_is_one_line_before_launch(tok, tmp_path):
             agent(tok, calculator, port=taken.getsockname()[1])
     finally:
         taken.close()
+
+
+def responder(row, client, chained=False):
+    """The calculator harness on the Responses API: function_call items run by the program, their
+    output sent back as function_call_output items (in full, or after previous_response_id)."""
+    tool = {"type": "function", "name": "add", "description": "Add two integers.",
+            "parameters": ADD["function"]["parameters"]}
+    items = [{"role": "user", "content": f"What is {row['a']} + {row['b']}?"}]
+    reply = client.responses.create(model="p", input=items, tools=[tool])
+    calls = [o for o in reply.output if o.type == "function_call"]
+    outputs = [{"type": "function_call_output", "call_id": c.call_id,
+                "output": str(sum(json.loads(c.arguments).values()))} for c in calls]
+    if chained:
+        reply = client.responses.create(model="p", previous_response_id=reply.id, input=outputs, tools=[tool])
+    else:
+        items += [o.model_dump(exclude_none=True) for o in reply.output] + outputs
+        reply = client.responses.create(model="p", input=items, tools=[tool])
+    return float(str(row["a"] + row["b"]) in reply.output_text)
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_the_responses_api_takes_the_same_path(tok, chained):
+    engine = Engine(tok)
+    a = agent(tok, lambda row, client: responder(row, client, chained))
+    try:
+        batch = a.generate(ROWS, engine, Sampling(max_tokens=300), n=1, seed=0)
+    finally:
+        a.close()
+    calls = [(p, o) for prompts, out in engine.calls for p, o in zip(prompts, out)]
+    assert [s.env_reward for s in batch.samples] == [1.0, 1.0] and batch.metrics["program/forks_mean"] == 0.0
+    assert all(assert_recorded_exactly(s, calls) == 2 for s in batch.samples)

@@ -42,6 +42,7 @@ def test_a_vllm_engines_turns_are_recorded_token_for_token(tool_task):
         batch = agent.generate(rows, Recording(), Sampling(temperature=1.0, max_tokens=200), n=2, seed=0)
     finally:
         agent.close()
+        worker.shutdown()  # vLLM's process-wide state goes with it, not with a later engine's test
     turns = [assert_recorded_exactly(part, calls) for s in batch.samples for part in (*s.forks, s)]
     assert sum(t >= 2 for t in turns) >= 8  # tool calls answered and the answer after them, appended
     assert batch.metrics["program/forks_mean"] <= 0.1 and batch.metrics["program/crashed"] == 0.0
