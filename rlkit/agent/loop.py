@@ -297,18 +297,7 @@ class Agent:
         """`n` multi-turn rollouts per row on `engines` (anything with `generate_async` and
         `gather`, as `rlkit.engine.engines`, or `generate`), prompt-major."""
         busy: dict[int, float] = {}
-
-        def generate(prompts: list[list[int]], turn_sampling: Sampling, turn_seed: int) -> list[Sample]:
-            if not hasattr(engines, "generate_async"):  # one engine in this process (rlkit eval)
-                return engines.generate(prompts, 1, turn_sampling, turn_seed)
-            calls = engines.generate_async(prompts, 1, turn_sampling, turn_seed)
-            samples = engines.gather(calls)
-            for call in calls:
-                if getattr(call, "seconds", None) is not None:
-                    busy[call.index] = busy.get(call.index, 0.0) + call.seconds
-            return samples
-
-        episodes = self.run(self.episodes(rows, n), generate, sampling, seed)
+        episodes = self.run(self.episodes(rows, n), counted(engines, busy), sampling, seed)
         samples = [e.sample(self.text(e.completion_ids)) for e in episodes]
         texts = [self.tokenizer.decode(e.prompt_ids) for e in episodes]
         envs = [e.environment for e in episodes] if self.environments else None
@@ -356,6 +345,22 @@ class _AgentEngines:
     def sync_from(self, learners: Any, defer: bool = False) -> dict[str, float]:
         self._agent.wait_idle()
         return self._engines.sync_from(learners, defer)
+
+
+def counted(engines: Any, busy: dict[int, float]) -> Callable[[list[list[int]], Sampling, int], list[Sample]]:
+    """`generate(prompts, sampling, seed)`: one sample per prompt on `engines` (anything with
+    `generate_async` and `gather`, as `rlkit.engine.engines`, or `generate`: one engine in this
+    process), adding each engine's seconds to `busy` (engine index -> seconds)."""
+    def generate(prompts: list[list[int]], sampling: Sampling, seed: int) -> list[Sample]:
+        if not hasattr(engines, "generate_async"):
+            return engines.generate(prompts, 1, sampling, seed)
+        calls = engines.generate_async(prompts, 1, sampling, seed)
+        samples = engines.gather(calls)
+        for call in calls:
+            if getattr(call, "seconds", None) is not None:
+                busy[call.index] = busy.get(call.index, 0.0) + call.seconds
+        return samples
+    return generate
 
 
 async def _await(aw: Any) -> Any:

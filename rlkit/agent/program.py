@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlkit.agent.endpoint import Batcher, Endpoint, Segment, Session
-from rlkit.agent.loop import Agent, AgentBatch
+from rlkit.agent.loop import Agent, AgentBatch, counted
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.program_config import ProgramConfig
 from rlkit.seeding import derive_seed
@@ -124,17 +124,11 @@ class ProgramAgent(Agent):
         busy: dict[int, float] = {}
         calls = itertools.count()
 
+        engine_call = counted(engines, busy)
+
         def generate(prompts: list[list[int]], budget: int) -> list[Sample]:
-            turn = dataclasses.replace(sampling, max_tokens=budget)
-            call_seed = derive_seed(seed, "program", next(calls))
-            if not hasattr(engines, "generate_async"):  # one engine in this process (rlkit eval)
-                return engines.generate(prompts, 1, turn, call_seed)
-            handles = engines.generate_async(prompts, 1, turn, call_seed)
-            samples = engines.gather(handles)
-            for h in handles:
-                if getattr(h, "seconds", None) is not None:
-                    busy[h.index] = busy.get(h.index, 0.0) + h.seconds
-            return samples
+            return engine_call(prompts, dataclasses.replace(sampling, max_tokens=budget),
+                               derive_seed(seed, "program", next(calls)))
 
         expanded = [dict(row) for row in rows for _ in range(n)]
         running: dict[int, tuple[threading.Thread, float]] = {}
