@@ -7,8 +7,9 @@ applicable):
 * ``{"input": str, "output": str}``: the solution runs as ``__main__`` with that stdin and its
   stdout must equal ``output`` (trailing whitespace per line ignored).
 
-The sandboxed program gets the code and the test inputs only; the judge (`rlkit.reward.judge`)
-compares what it sends back, as plain data, with the expected values it never sees. The sandbox
+The candidate's sandbox gets the code and the arguments of its calls only; the tests run in a
+sandbox of their own that never runs the candidate's code, and compute every expected value and
+comparison there on the plain data the candidate sends back (`rlkit.reward.judge`). The sandbox
 (`rlkit.reward.sandbox`) is bubblewrap's namespaces, root or not (or a SandboxFusion service with
 ``isolation: remote``); a host without them is refused before launch unless the recipe sets
 ``isolation: process``. Every case of
@@ -24,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rlkit.reward.contract import Failed, batch_seconds, completion_text, needs_one_of, reward_range
-from rlkit.reward.judge import Verdict, cases_of, judge
+from rlkit.reward.judge import Verdict, cases_of, check_tests, judge
 from rlkit.reward.sandbox import Limits, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -112,5 +113,12 @@ def code_reward(completions: list, test_cases: list | None = None, verification_
         return list(pool.map(one, range(len(completions))))
 
 
+def _check_row(row: dict[str, Any]) -> None:
+    """Before launch: the row's test cases are ones the judge runs apart from the candidate's code."""
+    column = row.get("test_cases") if row.get("test_cases") is not None else row.get("verification_info")
+    check_tests(cases_of(column) or [])
+
+
 code_reward.rlkit_preflight = _preflight
+code_reward.rlkit_check_row = _check_row
 code_reward.rlkit_runs_code = "sandbox"  # `rlkit reward test` plays every sandbox probe, the bombs too

@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             ids = [r["completion_ids"] for r in rows] if all("completion_ids" in r for r in rows) else None
         cols = {c: [r.get(c) for r in rows] for c in columns}
         scorer = RewardScorer(specs, base_dir, set(columns), collect_errors=True)
+        scorer.check_rows(str(args.data or data.get("train")), rows)
         result = scorer.score(prompts, completions, ids, cols)
         probes = _probes(scorer, rows[0], completions[0], columns, ids is not None)
     except UserError as e:  # bad input or a broken reward: one line, exit 2

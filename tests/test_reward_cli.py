@@ -108,6 +108,13 @@ def test_sandbox_probes_show_each_verdict(work, capsys):
     assert "fork-bomb probes are skipped" in err  # it declares no sandbox: the bombs would hit this machine
     forged = [line.split("│")[1].strip() for line in out.splitlines() if "forged: naive > 0" in line]
     assert "sandbox: object equal to anything" in forged, out
+    rows[1]["test_cases"][1] = "assert eval('add(0, 2)') == 2"  # needs one namespace with the candidate
+    (work / "code.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert cli("rewards.code:code_reward", "--data", "code.jsonl") == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "rlkit reward test: code.jsonl: row 2: rewards[0] (code_reward) cannot judge it: test case "
+        "\"assert eval('add(0, 2)') == 2\" calls eval(): the test runs apart from the candidate's code, with the "
+        "standard library and the candidate's functions by name only"]
 
 
 def test_failing_call_exits_1_with_the_sample(work, capsys):

@@ -102,6 +102,8 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
         raise ConfigError("name at least one reward function (the environment has no get_reward)", "rewards")
     extra = environment_rewards(environments) if environments else [program_reward()] if program else ()
     scorer = RewardScorer(list(rewards), recipe_dir, columns=columns, default=reward_default, extra=extra)
+    for source, some in ((data.train, rows), (data.eval, eval_rows)):
+        scorer.check_rows(str(source), some)
     task = Task(rows, eval_rows, template, tokenizer, scorer, agent, images)
     check_prompts(task, ((data.train, rows), (data.eval, eval_rows)), rollout)
     return task

@@ -223,33 +223,40 @@ class Sandbox:
         """
         if self.isolation == "remote":
             return self._post(program, payload)
-        python, limits = interpreter(), self.limits
-        work, fds = None, ()
+        t0 = time.perf_counter()
+        proc, work = self.spawn(program)
+        pipes = _Exchange(proc, payload, self.limits.output_kb << 10)
+        try:
+            out, timed_out, flooded = pipes.until(t0 + self.limits.timeout_s)
+        finally:
+            reap(proc, work)
+        said = b"".join(pipes.err)[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
+        return Outcome(out, timed_out, flooded, time.perf_counter() - t0, said)
+
+    def spawn(self, program: str) -> tuple[subprocess.Popen, str | None]:
+        """Start ``program`` in a local sandbox, its pipes open: the process and its throwaway working
+        directory ("process" mode; None in "namespaces"), both for `reap`."""
+        python, work, fds = interpreter(), None, ()
         if self.isolation == "namespaces":
             fds = (seccomp.filter_fd(),)
-            cmd = _bwrap_command(python, limits, fds[0], "-I", "-S", "-c", program)
+            cmd = _bwrap_command(python, self.limits, fds[0], "-I", "-S", "-c", program)
             cwd, env = "/", {"PATH": _ENV["PATH"]}  # bubblewrap's own: it clears it for the program
         else:
             work = tempfile.mkdtemp(prefix="rlkit-sandbox-")
             os.chmod(work, 0o700)
             cmd = [python, "-I", "-S", "-c", program]
             cwd, env = work, {**_ENV, "HOME": work}
-        t0 = time.perf_counter()
         try:
             proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
+        except BaseException:
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
-        pipes = _Exchange(proc, payload, limits.output_kb << 10)
-        try:
-            out, timed_out, flooded = pipes.until(t0 + limits.timeout_s)
-        finally:
-            _kill(proc)
-            if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
-        said = b"".join(pipes.err)[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
-        return Outcome(out, timed_out, flooded, time.perf_counter() - t0, said)
+        return proc, work
 
     def _post(self, program: str, payload: bytes) -> Outcome:
         """One SandboxFusion ``/run_code`` request; its reply read up to the output bound."""
@@ -343,8 +350,9 @@ class _Exchange:
         return None
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """Kill the run's whole session (bubblewrap's init takes its PID namespace with it) and reap."""
+def reap(proc: subprocess.Popen, work: str | None = None) -> None:
+    """Kill a run's whole session (bubblewrap's init takes its PID namespace with it), reap it and
+    remove its working directory."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     for f in (proc.stdin, proc.stdout, proc.stderr):
@@ -353,3 +361,5 @@ def _kill(proc: subprocess.Popen) -> None:
                 f.close()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+    if work is not None:
+        shutil.rmtree(work, ignore_errors=True)

@@ -13,6 +13,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import ModuleType
 from typing import Any, Literal
 
+from rlkit.errors import DataError, UserError
 from rlkit.reward.contract import (
     Failed,
     RewardError,
@@ -76,6 +77,19 @@ class RewardScorer:
     @property
     def names(self) -> list[str]:
         return [r.name for r in self.rewards]
+
+    def check_rows(self, source: str, rows: Sequence[dict]) -> None:
+        """Before launch: a reward that checks its data (``fn.rlkit_check_row(row)``, e.g. a code
+        reward's test cases) reads every row; the first it refuses is one line naming the row."""
+        for r in self.rewards:
+            check = getattr(r.fn, "rlkit_check_row", None)
+            if not callable(check):
+                continue
+            for n, row in enumerate(rows, 1):
+                try:
+                    check(row)
+                except (UserError, ValueError, TypeError) as e:
+                    raise DataError(f"{source}: row {n}: {r.key} ({r.name}) cannot judge it: {e}") from None
 
     def actor_bundles(self) -> list[tuple[str, dict[str, float]]]:
         """(recipe key, resources) of each reward that serves itself from a Ray actor of its own: a

@@ -42,6 +42,22 @@ ATTACKS = {
                             "        except OSError:\n            pass\nos._exit(0)",
                             ["assert solve() == {secret!r}", "assert solve(1) == {secret!r}"]),
     "early_exit": ("import sys\nsys.exit(0)", ["assert solve() == {secret!r}"]),
+    # the expected side within reach: a test whose expected value sits in a generator, a method call
+    # or a helper the old split sent whole to the candidate; the candidate searches all it can reach
+    "expected_in_reach": ("import gc, json, re, sys\ndef solve(*args):\n"
+                          "    for o in gc.get_objects() + [sys.modules['__main__'].__dict__]:\n        try:\n"
+                          "            found = re.search('s3' + 'cret-[0-9a-f]{{32}}', json.dumps(o, default=repr))\n"
+                          "        except Exception:\n            continue\n"
+                          "        if found:\n            return found.group(0)\n",
+                          ["assert solve() == {secret!r}", "assert all(solve(x) == {secret!r} for x in range(3))",
+                           "assert solve().startswith({secret!r})", "assert operator.eq(solve(), {secret!r})"]),
+    "shadowed_helpers": ("import builtins, math, operator\nbuiltins.all = builtins.any = lambda *a: True\n"
+                         "operator.eq = operator.contains = math.isclose = lambda *a, **k: True\n"
+                         "def isclose(*a, **k): return True\ndef solve(*args): return 0",
+                         ["assert all(solve(x) == {secret!r} for x in range(3))",
+                          "assert any([solve(x) == {secret!r} for x in range(3)])",
+                          "assert operator.eq(solve(), {secret!r})", "assert operator.contains([solve()], {secret!r})",
+                          "assert isclose(solve(), {secret_int})", "assert math.isclose(solve(), {secret_int})"]),
     # reading what the driver has
     "env_secret": ("import os\ndef solve(): return os.environ.get('RLKIT_ATTACK_SECRET')",
                    ["assert solve() == {secret!r}"]),
@@ -172,7 +188,7 @@ def _sandbox_processes() -> list[str]:
                 cmd = f.read()
         except OSError:
             continue
-        if b"cfg = json.loads(sys.stdin.readline())" in cmd or cmd.split(b"\0")[0].endswith(b"bwrap"):
+        if b"cfg = json.loads(req.readline())" in cmd or cmd.split(b"\0")[0].endswith(b"bwrap"):
             left.append(pid)
     return left
 
@@ -210,8 +226,9 @@ def scenario(name: str, audit: bool) -> dict:
     secret_key = _add_key(b"rlkit-attack", SECRET.encode())
     before, shm_before = _listing(shared), _sysv_shm()
     code, tests = ATTACKS[name]
-    fill = {"secret": SECRET, "secret_file": secret_file, "checkout_file": checkout_file,
-            "checkout_len": checkout_len, "outside": outside, "port": server.getsockname()[1],
+    fill = {"secret": SECRET, "secret_int": int(SECRET[7:], 16), "secret_file": secret_file,
+            "checkout_file": checkout_file, "checkout_len": checkout_len, "outside": outside,
+            "port": server.getsockname()[1],
             "host_only": [outside[0], outside[4], outside[5]], "unix_path": unix_path, "abstract": abstract,
             "victim": victim.pid, "driver": os.getpid()}
     t0 = time.perf_counter()
@@ -233,7 +250,10 @@ def scenario(name: str, audit: bool) -> dict:
     escaped += [f"left {p}" for p in new]
     escaped += [f"left SysV shared memory {k}" for k in sorted(_sysv_shm() - shm_before)]
     escaped += _keys_left(secret_key)
-    time.sleep(0.05)
+    for _ in range(40):  # the kernel ends a PID namespace's processes after its init, not with it
+        if not _sandbox_processes():
+            break
+        time.sleep(0.05)
     escaped += [f"left process {p}" for p in _sandbox_processes()]
     if seconds > 8:
         escaped.append(f"took {seconds:.1f} s")

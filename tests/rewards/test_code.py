@@ -12,7 +12,7 @@ import pytest
 
 from rewards.code import code_reward, extract_code, run_tests
 from rlkit.errors import RewardError
-from rlkit.reward import RewardScorer, RewardSpec, judge, sandbox
+from rlkit.reward import RewardScorer, RewardSpec, judge, relay, sandbox
 
 needs_sandbox = pytest.mark.skipif(sandbox.namespaces_problem() is not None,
                                    reason=f"no sandbox here: {sandbox.namespaces_problem()}")
@@ -80,28 +80,62 @@ def test_environment_is_clean_and_workdir_writable(monkeypatch):
 
 @needs_sandbox
 def test_the_program_never_sees_an_expected_value(monkeypatch):
-    """Expected values stay with the judge: literals never leave it, a test's own computed values
-    (math.sqrt(2)) are evaluated in a sandbox without the candidate's code, and the candidate's
-    sandbox gets only the expressions that need its code."""
-    sent = []
-    real = sandbox.Sandbox.run
+    """The candidate's sandbox gets its code and the requests for its calls; the tests, their
+    expected values and every comparison stay in the other sandbox, which never runs its code."""
+    sent = {}
+    real = relay.converse
 
-    def spy(self, program, payload):
-        sent.append(json.loads(payload.decode().splitlines()[0]))
-        return real(self, program, payload)
-    monkeypatch.setattr(sandbox.Sandbox, "run", spy)
+    def spy(box, tests, tests_payload, candidate, candidate_payload):
+        sent.update(tests=tests_payload.decode(), candidate=candidate_payload.decode())
+        return real(box, tests, tests_payload, candidate, candidate_payload)
+    monkeypatch.setattr(judge, "converse", spy)
     code = "import math\ndef root(x):\n    return math.sqrt(x)\ndef pair(): return (1, 'EXPECTED-7f3a')"
     tests = ["assert root(2) == math.sqrt(2)", "assert pair() == (1, 'EXPECTED-7f3a')",
              "assert abs(root(9) - 3) < 1e-9 and not root(4) == 3"]
     assert run_tests(code, tests).passed == 3
-    reference, candidate = sent  # one run without the candidate's code, one with it
-    assert reference["code"] == "" and "math.sqrt(2)" in reference["exprs"]
-    assert candidate["code"] == code and sorted(candidate["exprs"]) == ["pair()", "root(2)", "root(4)", "root(9)"]
-    assert "EXPECTED-7f3a" not in json.dumps(reference) and "math.sqrt(2)" not in candidate["exprs"]
-    sent.clear()
-    assert run_tests(code.replace("math.sqrt(x)", "x ** 0.5"), tests).passed == 3
-    # the test's own values are cached per test list: one run, the candidate's
-    assert [p["code"] for p in sent] == [code.replace("math.sqrt(x)", "x ** 0.5")]
+    candidate = json.loads(sent["candidate"])
+    assert candidate["code"] == code and candidate["mode"] == "serve" and "tests" not in candidate
+    rest = {k: v for k, v in candidate.items() if k != "code"}
+    assert "EXPECTED-7f3a" not in json.dumps(rest) and "EXPECTED-7f3a" in sent["tests"]
+    assert json.loads(sent["tests"])["tests"] == tests and "root(x)" not in sent["tests"]
+
+
+HONEST = {name: form for name, form in zip([
+    "counter", "generator-startswith-operator-pow", "big-int", "class", "humaneval-check", "in-place", "exception",
+    "iterator", "callback", "number-types", "linked-list"], [
+    ("from collections import Counter\ndef f(s): return Counter(s)",
+     ["assert f('abca') == Counter('abca')", "assert f('ab') == collections.Counter({'a': 1, 'b': 1})"]),
+    ("def f(x): return x * 2", ["assert all(f(x) == 2 * x for x in range(12))", "assert f('ab').startswith('aba')",
+                                "assert operator.eq(f(3), 6)", "assert pow(f(2), 10) == 1048576"]),
+    ("def big(): return 10 ** 5000 + 7", ["assert big() == 10 ** 5000 + 7", "assert big() % 10 == 7"]),
+    ("class Solution:\n    def two(self, a, t):\n        seen = {}\n        for i, x in enumerate(a):\n"
+     "            if t - x in seen: return [seen[t - x], i]\n            seen[x] = i",
+     ["assert Solution().two([2, 7, 11], 9) == [0, 1]", "s = Solution()\nassert s.two([3, 3], 6) == [0, 1]"]),
+    ("def add(a, b): return a + b", ["def check(candidate):\n    assert candidate(1, 2) == 3\n\ncheck(add)"]),
+    ("def srt(xs): xs.sort()", ["x = [3, 1, 2]\nsrt(x)\nassert x == [1, 2, 3]"]),
+    ("def inv(x):\n    if x == 0: raise ValueError('zero')\n    return 1 / x",
+     ["try:\n    inv(0)\n    assert False\nexcept ValueError:\n    pass", "assert inv(4) == 0.25"]),
+    ("def gen(n):\n    for i in range(n): yield i * i",
+     ["assert list(gen(4)) == [0, 1, 4, 9]", "g = gen(3)\nassert next(g) == 0 and next(g) == 1"]),
+    ("def app(f, x): return f(x) + 1", ["assert app(lambda v: v * 10, 2) == 21", "assert app(abs, -3) == 4"]),
+    ("from fractions import Fraction\ndef fr(): return Fraction(1, 3), 1 + 2j, b'xy', frozenset([3])",
+     ["assert fr() == (Fraction(1, 3), 1 + 2j, b'xy', frozenset([3]))"]),
+    ("class Node:\n    def __init__(self, v, nxt=None): self.v, self.nxt = v, nxt\ndef build(xs):\n    h = None\n"
+     "    for x in reversed(xs): h = Node(x, h)\n    return h\ndef to_list(h):\n    out = []\n    while h:\n"
+     "        out.append(h.v); h = h.nxt\n    return out\ndef rev(h):\n    p = None\n"
+     "    while h: h.nxt, p, h = p, h, h.nxt\n    return p",
+     ["assert to_list(rev(build([1, 2, 3]))) == [3, 2, 1]", "assert build([5]).v == 5"])])}
+
+
+@needs_sandbox
+@pytest.mark.parametrize("isolation", ["namespaces", "process"])
+@pytest.mark.parametrize("form", list(HONEST))
+def test_an_honest_solution_passes_every_test_form(form, isolation):
+    """What the tests' side computes (a Counter, a generator inside all(), .startswith, operator.eq,
+    pow, a 5001-digit int) and what crosses (objects kept on the candidate's side, arguments changed
+    in place, exceptions, iterators, a function of the test's called back)."""
+    code, tests = HONEST[form]
+    assert run_tests(code, tests, isolation=isolation).passed == len(tests)
 
 
 @needs_sandbox
@@ -120,8 +154,13 @@ def test_only_plain_data_comes_back(returned, expected, passes):
 
 @needs_sandbox
 def test_a_test_the_judge_cannot_split_is_one_line():
-    with pytest.raises(judge.TestError, match=r"test case 'check\(f\)' is not one `assert` statement"):
+    with pytest.raises(judge.TestError, match=r"test case 'check\(f\)' has no `assert`"):
         run_tests("def f(): pass", ["check(f)"])
+    for test, why in [("assert eval('f()') == 1", "calls eval()"), ("assert f.__name__ == 'f'", "dunder attribute"),
+                      ("from solution import f\nassert f() == 1", "imports 'solution', not a standard-library"),
+                      ("assert globals()['f']() == 1", "calls globals()")]:
+        with pytest.raises(judge.TestError, match=why):
+            run_tests("def f(): return 1", [test])
     with pytest.raises(judge.TestError, match="mix assert strings and"):
         run_tests("def f(): pass", ["assert f() is None", {"input": "", "output": ""}])
 
@@ -137,15 +176,16 @@ def test_a_run_killed_before_every_test_reported_scores_on_crash():
 
 
 @needs_sandbox
-def test_values_that_hash_alike_cost_the_judge_no_more_than_their_bytes():
-    """A forged result of 40,000 ints equal modulo 2**61 - 1 (one hash) would make the judge's set
-    quadratic in the driver (seconds of its CPU); the judge refuses it in one pass and the test
-    fails. Equal values, and a few that share a hash, still make their set."""
-    forged = ("import json, os\nM = 2**61 - 1\nrec = {'i': 0, 'v': {'set': [i * M for i in range(40000)]}}\n"
-              "os.write(3, (json.dumps(rec) + '\\n').encode())\nos._exit(0)")
-    t0 = time.perf_counter()
-    assert run_tests(forged, ["assert len(f()) == 40000"]).passed == 0
-    assert time.perf_counter() - t0 < 2.0
+def test_values_that_hash_alike_cost_the_sample_never_the_driver():
+    """A forged reply of 40,000 ints equal modulo 2**61 - 1 (one hash) makes rebuilding its set
+    quadratic (seconds of CPU): the tests' sandbox pays it, within the sample's wall clock, and the
+    test fails; the driver never decodes what the candidate sends. Values that hash alike honestly
+    still make their set."""
+    forged = ("import sys\nM = 2**61 - 1\nrunner = sys.modules['__main__']\n"
+              "runner.enc = lambda v, keep, depth=0: {'set': [i * M for i in range(40000)]}\ndef f(): return 0")
+    cpu, t0 = time.process_time(), time.perf_counter()
+    got = run_tests(forged, ["assert len(f()) == 40000"], timeout_s=1.0)
+    assert got.passed == 0 and time.perf_counter() - t0 < 3.0 and time.process_time() - cpu < 0.5
     fair = "def g():\n    return [1] * 1000 + [2, 2**61 + 1, 2 * 2**61]"  # 2**61 + 1 hashes as 2**61 - 1's 2
     assert run_tests(fair, ["assert set(g()) == {1, 2, 2**61 + 1, 2 * 2**61}", "assert len(set(g())) == 4"]).passed == 2
 
@@ -258,11 +298,16 @@ def test_a_remote_sandboxfusion_service_runs_the_code_and_the_judge_stays_here(f
     forged = fenced("import os\nos.write(3, b'{\"i\": 0, \"v\": 3}\\n')\nos._exit(0)")
     r = s.score(["p"] * 3, [fenced("def add(a, b):\n    return a + b"), fenced("def add(a, b):\n    return None"),
                             forged], None, {"test_cases": [ADD_TESTS] * 3})
-    assert r.total == [0.75, 0.0, 0.25]  # the forger guessed add(1, 2) == 3 and nothing else
+    assert r.total == [0.75, 0.0, 0.0]  # a forged line is no reply to any request
     assert SandboxFusion.seen and all(req["language"] == "python" for req in SandboxFusion.seen)
     assert not any("== 5" in req["stdin"] or "'ab'" in req["stdin"] for req in SandboxFusion.seen)
     stdio = [{"input": "4", "output": "8"}, {"input": "5", "output": "11"}]
     assert code_reward([fenced("print(int(input()) * 2)")], [stdio], **args) == [0.5]
+    # the tests run here and the service replays each test's requests (a round per reply a test
+    # needs in sequence: 12 for all() over 12 inputs): every form but a function of the test's,
+    # which the candidate cannot call back
+    for form, (code, tests) in HONEST.items():
+        assert run_tests(code, tests, **args).passed == (0 if form == "callback" else len(tests)), form
 
 
 def test_a_remote_service_that_does_not_answer_is_one_line_before_launch():

@@ -1,0 +1,116 @@
+"""What both of a code reward's sandboxed programs (`rlkit.reward.runners`) start with: their
+limits, their throwaway uid, private copies of stdin and stdout, the audit hook, and the wire
+format of what crosses between them: plain data by exact type (`enc` / `dec`), or a reference to
+an object that stays on the sender's side."""
+
+from __future__ import annotations
+
+# Both programs: stdin line 1 is JSON {limits, uid, audit, ...}; `req` / `res` are private copies of
+# stdin / stdout; fds 0, 1 and 2 point at /dev/null before any test or candidate code runs.
+PREAMBLE = r"""
+import builtins, collections, io, json, math, os, resource, sys
+req = os.fdopen(os.dup(0), "r", encoding="utf-8", errors="replace")
+cfg = json.loads(req.readline())
+for name, v in cfg["limits"].items():
+    resource.setrlimit(getattr(resource, name), (v, v))
+if cfg["uid"] is not None:
+    u = cfg["uid"]
+    os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u, u, u)
+res = os.fdopen(os.dup(1), "w", encoding="utf-8")
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+sys.stdin, sys.stdout, sys.stderr = io.StringIO(""), io.StringIO(), io.StringIO()
+def send(obj):
+    res.write(json.dumps(obj) + "\n"); res.flush()
+send({"ready": True})
+cwd = os.path.realpath(os.getcwd()) + os.sep
+def inside(p):
+    try:
+        return os.path.realpath(os.fsdecode(p)).startswith(cwd)
+    except Exception:
+        return False
+WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+BLOCK = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
+         "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+         "os.forkpty", "os.kill", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
+         "os.chown", "os.setuid", "sys.addaudithook", "pty.spawn", "os.startfile"}
+PATHS = {"os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os.link", "os.symlink",
+         "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move"}
+def hook(event, args):
+    if event == "open":
+        path, mode, flags = (tuple(args) + (None, None))[:3]
+        if isinstance(path, int):
+            return
+        w = (isinstance(mode, str) and any(m in mode for m in "wax+")) or (isinstance(flags, int) and flags & WRITE)
+        if w and not inside(path):
+            raise PermissionError("sandbox: writing outside the working directory")
+    elif event in BLOCK:
+        raise PermissionError("sandbox: " + event + " is not allowed")
+    elif event in PATHS and args and isinstance(args[0], (str, bytes, os.PathLike)) and not inside(args[0]):
+        raise PermissionError("sandbox: " + event + " outside the working directory")
+# Plain data, by exact type: what crosses between the two programs (`ref`: an object kept on the
+# sender's side; `cb`: a function of the test's, which the candidate may only call).
+SAFE = 1 << 53
+SEQS = {"tuple": tuple, "set": set, "frozenset": frozenset, "deque": collections.deque}
+MAPS = {"dict": dict, "OrderedDict": collections.OrderedDict, "Counter": lambda pairs: collections.Counter(dict(pairs)),
+        "defaultdict": lambda pairs: collections.defaultdict(None, pairs)}
+def enc(v, keep, depth=0):
+    t = type(v)
+    if depth > 64:
+        raise ValueError("nested too deep")
+    if v is None or t is bool or t is str:
+        return v
+    if t is int:
+        return v if -SAFE < v < SAFE else {"int": hex(v)}
+    if t is float:
+        return v if math.isfinite(v) else {"float": repr(v)}
+    if t is list:
+        return [enc(x, keep, depth + 1) for x in v]
+    if t.__name__ in SEQS and SEQS[t.__name__] is t:
+        return {t.__name__: [enc(x, keep, depth + 1) for x in v]}
+    if t in (dict, collections.OrderedDict, collections.Counter, collections.defaultdict):
+        return {t.__name__: [[enc(k, keep, depth + 1), enc(x, keep, depth + 1)] for k, x in v.items()]}
+    if t in (bytes, bytearray):
+        return {t.__name__: v.hex()}
+    if t is complex:
+        return {"complex": [enc(v.real, keep), enc(v.imag, keep)]}
+    if t is getattr(sys.modules.get("fractions"), "Fraction", None):  # loaded only when a value needs it
+        return {"Fraction": [enc(v.numerator, keep), enc(v.denominator, keep)]}
+    if t is getattr(sys.modules.get("decimal"), "Decimal", None):
+        return {"Decimal": str(v)}
+    return keep(v)
+def dec(v, peer, depth=0):
+    t = type(v)
+    if depth > 64:
+        raise ValueError("nested too deep")
+    if v is None or t in (bool, int, float, str):
+        return v
+    if t is list:
+        return [dec(x, peer, depth + 1) for x in v]
+    if t is not dict or len(v) != 1:
+        raise ValueError("not plain data")
+    (tag, x), = v.items()
+    if tag == "int" and type(x) is str:
+        return int(x, 16)
+    if tag == "float" and x in ("nan", "inf", "-inf"):
+        return float(x)
+    if tag in SEQS and type(x) is list:
+        return SEQS[tag](dec(i, peer, depth + 1) for i in x)
+    if tag in MAPS and type(x) is list and all(type(p) is list and len(p) == 2 for p in x):
+        return MAPS[tag]([(dec(k, peer, depth + 1), dec(i, peer, depth + 1)) for k, i in x])
+    if tag in ("bytes", "bytearray") and type(x) is str:
+        return (bytes if tag == "bytes" else bytearray).fromhex(x)
+    if tag == "complex" and type(x) is list and len(x) == 2:
+        return complex(*(float(dec(i, peer)) for i in x))
+    if tag == "Fraction" and type(x) is list and len(x) == 2 and all(type(dec(i, peer)) is int for i in x):
+        import fractions
+        return fractions.Fraction(*(dec(i, peer) for i in x))
+    if tag == "Decimal" and type(x) is str and len(x) < 4096:
+        import decimal
+        return decimal.Decimal(x)
+    return peer(tag, x)
+def error_name(e):
+    return type(e).__name__
+"""
+
