@@ -152,14 +152,15 @@ class Verdict:
         return self.passed / self.total if self.total else 0.0
 
 
-def _payload(box: Sandbox, audit: bool, **cfg: Any) -> bytes:
-    uid = sandbox.next_uid() if box.isolation == "namespaces" and sandbox.running_as_root() else None
-    return (json.dumps({"limits": box.limits.rlimits(), "uid": uid, "audit": audit, **cfg}) + "\n").encode()
+def _payload(box: Sandbox, audit: bool, **cfg: Any) -> tuple[bytes, int | None]:
+    """A program's first line of stdin (`Sandbox.config`), and the uid it drops to."""
+    full = box.config(audit=audit, **cfg)
+    return (json.dumps(full) + "\n").encode(), full["uid"]
 
 
-def _run(box: Sandbox, program: str, payload: bytes) -> sandbox.Outcome:
+def _run(box: Sandbox, program: str, payload: tuple[bytes, int | None], more: bytes = b"") -> sandbox.Outcome:
     """One sandboxed run; a sandbox that never reached the code (not the code's doing) is an error."""
-    out = box.run(program, payload)
+    out = box.run(program, payload[0] + more, payload[1])
     if not out.stdout.startswith(b'{"ready": true}\n') and not out.timed_out:
         raise _not_started(box, out.stderr)
     return out
@@ -205,7 +206,7 @@ def _judge_rounds(code: str, tests: list, box: Sandbox, audit: bool) -> Verdict:
         here = Sandbox("process", replace(box.limits, timeout_s=left_s))
         left = [i for i in range(len(tests)) if i not in verdicts]
         ran = _run(here, TESTS, _payload(here, True, tests=tests, scopes=[scope_of(t) for t in tests], replay=True,
-                                         only=left, undumpable=True) + replies)
+                                         only=left, undumpable=True), replies)
         pending = {}
         for i, rec in records(ran.stdout).items():
             if "pending" in rec:

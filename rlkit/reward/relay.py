@@ -14,7 +14,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from rlkit.reward.sandbox import Sandbox, reap
+from rlkit.reward.pipes import reap
+from rlkit.reward.sandbox import Sandbox
 
 READY = b'{"ready": true}'
 _TESTS_BYTES = 64 << 20  # what the tests' own program may send (requests it builds from the test's data)
@@ -119,31 +120,32 @@ class _Side:
         return self.err[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
 
 
-def converse(box: Sandbox, tests: str, tests_payload: bytes, candidate: str, candidate_payload: bytes) -> Conversation:
+def converse(box: Sandbox, tests: str, tests_payload: tuple[bytes, int | None], candidate: str,
+             candidate_payload: tuple[bytes, int | None]) -> Conversation:
     """Run the tests' program and the candidate's, each in a sandbox of ``box``'s kind and limits, and
     relay between them until the tests' program has sent its verdicts (see the module doc)."""
     limit = box.limits.output_kb << 10
     t0 = time.perf_counter()
     deadline = t0 + box.limits.timeout_s
-    spawned = [box.spawn(tests)]
+    spawned = [box.spawn(tests, tests_payload[1])]
     try:
-        spawned.append(box.spawn(candidate))
+        spawned.append(box.spawn(candidate, candidate_payload[1]))
         sel = selectors.DefaultSelector()
-        t = _Side(spawned[0][0], tests_payload, sel, "tests")
-        c = _Side(spawned[1][0], candidate_payload, sel, "candidate")
+        t = _Side(spawned[0][0], tests_payload[0], sel, "tests")
+        c = _Side(spawned[1][0], candidate_payload[0], sel, "candidate")
         talk = Conversation()
         try:
             talk.timed_out, talk.flooded = _loop(sel, t, c, talk, deadline, limit)
         finally:
             sel.close()
         for side in (t, c):
-            if not talk.timed_out and (side.refused or (side is t and not t.ready)):
+            if not (talk.timed_out or talk.flooded) and (side.refused or (side is t and not t.ready)):
                 side.drain_err(min(deadline, time.perf_counter() + 1.0))
     finally:
-        for proc, work in spawned:
-            reap(proc, work)
+        for (proc, work), uid in zip(spawned, (tests_payload[1], candidate_payload[1])):
+            reap(proc, work, uid)
     talk.seconds = time.perf_counter() - t0
-    if not talk.timed_out and (not t.ready or c.refused):  # (the tests may be done before it spoke)
+    if not (talk.timed_out or talk.flooded) and (not t.ready or c.refused):  # (the tests may be done before it spoke)
         talk.started = False
         talk.said = (c if t.ready else t).words()
     return talk

@@ -23,9 +23,13 @@ Isolation (``isolation``):
   uses): the same program and payload go to ``url``; its stdout comes back (bounded) and the judge
   compares here as it does locally. The service's walls are its own.
 * ``"process"``: a weaker mode a recipe must ask for, for hosts whose kernel refuses namespaces:
-  a child process in its own session with the same resource limits, the audit hook of `judge`, a
-  throwaway working directory and a clean environment. It does not hide the driver's files,
-  network or processes from a determined program.
+  a child process in its own session with the same limits, a clean environment and a throwaway
+  working directory; the program loads the seccomp filter itself, with no sockets, no signals
+  outside its own process group, no new session or group and no SysV IPC on top, and as root drops
+  to a throwaway uid (importing through folders it opened first); afterwards that uid's processes
+  are ended and what it left at the top of the shared temporary folders removed. It does not hide
+  files every user may read or write, nor, without root, the driver user's own files
+  (docs/rewards.md has the table of what each mode guarantees).
 
 Limits in the local modes: wall clock (the whole sandbox is killed), CPU seconds, address space,
 processes, open files, file size, no core dumps, and the bytes it may send back.
@@ -33,15 +37,11 @@ processes, open files, file size, no core dumps, and the bytes it may send back.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
 import os
-import select
-import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 from rlkit.errors import RewardError
 from rlkit.reward import seccomp
+from rlkit.reward.pipes import Exchange, reap
 
 ISOLATIONS = ("namespaces", "remote", "process")
 # the program's whole environment (HOME: its working directory), in both local modes
@@ -215,27 +216,38 @@ class Sandbox:
                                   f"{out.stdout[:80]!r} ({out.stderr or 'no message'}); is it a SandboxFusion "
                                   "`/run_code` service?")
 
-    def run(self, program: str, payload: bytes) -> Outcome:
+    def config(self, **cfg: object) -> dict:
+        """What a program of `rlkit.reward.runners` applies to itself before anything else (its
+        stdin's first line): its limits; as root, the throwaway uid it drops to; in "process" mode
+        the seccomp filter it loads and, for a uid that may not read the interpreter's folders,
+        its import path through folders it opens first (``reroot``)."""
+        uid = next_uid() if self.isolation != "remote" and running_as_root() else None
+        process = self.isolation == "process"
+        return {"limits": self.limits.rlimits(), "uid": uid, "reroot": process and uid is not None,
+                "filter": seccomp.seccomp_filter(process=True).hex() if process else None, **cfg}
+
+    def run(self, program: str, payload: bytes, uid: int | None = None) -> Outcome:
         """Run ``program`` (Python source) in the sandbox with ``payload`` on stdin; see the module doc.
 
-        The program itself applies the limits it is given in its payload (`judge` writes both);
-        here the wall clock and the output bound are enforced and everything is killed afterwards.
+        The program itself applies the limits it is given in its payload (`config`), ``uid`` among
+        them; here the wall clock and the output bound are enforced and everything is killed afterwards.
         """
         if self.isolation == "remote":
             return self._post(program, payload)
         t0 = time.perf_counter()
-        proc, work = self.spawn(program)
-        pipes = _Exchange(proc, payload, self.limits.output_kb << 10)
+        proc, work = self.spawn(program, uid)
+        pipes = Exchange(proc, payload, self.limits.output_kb << 10)
         try:
             out, timed_out, flooded = pipes.until(t0 + self.limits.timeout_s)
         finally:
-            reap(proc, work)
+            reap(proc, work, uid)
         said = b"".join(pipes.err)[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
         return Outcome(out, timed_out, flooded, time.perf_counter() - t0, said)
 
-    def spawn(self, program: str) -> tuple[subprocess.Popen, str | None]:
+    def spawn(self, program: str, uid: int | None = None) -> tuple[subprocess.Popen, str | None]:
         """Start ``program`` in a local sandbox, its pipes open: the process and its throwaway working
-        directory ("process" mode; None in "namespaces"), both for `reap`."""
+        directory ("process" mode, owned by ``uid``, the one it drops to; None in "namespaces"),
+        both for `reap`."""
         python, work, fds = interpreter(), None, ()
         if self.isolation == "namespaces":
             fds = (seccomp.filter_fd(),)
@@ -244,6 +256,8 @@ class Sandbox:
         else:
             work = tempfile.mkdtemp(prefix="rlkit-sandbox-")
             os.chmod(work, 0o700)
+            if uid is not None:
+                os.chown(work, uid, uid)
             cmd = [python, "-I", "-S", "-c", program]
             cwd, env = work, {**_ENV, "HOME": work}
         try:
@@ -281,85 +295,3 @@ class Sandbox:
             raise RewardError(f"the remote sandbox {url} sent back no SandboxFusion reply: {raw[:120]!r}") from None
         return Outcome(stdout[:limit], result.get("status") == "TimeLimitExceeded", len(stdout) > limit,
                        time.perf_counter() - t0, str(result.get("stderr") or reply.get("message") or "")[:2048])
-
-
-class _Exchange:
-    """One select loop over a run's pipes: feeds it the payload, keeps the first bytes of its stderr
-    (the program points stderr elsewhere before it runs code) and reads its stdout up to a bound."""
-
-    def __init__(self, proc: subprocess.Popen, payload: bytes, limit: int) -> None:
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        self.proc, self.pending, self.limit = proc, memoryview(payload), limit
-        self.out: list[bytes] = []
-        self.err: list[bytes] = []
-        self.got = 0
-        self.sel = selectors.DefaultSelector()
-        os.set_blocking(proc.stdin.fileno(), False)
-        self.sel.register(proc.stdout, selectors.EVENT_READ, self._stdout)
-        self.sel.register(proc.stderr, selectors.EVENT_READ, self._stderr)
-        if self.pending:
-            self.sel.register(proc.stdin, selectors.EVENT_WRITE, self._stdin)
-        else:
-            proc.stdin.close()
-
-    def until(self, deadline: float) -> tuple[bytes, bool, bool]:
-        """(stdout, timed out, flooded): at EOF, at the deadline or past the bound."""
-        try:
-            while (left := deadline - time.perf_counter()) > 0:
-                for key, _ in self.sel.select(left):
-                    ended = key.data()
-                    if ended is not None:
-                        self._rest_of_stderr(min(deadline, time.perf_counter() + 1.0))
-                        return ended
-            return b"".join(self.out), True, False
-        finally:
-            self.sel.close()
-
-    def _rest_of_stderr(self, until: float) -> None:
-        """Stdout ended first: the process's last words (bubblewrap's refusal) may still be in the pipe."""
-        err = self.proc.stderr
-        while err.fileno() in self.sel.get_map() and (left := until - time.perf_counter()) > 0:
-            if select.select([err], [], [], left)[0]:
-                self._stderr()
-
-    def _stdin(self) -> None:
-        stdin = self.proc.stdin
-        try:
-            self.pending = self.pending[os.write(stdin.fileno(), self.pending[:65536]):]
-        except OSError:  # it closed its stdin: the rest is not wanted
-            self.pending = memoryview(b"")
-        if not self.pending:
-            self.sel.unregister(stdin)
-            stdin.close()
-
-    def _stderr(self) -> None:
-        data = os.read(self.proc.stderr.fileno(), 4096)
-        if not data or sum(map(len, self.err)) > 4096:
-            self.sel.unregister(self.proc.stderr)
-        else:
-            self.err.append(data)
-
-    def _stdout(self) -> tuple[bytes, bool, bool] | None:
-        data = os.read(self.proc.stdout.fileno(), 65536)
-        if not data:
-            return b"".join(self.out), False, False
-        self.out.append(data)
-        self.got += len(data)
-        if self.got > self.limit:
-            return b"".join(self.out)[:self.limit], False, True
-        return None
-
-
-def reap(proc: subprocess.Popen, work: str | None = None) -> None:
-    """Kill a run's whole session (bubblewrap's init takes its PID namespace with it), reap it and
-    remove its working directory."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for f in (proc.stdin, proc.stdout, proc.stderr):
-        with contextlib.suppress(OSError):
-            if f is not None:
-                f.close()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-    if work is not None:
-        shutil.rmtree(work, ignore_errors=True)

@@ -26,22 +26,34 @@ DENIED_SYSCALLS = (
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 
 
-@functools.lru_cache(maxsize=1)
-def seccomp_filter() -> bytes:
-    """The sandbox's seccomp filter as the BPF program bubblewrap's `--seccomp` reads (libseccomp,
-    through pyseccomp): everything allowed but `DENIED_SYSCALLS` and clone(2) into new namespaces;
-    clone3, whose flags a filter cannot read, answers ENOSYS, so the C library falls back to clone."""
+# Without namespaces ("process" mode) the host's network, processes and IPC are in reach too: no
+# socket at all (socketpair stays), no signal but to its own process group (kill(0, sig)), no leaving
+# its session or process group (so killing the group ends all it started), no SysV IPC objects
+# (they would outlive it).
+PROCESS_DENIED = ("socket", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open",
+                  "pidfd_send_signal", "pidfd_getfd", "setsid", "setpgid", "shmget", "msgget", "semget")
+
+
+@functools.lru_cache(maxsize=2)
+def seccomp_filter(process: bool = False) -> bytes:
+    """The sandbox's seccomp filter as the BPF program bubblewrap's `--seccomp` (or, with
+    ``process``, the runner itself) loads (libseccomp, through pyseccomp): everything allowed but
+    `DENIED_SYSCALLS` and clone(2) into new namespaces, and with ``process`` also `PROCESS_DENIED`
+    and kill(2) of anything but its own process group; clone3, whose flags a filter cannot read,
+    answers ENOSYS, so the C library falls back to clone."""
     import errno
 
     import pyseccomp
 
     f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
-    for name in DENIED_SYSCALLS:
+    for name in DENIED_SYSCALLS + (PROCESS_DENIED if process else ()):
         with contextlib.suppress(RuntimeError, ValueError):  # a syscall this architecture lacks
             f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
     for flag in CLONE_NAMESPACES:
         f.add_rule(pyseccomp.ERRNO(errno.EPERM), "clone", pyseccomp.Arg(0, pyseccomp.MASKED_EQ, flag, flag))
     f.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "clone3")
+    if process:
+        f.add_rule(pyseccomp.ERRNO(errno.EPERM), "kill", pyseccomp.Arg(0, pyseccomp.NE, 0))
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)

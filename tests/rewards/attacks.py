@@ -1,6 +1,6 @@
 """Adversarial candidates for the code reward's sandbox, each with the traps that tell whether it got out.
 
-Run in the test process (as root) and, through ``python3 -m tests.rewards.attacks AUDIT NAME...``
+Run in the test process (as root) and, through ``python3 -m tests.rewards.attacks AUDIT ISOLATION NAME...``
 under an ordinary user, as that user: each scenario sets up what a driver has (a secret in its
 environment and in a file it can read, TCP, Unix and abstract sockets listening on loopback, another
 process of its own, its checkout), runs one candidate through `rewards.code.run_tests` and reports
@@ -125,7 +125,7 @@ ATTACKS = {
                   ["assert solve() == 1"]),
     "disk_fill": ("def solve():\n    with open('fill', 'wb') as f:\n        for _ in range(4096):\n"
                   "            f.write(b'x' * (1 << 20))\n    return 0", ["assert solve() == 1"]),
-    "output_flood": ("import os, sys\nfor fd in (3, 4, 1, 2):\n    try:\n        for _ in range(4096):\n"
+    "output_flood": ("import os, sys\nfor fd in (*range(3, 16), 1, 2):\n    try:\n        for _ in range(4096):\n"
                      "            os.write(fd, b'x' * 65536)\n    except OSError:\n        pass\nprint('y' * 10**8)",
                      ["assert solve() == 1"]),
     "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
@@ -193,8 +193,34 @@ def _sandbox_processes() -> list[str]:
     return left
 
 
-def scenario(name: str, audit: bool) -> dict:
-    """Set up the traps, run the candidate, report its score and each way it got out."""
+def _lasting_processes() -> list[str]:
+    """Sandbox processes still alive a moment after the run (the kernel ends a PID namespace's
+    processes after its init, not with it)."""
+    for _ in range(40):
+        if not _sandbox_processes():
+            break
+        time.sleep(0.05)
+    return _sandbox_processes()
+
+
+def _clean(left: list[str], home: str, shared: str, *servers: socket.socket) -> None:
+    """Remove what the candidate wrote or left (reported already: a weaker mode lets it) and the traps."""
+    for p in left:
+        if os.path.isdir(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+    del os.environ["RLKIT_ATTACK_SECRET"]
+    for s in servers:
+        s.close()
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def scenario(name: str, audit: bool, isolation: str = "namespaces") -> dict:
+    """Set up the traps, run the candidate in the sandbox of ``isolation``, report its score and
+    each way it got out."""
     from rewards.code import run_tests
 
     home = tempfile.mkdtemp(prefix="rlkit-attack-")
@@ -232,7 +258,8 @@ def scenario(name: str, audit: bool) -> dict:
             "host_only": [outside[0], outside[4], outside[5]], "unix_path": unix_path, "abstract": abstract,
             "victim": victim.pid, "driver": os.getpid()}
     t0 = time.perf_counter()
-    verdict = run_tests(code.format(**fill), [t.format(**fill) for t in tests], timeout_s=1.0, audit=audit)
+    verdict = run_tests(code.format(**fill), [t.format(**fill) for t in tests], timeout_s=1.0, audit=audit,
+                        isolation=isolation)
     seconds = time.perf_counter() - t0
     escaped = []
     for s in (server, *unix_servers):
@@ -250,25 +277,14 @@ def scenario(name: str, audit: bool) -> dict:
     escaped += [f"left {p}" for p in new]
     escaped += [f"left SysV shared memory {k}" for k in sorted(_sysv_shm() - shm_before)]
     escaped += _keys_left(secret_key)
-    for _ in range(40):  # the kernel ends a PID namespace's processes after its init, not with it
-        if not _sandbox_processes():
-            break
-        time.sleep(0.05)
-    escaped += [f"left process {p}" for p in _sandbox_processes()]
+    escaped += [f"left process {p}" for p in _lasting_processes()]
     if seconds > 8:
         escaped.append(f"took {seconds:.1f} s")
-    for p in outside:
-        if os.path.exists(p):
-            os.unlink(p)
-    del os.environ["RLKIT_ATTACK_SECRET"]
-    for s in (server, *unix_servers):
-        s.close()
-    shutil.rmtree(home, ignore_errors=True)
-    shutil.rmtree(shared, ignore_errors=True)
+    _clean(outside + new, home, shared, server, *unix_servers)
     return {"score": verdict.score, "timed_out": verdict.timed_out, "flooded": verdict.flooded,
             "seconds": seconds, "escaped": escaped}
 
 
-if __name__ == "__main__":  # python -m tests.rewards.attacks AUDIT NAME...: one JSON report per line
-    for name in sys.argv[2:]:
-        sys.stdout.write(json.dumps({"attack": name, **scenario(name, sys.argv[1] == "1")}) + "\n")
+if __name__ == "__main__":  # python -m tests.rewards.attacks AUDIT ISOLATION NAME...: one JSON report per line
+    for name in sys.argv[3:]:
+        sys.stdout.write(json.dumps({"attack": name, **scenario(name, sys.argv[1] == "1", sys.argv[2])}) + "\n")

@@ -86,7 +86,7 @@ def test_the_program_never_sees_an_expected_value(monkeypatch):
     real = relay.converse
 
     def spy(box, tests, tests_payload, candidate, candidate_payload):
-        sent.update(tests=tests_payload.decode(), candidate=candidate_payload.decode())
+        sent.update(tests=tests_payload[0].decode(), candidate=candidate_payload[0].decode())
         return real(box, tests, tests_payload, candidate, candidate_payload)
     monkeypatch.setattr(judge, "converse", spy)
     code = "import math\ndef root(x):\n    return math.sqrt(x)\ndef pair(): return (1, 'EXPECTED-7f3a')"
