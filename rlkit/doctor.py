@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     checks: list[tuple[str, Callable[[], Check]]] = [
         ("device", device), ("versions", versions), ("communication", comm_backend),
         ("vLLM", engine_starts), ("Ray", lambda: ray_reachable(args.address)), ("shared memory", shared_memory),
-        ("disk", lambda: free_disk(Path(args.output_dir))), ("code sandbox", code_sandbox)]
+        ("disk", lambda: free_disk(Path(args.output_dir))), ("code sandbox", code_sandbox),
+        ("sandbox memory", sandbox_memory)]
     failed = False
     for name, check in checks:
         if name == "vLLM" and args.skip_engine:
@@ -179,3 +180,18 @@ def code_sandbox() -> Check:
     if problem is not None:
         return "warn", "code sandbox", problem + "; code rewards refuse to run (or set `isolation: remote / process`)"
     return "ok", "code sandbox", "bubblewrap namespaces work here (code rewards run model-written code in them)"
+
+
+def sandbox_memory() -> Check:
+    """Whether a code reward's sandboxed runs each get a memory cgroup (a warning where not: the
+    bound is then per process)."""
+    from rlkit.reward.cgroup import delegated
+
+    found = delegated()
+    if found is None:
+        return "warn", "sandbox memory", ("no memory cgroup is delegated to this user: a code reward's sample is "
+                                          "bounded per process (memory_mb each, max_procs processes) plus its "
+                                          "scratch folders, not in all (as root, or with systemd's Delegate=yes, "
+                                          "each sample gets a cgroup of memory_mb + scratch_mb)")
+    return "ok", "sandbox memory", (f"each sandboxed sample gets a memory cgroup (v{found[1]}, under {found[0]}): "
+                                    "its processes and scratch folders hold memory_mb + scratch_mb in all")

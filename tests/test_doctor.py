@@ -20,7 +20,7 @@ def test_doctor_passes_on_this_host():
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert [line.split(":")[0].split(maxsplit=1)[1] for line in lines] == [
-        "device", "versions", "communication", "vLLM", "Ray", "shared memory", "disk", "code sandbox"]
+        "device", "versions", "communication", "vLLM", "Ray", "shared memory", "disk", "code sandbox", "sandbox memory"]
     assert all(line.split()[0] in ("ok", "warn") for line in lines), lines
     assert lines[3].startswith("ok    vLLM: a tiny engine started and generated in ")
 
@@ -57,3 +57,15 @@ def test_the_code_sandbox_check_says_why_code_rewards_would_refuse(monkeypatch):
     monkeypatch.setattr(sandbox, "namespaces_problem", lambda python=None: "bubblewrap is not installed")
     status, what, detail = doctor.code_sandbox()
     assert (status, what) == ("warn", "code sandbox") and detail.startswith("bubblewrap is not installed; code rewards")
+
+
+def test_the_sandbox_memory_check_says_whether_a_sample_gets_a_cgroup(monkeypatch):
+    from rlkit.reward import cgroup
+
+    monkeypatch.setattr(cgroup, "delegated", lambda: None)
+    status, what, detail = doctor.sandbox_memory()
+    assert (status, what) == ("warn", "sandbox memory") and "bounded per process (memory_mb each" in detail
+    monkeypatch.setattr(cgroup, "delegated", lambda: ("/sys/fs/cgroup/x", 2))
+    assert doctor.sandbox_memory() == ("ok", "sandbox memory", "each sandboxed sample gets a memory cgroup (v2, under "
+                                       "/sys/fs/cgroup/x): its processes and scratch folders hold memory_mb + "
+                                       "scratch_mb in all")

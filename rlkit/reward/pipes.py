@@ -11,6 +11,22 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlkit.reward.cgroup import Cap
+
+
+@dataclass(frozen=True)
+class Started:
+    """A sandboxed run under way: its process (bubblewrap's, or the program's), its working folder
+    ("process" mode), the throwaway uid it drops to, its memory cgroup (None where none is delegated)."""
+
+    proc: subprocess.Popen
+    work: str | None = None
+    uid: int | None = None
+    cap: Cap | None = None
 
 
 class Exchange:
@@ -80,10 +96,11 @@ class Exchange:
         return None
 
 
-def reap(proc: subprocess.Popen, work: str | None = None, uid: int | None = None) -> None:
-    """Kill a run's whole session (bubblewrap's init takes its PID namespace with it), reap it and
-    remove its working directory; in "process" mode (``work``) as root, also whatever its throwaway
-    ``uid`` still runs or left in the host's shared temporary folders."""
+def reap(run: Started) -> None:
+    """Kill a run's whole session (bubblewrap's init takes its PID namespace with it), reap it, remove
+    its working directory and its memory cgroup; in "process" mode as root, also whatever its
+    throwaway uid still runs or left in the host's shared temporary folders."""
+    proc, work, uid = run.proc, run.work, run.uid
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     for f in (proc.stdin, proc.stdout, proc.stderr):
@@ -96,6 +113,8 @@ def reap(proc: subprocess.Popen, work: str | None = None, uid: int | None = None
         shutil.rmtree(work, ignore_errors=True)
         if uid is not None:
             _sweep(uid)
+    if run.cap is not None:
+        run.cap.close()
 
 
 def _sweep(uid: int) -> None:

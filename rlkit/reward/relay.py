@@ -131,8 +131,8 @@ def converse(box: Sandbox, tests: str, tests_payload: tuple[bytes, int | None], 
     try:
         spawned.append(box.spawn(candidate, candidate_payload[1]))
         sel = selectors.DefaultSelector()
-        t = _Side(spawned[0][0], tests_payload[0], sel, "tests")
-        c = _Side(spawned[1][0], candidate_payload[0], sel, "candidate")
+        t = _Side(spawned[0].proc, tests_payload[0], sel, "tests")
+        c = _Side(spawned[1].proc, candidate_payload[0], sel, "candidate")
         talk = Conversation()
         try:
             talk.timed_out, talk.flooded = _loop(sel, t, c, talk, deadline, limit)
@@ -142,8 +142,8 @@ def converse(box: Sandbox, tests: str, tests_payload: tuple[bytes, int | None], 
             if not (talk.timed_out or talk.flooded) and (side.refused or (side is t and not t.ready)):
                 side.drain_err(min(deadline, time.perf_counter() + 1.0))
     finally:
-        for (proc, work), uid in zip(spawned, (tests_payload[1], candidate_payload[1])):
-            reap(proc, work, uid)
+        for run in spawned:
+            reap(run)
     talk.seconds = time.perf_counter() - t0
     if not (talk.timed_out or talk.flooded) and (not t.ready or c.refused):  # (the tests may be done before it spoke)
         talk.started = False

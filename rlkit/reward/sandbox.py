@@ -52,8 +52,8 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from rlkit.errors import RewardError
-from rlkit.reward import seccomp
-from rlkit.reward.pipes import Exchange, reap
+from rlkit.reward import cgroup, seccomp
+from rlkit.reward.pipes import Exchange, Started, reap
 
 ISOLATIONS = ("namespaces", "remote", "process")
 # the program's whole environment (HOME: its working directory), in both local modes
@@ -235,19 +235,20 @@ class Sandbox:
         if self.isolation == "remote":
             return self._post(program, payload)
         t0 = time.perf_counter()
-        proc, work = self.spawn(program, uid)
-        pipes = Exchange(proc, payload, self.limits.output_kb << 10)
+        run = self.spawn(program, uid)
+        pipes = Exchange(run.proc, payload, self.limits.output_kb << 10)
         try:
             out, timed_out, flooded = pipes.until(t0 + self.limits.timeout_s)
         finally:
-            reap(proc, work, uid)
+            reap(run)
         said = b"".join(pipes.err)[:2048].decode("utf-8", "replace").strip().replace("\n", " | ")
         return Outcome(out, timed_out, flooded, time.perf_counter() - t0, said)
 
-    def spawn(self, program: str, uid: int | None = None) -> tuple[subprocess.Popen, str | None]:
-        """Start ``program`` in a local sandbox, its pipes open: the process and its throwaway working
-        directory ("process" mode, owned by ``uid``, the one it drops to; None in "namespaces"),
-        both for `reap`."""
+    def spawn(self, program: str, uid: int | None = None) -> Started:
+        """Start ``program`` in a local sandbox, its pipes open, before it is given its payload: the
+        process, its throwaway working directory ("process" mode, owned by ``uid``, the one it drops
+        to), and where the host delegates one, the memory cgroup that holds it (`rlkit.reward.cgroup`:
+        its processes and its scratch folders, ``memory_mb`` + ``scratch_mb`` together); for `reap`."""
         python, work, fds = interpreter(), None, ()
         if self.isolation == "namespaces":
             fds = (seccomp.filter_fd(),)
@@ -270,7 +271,16 @@ class Sandbox:
         finally:
             for fd in fds:
                 os.close(fd)
-        return proc, work
+        cap = None
+        if cgroup.delegated() is not None:
+            try:
+                cap = cgroup.Cap((self.limits.memory_mb + self.limits.scratch_mb) << 20)
+                cap.add(proc.pid)
+            except OSError:
+                reap(Started(proc, work, uid, cap))
+                raise RewardError(f"the code sandbox's memory cgroup could not be made under "
+                                  f"{cgroup.delegated()[0]}") from None
+        return Started(proc, work, uid, cap)
 
     def _post(self, program: str, payload: bytes) -> Outcome:
         """One SandboxFusion ``/run_code`` request; its reply read up to the output bound."""

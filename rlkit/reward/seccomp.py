@@ -21,17 +21,17 @@ DENIED_SYSCALLS = (
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "swapon", "swapoff",
     "reboot", "acct", "quotactl", "open_by_handle_at", "name_to_handle_at", "syslog",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "memfd_create", "memfd_secret")  # memory files: each up to the file-size limit, outside the address-space one
+    "memfd_create", "memfd_secret",  # memory files: each up to the file-size limit, outside the address-space one
+    "shmget", "msgget", "semget")  # SysV IPC objects: memory outside every process's bound, and they outlive it
 # clone(2)'s namespace flags (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): each refused
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 
 
-# Without namespaces ("process" mode) the host's network, processes and IPC are in reach too: no
-# socket at all (socketpair stays), no signal but to its own process group (kill(0, sig)), no leaving
-# its session or process group (so killing the group ends all it started), no SysV IPC objects
-# (they would outlive it).
+# Without namespaces ("process" mode) the host's network and processes are in reach too: no socket
+# at all (socketpair stays), no signal but to its own process group (kill(0, sig)), no leaving its
+# session or process group (so killing the group ends all it started).
 PROCESS_DENIED = ("socket", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open",
-                  "pidfd_send_signal", "pidfd_getfd", "setsid", "setpgid", "shmget", "msgget", "semget")
+                  "pidfd_send_signal", "pidfd_getfd", "setsid", "setpgid")
 
 
 @functools.lru_cache(maxsize=2)

@@ -114,6 +114,15 @@ ATTACKS = {
                        "                while n <= 160:\n                    f.write(b'x' * (1 << 20)); n += 1\n"
                        "        except OSError:\n            pass\n    return n",
                        ["assert solve() > 128"]),  # MiB past /tmp's and /dev/shm's 64 each
+    # memory held by several processes, each within its own bound (512 MiB): more than the sample's
+    # 512 + 64 MiB in all, which only a memory cgroup bounds
+    "memory_in_processes": ("import os\ndef solve():\n    r, w = os.pipe()\n    for _ in range(3):\n"
+                            "        if os.fork() == 0:\n            x = bytearray(300 << 20)\n"
+                            "            for i in range(0, len(x), 4096):\n                x[i] = 1\n"
+                            "            os.write(w, b'1'); import time; time.sleep(5); os._exit(0)\n"
+                            "    x = bytearray(300 << 20)\n    for i in range(0, len(x), 4096):\n        x[i] = 1\n"
+                            "    got = 0\n    while got < 3:\n        got += len(os.read(r, 3 - got))\n"
+                            "    return 300 * (got + 1)", ["assert solve() >= 1200"]),
     # leaving things behind, filling, flooding, bombs
     "leftovers": ("import ctypes, os\ndef solve():\n    for d in ('.', '/tmp', '/var/tmp', '/dev/shm'):\n        try:\n"
                   "            os.makedirs(d + '/rlkit-leftover/deep', exist_ok=True)\n"
@@ -281,8 +290,10 @@ def scenario(name: str, audit: bool, isolation: str = "namespaces") -> dict:
     if seconds > 8:
         escaped.append(f"took {seconds:.1f} s")
     _clean(outside + new, home, shared, server, *unix_servers)
+    from rlkit.reward.cgroup import delegated
+
     return {"score": verdict.score, "timed_out": verdict.timed_out, "flooded": verdict.flooded,
-            "seconds": seconds, "escaped": escaped}
+            "seconds": seconds, "escaped": escaped, "cgroup": delegated() is not None}
 
 
 if __name__ == "__main__":  # python -m tests.rewards.attacks AUDIT ISOLATION NAME...: one JSON report per line

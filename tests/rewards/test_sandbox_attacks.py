@@ -44,6 +44,9 @@ PROCESS_OPEN = {"root": {"read_checkout", "write_outside"},
 
 
 def check(report: dict, attack: str, isolation: str = "namespaces", user: str = "root") -> None:
+    if attack == "memory_in_processes" and not report["cgroup"]:  # no memory cgroup delegated: the bound is
+        assert report["escaped"] == [], report  # per process, as doctor says (its score is not the test's)
+        return
     if isolation == "process" and attack in PROCESS_OPEN[user]:
         assert report["escaped"] or report["score"] > 0, report  # the table must not claim more than holds
         return
