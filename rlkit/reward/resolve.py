@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from rlkit.reward.contract import FIXED_PARAMS, RewardError, RewardSpec, check_range, declared_range, did_you_mean
+from rlkit.reward.contract import (
+    FIXED_PARAMS,
+    RewardError,
+    RewardSpec,
+    check_range,
+    declared_range,
+    did_you_mean,
+    with_defaults,
+)
 
 
 @dataclass
@@ -32,6 +40,7 @@ class ResolvedReward:
     var_kw: bool                # has **kwargs
     setup: Callable[[], Any] | None = None
     bounds: tuple[float | None, float | None] | None = None  # the values it may return (range)
+    batch_seconds: Callable[[int], float] | None = None  # what a batch of n may take, where it declares it
     _ready: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -172,7 +181,18 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
     if callable(preflight):  # e.g. a code reward: its sandbox can run here
         preflight(spec.args, key)
     return ResolvedReward(spec=spec, key=key, name=name, fn=call, is_instance=is_instance,
-                          accepts=frozenset(named), var_kw=var_kw, setup=setup, bounds=bounds)
+                          accepts=frozenset(named), var_kw=var_kw, setup=setup, bounds=bounds,
+                          batch_seconds=_batch_time(call, spec.args))
+
+
+def _batch_time(call: Any, args: dict[str, Any]) -> Callable[[int], float] | None:
+    """The reward's declared time for a batch of n (`contract.batch_seconds`), its arguments bound once."""
+    fn = source_object(call)
+    derive = getattr(fn, "rlkit_batch_seconds", None)
+    if not callable(derive):
+        return None
+    bound = with_defaults(fn, dict(args))
+    return lambda n: float(derive(n, bound))
 
 
 def _setup(call: Any, attr: str, spec: RewardSpec, key: str) -> Callable[[], Any] | None:

@@ -20,7 +20,6 @@ from rlkit.reward.contract import (
     RewardResult,
     RewardSpec,
     prompt_text,
-    with_defaults,
 )
 from rlkit.reward.resolve import ResolvedReward, is_object, resolve, source_object
 from rlkit.reward.values import BadValue, Batch, failure, fallback, sample_text, validate
@@ -174,9 +173,9 @@ class RewardScorer:
                 vals, secs = [None] * n, time.perf_counter() - t0
                 failures[r.name] = [(-1, str(e))]
             except Exception as e:  # noqa: BLE001 — the user's reward raised or timed out
-                vals, bad = self._isolate(r, batch, e, clipped)
+                vals, bad, gave_up = self._isolate(r, batch, e, clipped)
                 secs = time.perf_counter() - t0
-                errors[r.name] = len(bad)
+                errors[r.name] = len(bad) + gave_up
                 if bad and self.collect_errors:
                     failures[r.name] = bad
                 elif bad and r.name not in self._warned:
@@ -192,10 +191,8 @@ class RewardScorer:
         """How long a call on `n` samples may take: the spec's `timeout_s`, or longer where the
         function declares what such a batch takes (`contract.batch_seconds`)."""
         limit = r.spec.timeout_s
-        fn = source_object(r.fn)
-        derive = getattr(fn, "rlkit_batch_seconds", None)
-        if limit is not None and callable(derive):
-            limit = max(limit, float(derive(n, with_defaults(fn, dict(r.spec.args)))))
+        if limit is not None and r.batch_seconds is not None:
+            limit = max(limit, r.batch_seconds(n))
         return limit
 
     def _count_failed(self, r: ResolvedReward, out: Any, vals: list[float | None], batch: Batch,
@@ -265,8 +262,9 @@ class RewardScorer:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def _isolate(self, r: ResolvedReward, batch: Batch, exc: BaseException, clipped: dict[str, int]
-                 ) -> tuple[list[float | None], list[tuple[int, str]]]:
-        """After a failed batch call: find the failing samples by calling one at a time.
+                 ) -> tuple[list[float | None], list[tuple[int, str]], int]:
+        """After a failed batch call: find the failing samples by calling one at a time; also how
+        many of the others the function itself scored as `Failed` (counted in its errors too).
 
         A sample that fails alone costs that sample: it scores `_fallback` (counted), unless the
         spec says `fail_fast`. A timeout, a batch whose every sample fails (n > 1) and a batch that
@@ -282,15 +280,17 @@ class RewardScorer:
             msg = f"{r.key} {r.name!r} {exc} on a batch of {n} samples (raise `timeout_s:` or speed it up)"
             if not explicit:
                 raise RewardError(f"{msg}; first sample {sample_text(batch, 0)}") from None
-            return [default] * n, [(i, msg) for i in range(n)]
+            return [default] * n, [(i, msg) for i in range(n)], 0
         vals: list[float | None] = []
         bad: list[tuple[int, str]] = []
+        gave_up = 0
         for i in range(n):
             one = ([prompts[i]], [completions[i]], None if ids is None else [ids[i]],
                    {k: [v[i]] for k, v in cols.items()})
             try:
                 out, _ = self._start(r, one)(self._limit(r, 1))
                 vals.append(validate(r, out, 1, one, clipped)[0])
+                gave_up += isinstance(out[0], Failed)
             except BadValue:  # a wrong value, not a raising call: never defaulted
                 raise
             except Exception as e:  # noqa: BLE001
@@ -303,10 +303,10 @@ class RewardScorer:
             msg = failure(r, exc, batch, None)
             if not explicit:
                 raise RewardError(msg) from None
-            return [default] * n, [(i, msg) for i in range(n)]
+            return [default] * n, [(i, msg) for i in range(n)], 0
         if len(bad) == n > 1 and not explicit:  # every sample fails: the function is broken
             raise RewardError(f"{bad[0][1]} (and on every other sample of the batch of {n})")
-        return vals, bad
+        return vals, bad, gave_up
 
     def _total(self, per_fn: dict[str, list[float | None]], batch: Batch,
                failures: dict[str, list[tuple[int, str]]]) -> list[float]:

@@ -57,6 +57,13 @@ def each_sleepy(completions, each=0.2, **kwargs):  # bounds each sample itself: 
     time.sleep(each * len(completions))
     return [Failed(0.0, "ran past its limit") if "late" in c else 1.0 for c in completions]
 
+def failed_or_boom(completions, **kwargs):  # a batch with "boom" raises; "late" is its own Failed
+    if len(completions) > 1 and any("boom" in c for c in completions):
+        raise ValueError("boom in the batch")
+    if "boom" in completions[0]:
+        raise ValueError("boom")
+    return [Failed(0.0, "gave up") if "late" in c else 1.0 for c in completions]
+
 def chat(completions, **kwargs):
     return [float(len(c[0]["content"])) for c in completions]
 

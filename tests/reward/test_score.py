@@ -161,6 +161,14 @@ def test_a_reward_that_bounds_each_sample_gets_its_batch_time_and_counts_what_fa
         assert s.score(["p"] * 2, ["late", "ok"], None, {}).errors == {"each_sleepy": 1}
 
 
+def test_failed_samples_count_when_the_batch_is_retried_one_at_a_time(mod):
+    """A batch call that raises is retried a sample at a time; a sample the function then scores
+    as `Failed` counts as an error like the one that raised alone (before, only the batch path
+    counted it)."""
+    r = RewardScorer([spec(mod, "failed_or_boom")]).score(["p"] * 3, ["boom", "late", "ok"], None, {})
+    assert r.per_fn["failed_or_boom"] == [0.0, 0.0, 1.0] and r.errors == {"failed_or_boom": 2}
+
+
 def test_process_pool_mode(mod):
     with RewardScorer([spec(mod, "length"), spec(mod, "exact")], parallel="process") as s:
         r = s.score(["p", "q"], ["ab", "c"], None, {"answer": ["ab", "x"]})
