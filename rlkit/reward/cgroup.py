@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import itertools
 import os
 import threading
@@ -26,10 +25,20 @@ _stale: set[str] = set()  # children whose processes were still ending when thei
 _lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=1)
+_probed: list[tuple[str, int] | None] = []
+_probe_lock = threading.Lock()  # a sandbox's threads ask at once on a run's first batch
+
+
 def delegated() -> tuple[str, int] | None:
     """(the folder of this process's memory cgroup, its cgroup version) where a child with a memory
     limit can be made there, else None. Probed once, by making and removing one."""
+    with _probe_lock:
+        if not _probed:
+            _probed.append(_probe())
+        return _probed[0]
+
+
+def _probe() -> tuple[str, int] | None:
     for parent, version in _own_cgroups():
         probe = os.path.join(parent, f"rlkit-probe-{os.getpid()}")
         try:
