@@ -10,6 +10,8 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import pytest  # noqa: E402
 
+from tests.helpers import ROOT
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
@@ -65,7 +67,8 @@ def sft_model(tiny_model, task_data, tmp_path_factory):
 
     from rlkit import stages
     from rlkit.sft.run import run_sft
-    from tests.sft.conftest import ROOT, sft_overrides
+    from tests.helpers import ROOT
+    from tests.sft.conftest import sft_overrides
 
     out = tmp_path_factory.mktemp("sft-start")
     cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml",
@@ -117,7 +120,6 @@ def left_running(tag: str, wait_s: float = 20.0) -> list[str]:
 
 # ------------------------------------------------------------------ the checkout's own run folders
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 def recipe_run_paths() -> list:

@@ -8,11 +8,11 @@ import re
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 pytestmark = pytest.mark.slow
 
 ROW = re.compile(r"^(\S+)\s+(step|ref|old)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+)\s+(\d+)\s+(\d+\.\d)%"

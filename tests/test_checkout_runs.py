@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 
-from tests.conftest import ROOT, recipe_run_paths
+from tests.conftest import recipe_run_paths
+from tests.helpers import ROOT
 
 # tests that load the shipped recipes with their relative paths, in-process
 CWD_SENSITIVE = ["tests/test_export.py",

@@ -8,16 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _rlkit(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "rlkit.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+from tests.helpers import ROOT, rlkit_cli
 
 
 def test_help_lists_the_working_commands():
-    out = _rlkit("--help")
+    out = rlkit_cli("--help")
     assert out.returncode == 0
     for cmd in ("sft", "grpo", "tiny-model", "demo", "export", "merge", "reward", "plot", "doctor"):
         assert f"    {cmd}" in out.stdout, cmd
@@ -28,7 +23,7 @@ def test_bad_row_names_file_row_and_field(tmp_path, tiny_model):
     rows = [{"instruction": "计算", "input": "1+1=", "output": "2"},
             {"instruction": "计算", "input": "2+2=", "output": ""}]
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    out = _rlkit("sft", "recipes/tiny-sft.yaml", f"model.path={tiny_model}", "model.build_tiny_if_missing=null",
+    out = rlkit_cli("sft", "recipes/tiny-sft.yaml", f"model.path={tiny_model}", "model.build_tiny_if_missing=null",
                  f"data.train={data}", "data.eval=null", "eval.every=0", "data.build_synthetic_if_missing=null",
                  f"output_dir={tmp_path / 'o'}")
     assert out.returncode == 2, out.stderr[-2000:]
@@ -38,13 +33,13 @@ def test_bad_row_names_file_row_and_field(tmp_path, tiny_model):
 
 
 def test_tiny_model_command(tmp_path):
-    out = _rlkit("tiny-model", str(tmp_path / "m"), "--data", str(tmp_path / "d"))
+    out = rlkit_cli("tiny-model", str(tmp_path / "m"), "--data", str(tmp_path / "d"))
     assert out.returncode == 0 and (tmp_path / "m" / "config.json").exists()
     assert (tmp_path / "d" / "grpo_train.jsonl").exists() and "written to" in out.stdout
 
 
 def test_merge_rejects_non_adapter(tmp_path):
-    out = _rlkit("merge", str(tmp_path), "--base", str(tmp_path), "--out", str(tmp_path / "x"))
+    out = rlkit_cli("merge", str(tmp_path), "--base", str(tmp_path), "--out", str(tmp_path / "x"))
     assert out.returncode == 2 and "not a peft adapter directory" in out.stderr
 
 
@@ -54,7 +49,7 @@ def test_recipe_for_another_device_fails_before_launch(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("host has CUDA")
-    out = _rlkit("sft", "recipes/llama7b-zero3-offload.yaml", f"output_dir={tmp_path / 'o'}")
+    out = rlkit_cli("sft", "recipes/llama7b-zero3-offload.yaml", f"output_dir={tmp_path / 'o'}")
     assert out.returncode == 2 and out.stderr.strip() == (
         "rlkit: error: device: the recipe asks for 'cuda' but this host has 'cpu' "
         "(set device: auto, or run it where that device is)")
@@ -67,7 +62,7 @@ def _one_line(out: subprocess.CompletedProcess) -> str:
 
 
 def test_a_stage_without_a_recipe_says_what_to_give():
-    assert _one_line(_rlkit("sft")) == ("rlkit: error: rlkit sft needs a recipe: rlkit sft RECIPE.yaml "
+    assert _one_line(rlkit_cli("sft")) == ("rlkit: error: rlkit sft needs a recipe: rlkit sft RECIPE.yaml "
                                         "[key.sub=value ...] (e.g. recipes/tiny-sft.yaml; rlkit demo runs both "
                                         "stages on a tiny model)")
 
@@ -78,7 +73,7 @@ def test_a_stage_without_a_recipe_says_what_to_give():
     (("sft", "--lr", "3e-4"), "rlkit sft RECIPE.yaml optim.lr=3e-4"),
 ])
 def test_a_dashed_key_is_explained_with_the_key_value_form(args, want):
-    line = _one_line(_rlkit(*args))
+    line = _one_line(rlkit_cli(*args))
     assert line.startswith(f"rlkit: error: {args[2] if args[1] != '--lr' else '--lr'}: recipe keys are given as "
                            "key=value after the recipe, without dashes: ") and line.endswith(want)
 
@@ -98,20 +93,20 @@ def test_a_key_without_its_section_suggests_the_dotted_key(stage, key, want):
 
 
 def test_demo_rejects_an_unknown_stage_before_writing(tmp_path):
-    out = _rlkit("demo", "--out-dir", str(tmp_path / "d"), "--stages", "foo")
+    out = rlkit_cli("demo", "--out-dir", str(tmp_path / "d"), "--stages", "foo")
     assert out.returncode == 2 and "invalid choice: 'foo' (choose from 'sft', 'grpo')" in out.stderr
     assert not (tmp_path / "d").exists()
 
 
 def test_print_config_resolves_the_rewards(tmp_path):
-    out = _rlkit("grpo", "recipes/tiny-grpo.yaml", "--print-config")
+    out = rlkit_cli("grpo", "recipes/tiny-grpo.yaml", "--print-config")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     at = lines.index("# rewards, resolved:")
     assert lines[at + 1].startswith("#   rewards[0] exact_match: rewards.exact:exact_match -> ")
     assert str(ROOT / "rewards" / "exact.py") in lines[at + 1]
     assert "(weight 1; takes answer, completions" in lines[at + 1]
-    bad = _rlkit("grpo", "recipes/tiny-grpo.yaml", "rewards=[{fn: 'rewards.exact:exact_matc'}]", "--print-config")
+    bad = rlkit_cli("grpo", "recipes/tiny-grpo.yaml", "rewards=[{fn: 'rewards.exact:exact_matc'}]", "--print-config")
     assert "did you mean 'exact_match'" in _one_line(bad)
 
 
@@ -126,15 +121,15 @@ def test_merge_takes_the_base_from_the_adapter_config(tmp_path, tiny_model):
     model.save_pretrained(tmp_path / "adapter")
     assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] \
         == str(tiny_model)
-    assert _rlkit("merge", str(tmp_path / "adapter"), "--out", str(tmp_path / "a")).returncode == 0
-    assert _rlkit("merge", str(tmp_path / "adapter"), "--base", str(tiny_model), "--out",
+    assert rlkit_cli("merge", str(tmp_path / "adapter"), "--out", str(tmp_path / "a")).returncode == 0
+    assert rlkit_cli("merge", str(tmp_path / "adapter"), "--base", str(tiny_model), "--out",
                   str(tmp_path / "b")).returncode == 0
     a, b, base = (load_file(p / "model.safetensors") for p in (tmp_path / "a", tmp_path / "b", Path(tiny_model)))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
     moved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({**moved, "base_model_name_or_path": "gone"}))
-    assert _one_line(_rlkit("merge", str(tmp_path / "adapter"), "--out", str(tmp_path / "c"))) == (
+    assert _one_line(rlkit_cli("merge", str(tmp_path / "adapter"), "--out", str(tmp_path / "c"))) == (
         f"rlkit: error: base_model_name_or_path in {tmp_path / 'adapter' / 'adapter_config.json'}: gone is not a "
         "model directory (no config.json); give the base model's folder with --base")
 
@@ -192,7 +187,7 @@ def test_fp16_on_a_cpu_is_one_line_before_launch(tmp_path):
         pytest.skip("host has CUDA")
     from rlkit.accel import detect
 
-    out = _rlkit("sft", "recipes/tiny-sft.yaml", "model.dtype=fp16", f"output_dir={tmp_path / 'o'}")
+    out = rlkit_cli("sft", "recipes/tiny-sft.yaml", "model.dtype=fp16", f"output_dir={tmp_path / 'o'}")
     instead = "bf16 or fp32" if detect("cpu").bf16 else "fp32"  # bf16 where this CPU has it natively
     assert _one_line(out) == ("rlkit: error: model.dtype: fp16 does not train on cpu (cpu: DeepSpeed's fp16 loss "
                               f"scaling runs on GPUs and NPUs): use {instead}, or auto")
@@ -202,7 +197,7 @@ def test_fp16_on_a_cpu_is_one_line_before_launch(tmp_path):
 def test_version_names_rlkit_and_the_packages_it_runs_on():
     from importlib.metadata import version
 
-    out = _rlkit("--version")
+    out = rlkit_cli("--version")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == f"rlkit {version('rlkit')}"
@@ -212,7 +207,7 @@ def test_version_names_rlkit_and_the_packages_it_runs_on():
 
 
 def test_options_may_come_after_the_recipe_and_its_overrides():
-    out = _rlkit("grpo", "recipes/tiny-grpo.yaml", "--address", "10.0.0.1:6379", "grpo.steps=3", "--print-config",
+    out = rlkit_cli("grpo", "recipes/tiny-grpo.yaml", "--address", "10.0.0.1:6379", "grpo.steps=3", "--print-config",
                  "optim.lr=2e-4")
     assert out.returncode == 0, out.stderr
     config = yaml.safe_load(out.stdout)

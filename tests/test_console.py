@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.test_cli import ROOT
+from tests.helpers import ROOT
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:

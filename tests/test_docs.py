@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs import ROOT, all_commands, run_rlkit
+from tests.docs import all_commands, run_rlkit
+from tests.helpers import ROOT
 
 MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict"]  # not --quiet: it hides the warnings strict counts
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from rlkit import doctor
-from tests.test_cli import ROOT
+from tests.helpers import ROOT
 
 
 @pytest.mark.slow

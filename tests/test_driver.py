@@ -8,44 +8,20 @@ import errno
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
-import torch
 
-from rlkit import stages
 from rlkit.checkpoint import verify
 from rlkit.errors import FaultError, Stopped, UserError
-from rlkit.rundir import EXIT_STOPPED, LOG_FILE, RunDir
-
-RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny-grpo.yaml"
-
-
-class _Learners:
-    """Writes like the learners do: `nbytes` of tensors per checkpoint or final model."""
-
-    def __init__(self, nbytes: int, fail: Exception | None = None):
-        self.nbytes, self.fail = nbytes, fail
-
-    def save_checkpoint(self, staging: Path) -> None:
-        if self.fail:
-            raise self.fail
-        torch.save({"w": torch.zeros(self.nbytes // 4)}, Path(staging) / "mp_rank_00_model_states.pt")
-
-    def save_model(self, out: Path, tokenizer_dir: str) -> None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        torch.save({"w": torch.zeros(self.nbytes // 4)}, Path(out) / "model.pt")
-
-
-def _run(out: Path, *overrides: str) -> RunDir:
-    return RunDir(stages.load("grpo", RECIPE, [f"output_dir={out}", "checkpoint.every=1", *overrides]), "grpo")
+from rlkit.rundir import EXIT_STOPPED, LOG_FILE
+from tests.helpers import FakeLearners, grpo_run_dir
 
 
 def test_output_dir_that_is_a_file_is_one_line(tmp_path):
     (tmp_path / "taken").write_text("mine")
     for out in (tmp_path / "taken", tmp_path / "taken" / "run"):
         with pytest.raises(UserError, match=r"^output_dir: .*taken.* is a file, not a directory; choose another"):
-            _run(out)
+            grpo_run_dir(out)
     assert (tmp_path / "taken").read_text() == "mine"
 
 
@@ -62,10 +38,10 @@ def small_disk(tmp_path):
 
 def test_full_disk_in_a_checkpoint_keeps_the_previous_one(small_disk):
     """torch.save on a full disk raises a RuntimeError with no errno: still named a full disk."""
-    run = _run(small_disk / "run")
-    run.checkpoint(1, _Learners(1 << 20), {"step": 1})
+    run = grpo_run_dir(small_disk / "run")
+    run.checkpoint(1, FakeLearners(1 << 20), {"step": 1})
     with pytest.raises(FaultError) as e:
-        run.checkpoint(2, _Learners(3 << 20), {"step": 2})
+        run.checkpoint(2, FakeLearners(3 << 20), {"step": 2})
     msg = str(e.value)
     assert msg.startswith(f"checkpoint step 2: the disk is full under {small_disk / 'run' / 'checkpoints'} (it needs "
                           "about 1.0 MiB (")
@@ -73,30 +49,30 @@ def test_full_disk_in_a_checkpoint_keeps_the_previous_one(small_disk):
     assert run.ckpts.steps() == [1] and verify(run.ckpts.root / "step-1") is None
     assert not list(run.ckpts.root.glob(".tmp-*"))  # the half-written one is gone, its space given back
     with pytest.raises(FaultError, match=r"^the final save: the disk is full under .*run \(it needs about 2\.0 MiB"):
-        run.save_final(_Learners(3 << 20), "tok", needed=2 << 20)
+        run.save_final(FakeLearners(3 << 20), "tok", needed=2 << 20)
     assert not run.final.exists() and not (small_disk / "run" / ".tmp-final").exists()
 
 
 def test_enospc_from_a_learner_is_a_full_disk_and_other_errors_stay_bugs(tmp_path):
-    run = _run(tmp_path / "run")
-    run.checkpoint(1, _Learners(1000), {"step": 1})
+    run = grpo_run_dir(tmp_path / "run")
+    run.checkpoint(1, FakeLearners(1000), {"step": 1})
     with pytest.raises(FaultError, match=r"^checkpoint step 2: the disk is full under .* \(it needs about \d+\.\d KiB "
                                          r"\(\d+ bytes\), .* free\): free some space$"):
-        run.checkpoint(2, _Learners(1000, OSError(errno.ENOSPC, "No space left on device")), {"step": 2})
+        run.checkpoint(2, FakeLearners(1000, OSError(errno.ENOSPC, "No space left on device")), {"step": 2})
     with pytest.raises(ValueError, match="a bug"):
-        run.checkpoint(2, _Learners(1000, ValueError("a bug")), {"step": 2})
+        run.checkpoint(2, FakeLearners(1000, ValueError("a bug")), {"step": 2})
     assert run.ckpts.steps() == [1] and not list(run.ckpts.root.glob(".tmp-*"))
-    run.save_final(_Learners(1000), "tok")
+    run.save_final(FakeLearners(1000), "tok")
     assert (run.final / "model.pt").exists()
 
 
 def test_a_fault_names_the_checkpoint_to_resume_from_and_logs_the_detail(tmp_path):
-    run = _run(tmp_path / "run")
+    run = grpo_run_dir(tmp_path / "run")
     with pytest.raises(FaultError) as e, run.session():
         raise FaultError("learner 1 died during the training step (pid 7)") from RuntimeError("ray's long story")
     assert str(e.value) == (f"learner 1 died during the training step (pid 7); no checkpoint was written yet, so a "
                             f"rerun starts over (details: {tmp_path / 'run' / LOG_FILE})")
-    run.checkpoint(4, _Learners(100), {"step": 4})
+    run.checkpoint(4, FakeLearners(100), {"step": 4})
     with pytest.raises(FaultError, match=r"; the newest checkpoint, step-4, is intact: rerun the same command to "
                                          r"resume from it \(details: "), run.session():
         raise FaultError("engine 0 died")
@@ -104,7 +80,7 @@ def test_a_fault_names_the_checkpoint_to_resume_from_and_logs_the_detail(tmp_pat
 
 
 def test_a_signal_stops_after_the_step_with_a_checkpoint_and_a_second_at_once(tmp_path):
-    run = _run(tmp_path / "run", "checkpoint.every=4")
+    run = grpo_run_dir(tmp_path / "run", "checkpoint.every=4")
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with run.stop_on_signals():
         assert not run.checkpoint_due(1, 4) and run.checkpoint_due(4, 4)

@@ -15,6 +15,7 @@ import yaml
 from rlkit import stages
 from rlkit.engine.ds_config import deepspeed_config
 from rlkit.errors import ConfigError
+from tests.helpers import SEED_002
 
 # seed 004's ds_config.json: ZeRO-3 + CPU offload, "auto" batch sizes, fp16, AdamW, WarmupDecayLR
 SEED_004 = {
@@ -28,14 +29,6 @@ SEED_004 = {
     "fp16": {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
              "hysteresis": 2, "min_loss_scale": 1},
     "bf16": {"enabled": False}, "gradient_clipping": 1.0, "steps_per_print": 50}
-# seed 002's ZeRO-3 on NPU, as Hugging Face's Trainer users write it: "auto" nearly everywhere
-SEED_002 = {
-    "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
-    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-    "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True,
-                          "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                          "stage3_param_persistence_threshold": "auto",
-                          "stage3_gather_16bit_weights_on_model_save": True}}
 # seed 001's dict: ZeRO-2 with offload_param, which only ZeRO-3 has
 SEED_001 = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
                                   "offload_param": {"device": "cpu"}}, "fp16": {"enabled": True}}

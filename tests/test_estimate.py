@@ -13,7 +13,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 
 from rlkit import estimate as est
 from rlkit import stages
-from tests.test_cli import ROOT, _rlkit
+from tests.helpers import ROOT, rlkit_cli
 
 # Sizes as their model cards state them (Qwen2.5 / DeepSeek-R1 / Llama 2 / OPT model pages).
 PUBLISHED_SIZES = {"Qwen/Qwen2.5-32B-Instruct": 32.5e9, "Qwen/Qwen2.5-1.5B-Instruct": 1.54e9,
@@ -186,7 +186,7 @@ def test_hardware_specs(spec, parsed):
                                              "not give one"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message):
-    out = _rlkit("estimate", *args)
+    out = rlkit_cli("estimate", *args)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
@@ -196,7 +196,7 @@ def test_the_docs_show_what_the_command_prints():
     blocks = re.findall(r"```text\n\$ (rlkit estimate [^\n]+)\n(.*?)```", readme, re.S)
     assert [b[0].split()[2] for b in blocks] == ["recipes/r1-distill.yaml", "recipes/qwen32b-npu-zero3.yaml"]
     for command, shown in blocks:
-        out = _rlkit(*command.split()[1:])
+        out = rlkit_cli(*command.split()[1:])
         assert out.returncode == 0, out.stderr
         assert out.stdout == shown, command
 

@@ -7,15 +7,15 @@ import pytest
 
 from rlkit.errors import UserError
 from rlkit.export import export_checkpoint
-from tests.test_driver import _Learners, _run
+from tests.helpers import FakeLearners, grpo_run_dir
 
 
 def test_export_refuses_what_is_not_an_intact_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the checkpoint's relative model.path resolves here, not in the checkout
     with pytest.raises(UserError, match=r"not an rlkit checkpoint \(no rlkit_state.json\); name a checkpoints/step-N"):
         export_checkpoint(tmp_path, tmp_path / "out")
-    run = _run(tmp_path / "run")
-    run.checkpoint(3, _Learners(1000), {"step": 3})
+    run = grpo_run_dir(tmp_path / "run")
+    run.checkpoint(3, FakeLearners(1000), {"step": 3})
     ckpt = run.ckpts.root / "step-3"
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("mine")

@@ -6,9 +6,8 @@ import importlib
 import inspect
 import re
 import typing
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def _table() -> str:

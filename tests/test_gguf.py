@@ -15,8 +15,7 @@ import torch
 
 from rlkit.errors import UserError
 from rlkit.gguf import default_folder, import_gguf
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 PROBE = "12+7=19 答案是12"
 

@@ -16,8 +16,7 @@ import torch
 from rlkit.attention import carried_state, sequence_bounds, use_packed_attention
 from rlkit.data.collate import pack_collate, pad_collate
 from rlkit.errors import UserError
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def build_hybrid(out: Path, kind: str, tied: bool = False) -> Path:

@@ -16,9 +16,9 @@ from rlkit import stages
 from rlkit.driver import prepare_inputs
 from rlkit.errors import ConfigError, DataError, UserError
 from tests.grpo.conftest import grpo_overrides
+from tests.helpers import ROOT
 from tests.sft.conftest import sft_overrides
 
-ROOT = Path(__file__).resolve().parent.parent
 STRICT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not "
                    "supported') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

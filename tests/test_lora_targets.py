@@ -15,8 +15,7 @@ import yaml
 from rlkit.config import ModelConfig
 from rlkit.errors import UserError
 from rlkit.models import check_lora_targets
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def _config_dir(tmp_path: Path, name: str, config: dict) -> Path:

@@ -9,7 +9,7 @@ import os
 
 from rlkit import stages
 from rlkit.paths import absolute_paths
-from tests.sft.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_paths_are_made_absolute_and_hub_ids_stay(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from PIL import Image
 from rlkit import plot
 from rlkit.config import LoggingConfig
 from rlkit.metrics import MetricsLogger
-from tests.test_cli import _rlkit
+from tests.helpers import rlkit_cli
 
 W, H = int(plot.PANEL_W * plot.DPI), int(plot.PANEL_H * plot.DPI)  # one panel, in pixels
 BLUE, ORANGE = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)  # matplotlib's C0 and C1
@@ -101,7 +101,7 @@ def test_several_runs_are_overlaid_and_a_folder_of_runs_is_split_by_stage(tmp_pa
     demo = tmp_path / "demo"
     _sft_run(demo / "sft")
     _grpo_run(demo / "grpo")
-    out = _rlkit("plot", str(demo))
+    out = rlkit_cli("plot", str(demo))
     assert out.returncode == 0, out.stderr
     assert (demo / "plots" / "sft" / "curves.png").is_file() and (demo / "plots" / "grpo" / "curves.png").is_file()
     assert out.stdout.splitlines() == [
@@ -117,6 +117,6 @@ def test_several_runs_are_overlaid_and_a_folder_of_runs_is_split_by_stage(tmp_pa
 ])
 def test_a_folder_without_metrics_is_one_line_exit_2(tmp_path, make, message):
     make(tmp_path / "run")
-    out = _rlkit("plot", str(tmp_path / "run"))
+    out = rlkit_cli("plot", str(tmp_path / "run"))
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

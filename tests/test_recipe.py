@@ -11,6 +11,7 @@ import pytest
 from rlkit import stages
 from rlkit.errors import ConfigError
 from rlkit.recipe import parse_overrides
+from tests.helpers import GRPO_BASE
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -91,10 +92,6 @@ def test_required_key_and_stage_mismatch(tmp_path):
     r.write_text("stage: grpo\n")
     with pytest.raises(ConfigError, match="this recipe is for 'grpo', not 'sft'"):
         stages.load("sft", r)
-
-
-GRPO_BASE = ("stage: grpo\noutput_dir: o\nmodel: {path: m}\ndata: {train: t.jsonl}\n"
-             "rewards: [{fn: 'rewards.exact:exact_match'}]\n")
 
 
 @pytest.mark.parametrize("stage, override, message", [

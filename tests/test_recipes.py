@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from rlkit import stages
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 
 

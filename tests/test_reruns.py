@@ -12,19 +12,19 @@ from rlkit import stages
 from rlkit.errors import UserError
 from rlkit.reruns import changes, flatten
 from rlkit.rundir import RunDir
-from tests.test_driver import RECIPE, _Learners
+from tests.helpers import TINY_GRPO, FakeLearners
 
-SFT_RECIPE = RECIPE.parent / "tiny-sft.yaml"
+SFT_RECIPE = TINY_GRPO.parent / "tiny-sft.yaml"
 
 
 def _open(out: Path, *overrides: str, stage: str = "grpo") -> RunDir:
-    recipe = RECIPE if stage == "grpo" else SFT_RECIPE
+    recipe = TINY_GRPO if stage == "grpo" else SFT_RECIPE
     return RunDir(stages.load(stage, recipe, [f"output_dir={out}", *overrides]), stage)
 
 
 def _finish(run: RunDir) -> None:
     (run.path / "metrics.jsonl").write_text('{"step": 1}\n')
-    run.save_final(_Learners(100), "tok")
+    run.save_final(FakeLearners(100), "tok")
 
 
 def test_flatten_and_changes():
@@ -47,7 +47,7 @@ def test_a_finished_run_is_not_replaced_without_overwrite(tmp_path):
 def test_overwrite_true_removes_the_previous_outputs(tmp_path, caplog):
     out = tmp_path / "run"
     first = _open(out, "checkpoint.every=1")
-    first.checkpoint(7, _Learners(100), {"step": 7})
+    first.checkpoint(7, FakeLearners(100), {"step": 7})
     _finish(first)
     (out / "notes.txt").write_text("mine")
     with caplog.at_level(logging.WARNING, logger="rlkit"):
@@ -61,7 +61,7 @@ def test_overwrite_true_removes_the_previous_outputs(tmp_path, caplog):
 
 def test_checkpoints_left_unused_by_resume_never_are_refused(tmp_path):
     out = tmp_path / "run"
-    _open(out, "checkpoint.every=1").checkpoint(3, _Learners(100), {"step": 3})
+    _open(out, "checkpoint.every=1").checkpoint(3, FakeLearners(100), {"step": 3})
     with pytest.raises(UserError, match=r"holds checkpoints that checkpoint.resume: never does not resume from; "
                                         r"choose another output_dir, or set overwrite: true"):
         _open(out, "checkpoint.every=1", "checkpoint.resume=never")
@@ -93,7 +93,7 @@ def test_a_launch_that_stopped_before_its_first_metrics_does_not_block_a_changed
 
 def test_a_resume_prints_changed_keys_and_refuses_fixed_ones(tmp_path, caplog):
     out = tmp_path / "run"
-    _open(out, "checkpoint.every=1", stage="sft").checkpoint(2, _Learners(100), {"step": 2})
+    _open(out, "checkpoint.every=1", stage="sft").checkpoint(2, FakeLearners(100), {"step": 2})
     assert (out / "checkpoints" / "step-2" / "config.yaml").exists()
     with caplog.at_level(logging.WARNING, logger="rlkit"):
         run = _open(out, "checkpoint.every=1", "optim.lr=1e-4", "train.max_steps=99", stage="sft")
@@ -113,7 +113,7 @@ def test_a_resume_prints_changed_keys_and_refuses_fixed_ones(tmp_path, caplog):
 
 def test_an_explicit_checkpoint_elsewhere_is_compared_with_its_own_config(tmp_path):
     first = _open(tmp_path / "a", "checkpoint.every=1")
-    first.checkpoint(1, _Learners(100), {"step": 1})
+    first.checkpoint(1, FakeLearners(100), {"step": 1})
     ckpt = tmp_path / "a" / "checkpoints" / "step-1"
     with pytest.raises(UserError, match=r"^checkpoint.resume: .*step-1 is a checkpoint of `rlkit grpo`, not of "
                                         r"`rlkit sft`: resume from one of this stage \(an SFT model goes in "

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 PACKAGES = ("rlkit", "rewards")
 STAGES = ("rlkit.sft", "rlkit.grpo", "rlkit.distill", "rlkit.stages")
 MAX_MODULE_LINES = 400
@@ -122,3 +123,18 @@ def test_the_checks_see_a_circle_and_a_stage_import():
     sources = _sources()
     assert {"rlkit.driver", "rlkit.rundir"} <= _imports("rlkit.grpo.run", sources["rlkit.grpo.run"], set(sources))
     assert "rlkit.faults" in _imports("rlkit.engine.learner", sources["rlkit.engine.learner"], set(sources))
+
+
+def test_tests_share_helpers_through_helper_modules():
+    """No test module imports another (what tests share lives in `tests/helpers.py` and the
+    helper modules beside the tests that use them), and the checkout's root is defined once."""
+    shared, roots = [], []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.") \
+                    and node.module.rsplit(".", 1)[-1].startswith("test_"):
+                shared.append(f"{path.relative_to(ROOT)} imports {node.module}")
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "ROOT" for t in node.targets):
+                roots.append(str(path.relative_to(ROOT)))
+    assert shared == [] and roots == ["tests/helpers.py"]

@@ -6,14 +6,12 @@ of a micro-batch, and the LoRA export merges back into a model that loads with i
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
 from rlkit.config import LoraConfig, ModelConfig
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 @pytest.fixture(scope="module")

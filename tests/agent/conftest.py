@@ -8,7 +8,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.sft.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def tool_task_script() -> ModuleType:

@@ -14,7 +14,7 @@ from rlkit.agent.program import ProgramAgent
 from rlkit.engine.rollout import Sampling
 from rlkit.program_config import ProgramConfig
 from rlkit.reward.sandbox import namespaces_problem
-from tests.agent.test_endpoint import ROWS, Engine, assert_recorded_exactly
+from tests.agent.scripted import ROWS, Engine, assert_recorded_exactly
 
 AGENT = r'''
 import json, os, socket, sys
@@ -139,7 +139,7 @@ def breaks(row, client):
 def grpo_cfg(tmp_path, program):
     from rlkit.stages import load
     from rlkit.tiny import build_tiny_model, write_tool_task
-    from tests.sft.conftest import ROOT
+    from tests.helpers import ROOT
 
     data = write_tool_task(tmp_path / "data")
     model = build_tiny_model(tmp_path / "model", "tiny", tools=True)
@@ -171,7 +171,7 @@ def test_the_dry_run_before_launch_runs_one_rollout_and_stops_a_broken_program(t
 @pytest.mark.slow
 def test_print_config_runs_the_dry_run_on_a_vllm_engine(tmp_path):
     from tests.docs import run_rlkit
-    from tests.sft.conftest import ROOT
+    from tests.helpers import ROOT
 
     _, overrides = grpo_cfg(tmp_path, "breaks")
     p = run_rlkit(f"rlkit grpo {ROOT / 'recipes' / 'tiny-grpo.yaml'} --print-config", tmp_path, extra=tuple(overrides))

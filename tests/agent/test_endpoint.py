@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 
 import pytest
@@ -18,8 +17,8 @@ from rlkit.agent.loop import prepare_tokenizer
 from rlkit.agent.program import ProgramAgent
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.program_config import ProgramConfig
+from tests.agent.scripted import ROWS, Engine, assert_recorded_exactly
 
-CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call><|im_end|>'
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
 
@@ -29,35 +28,6 @@ def tok():
     from rlkit.tiny import build_tokenizer
 
     return prepare_tokenizer(build_tokenizer(512, tools=True))
-
-
-class Engine:
-    """Answers a prompt whose last turn is a user's with a call of `add` on the question's numbers,
-    and one after a tool result with "The answer is R"; logprobs distinct per call and token.
-    Records every call (prompts and the samples it gave)."""
-
-    def __init__(self, tok, delay=0.0):
-        self.tok, self.delay, self.calls = tok, delay, []
-
-    def generate(self, prompts, n, sampling, seed):
-        time.sleep(self.delay)
-        out = []
-        for p in prompts:
-            text = self.tok.decode(p)
-            last = text.rsplit("<|im_start|>", 2)[-2]
-            if "<tool_response>" not in last:
-                a, b = [int(x) for x in re.findall(r"\d+", last)][:2]
-                reply = CALL.format(a=a, b=b)
-            else:
-                result = last.split("<tool_response>\n")[-1].split("\n</tool_response>")[0]
-                reply = f"The answer is {result}<|im_end|>"
-            ids = self.tok(reply, add_special_tokens=False)["input_ids"][:sampling.max_tokens]
-            k = len(self.calls)
-            out.append(Sample(0, list(p), ids, reply, [-(k + 1) - t / 100 for t in range(len(ids))],
-                              "stop" if len(ids) < sampling.max_tokens or ids[-1] == self.tok.eos_token_id
-                              else "length"))
-        self.calls.append((prompts, out))
-        return out
 
 
 def calculator(row, client, exclude_none=True):
@@ -82,35 +52,6 @@ def agent(tok, program, **cfg):
     cfg = {"timeout_s": 20.0, "batch_wait_s": 0.01, **cfg}
     return ProgramAgent(tok, program, ProgramConfig(**cfg), max_tokens=300, max_model_len=1024,
                         recipe={"temperature": 1.0, "top_p": 1.0})
-
-
-ROWS = [{"prompt": "q", "a": 12, "b": 30}, {"prompt": "q", "a": 7, "b": 5}]
-
-
-def assert_recorded_exactly(sample, calls):
-    """Every token of `sample` is either one the engine sampled, with its logprob and in the loss,
-    for exactly the context before it (an engine call's prompt), or a masked token the chat template
-    put between turns. `calls`: (prompt ids, sample) of every engine call. Returns the turns."""
-    answered = {}  # context -> the engine's samples for it (a row's rollouts share their first context)
-    for p, s in calls:
-        answered.setdefault(tuple(p), []).append(s)
-    context, ids, turns, i = list(sample.prompt_token_ids), sample.token_ids, 0, 0
-    while i < len(ids):
-        while i < len(ids) and sample.tool_mask[i] == 0:
-            assert sample.logprobs[i] == 0.0
-            context.append(ids[i])
-            i += 1
-        if i == len(ids):
-            break
-        # the engine was sent exactly the recorded context, and sampled exactly the recorded tokens
-        n = next((min(len(e.token_ids), len(ids) - i) for e in answered.get(tuple(context), ())
-                  if ids[i:i + len(e.token_ids)] == e.token_ids[:len(ids) - i]
-                  and sample.logprobs[i:i + len(e.token_ids)] == e.logprobs[:len(ids) - i]), None)
-        assert n is not None, f"tokens {i}.. of the sample are no engine call's answer to the context before them"
-        assert sample.tool_mask[i:i + n] == [1] * n
-        context += ids[i:i + n]
-        i, turns = i + n, turns + 1
-    return turns
 
 
 @pytest.mark.parametrize("exclude_none", [True, False])

@@ -12,7 +12,7 @@ from rlkit.agent.tools import load_environments, load_tools
 from rlkit.engine.rollout import Sample
 from rlkit.errors import ConfigError
 from rlkit.grpo.batch import GRPOBatch, Rollout
-from tests.agent.test_tools import USER_FILE
+from tests.agent.scripted import USER_FILE
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call><|im_end|>'
 

@@ -15,7 +15,7 @@ from rlkit.agent.program import ProgramAgent
 from rlkit.engine.rollout import Sampling
 from rlkit.program_config import ProgramConfig
 from tests.agent.conftest import tool_task_script
-from tests.agent.test_endpoint import assert_recorded_exactly
+from tests.agent.scripted import assert_recorded_exactly
 
 pytestmark = pytest.mark.slow
 

@@ -9,21 +9,7 @@ import pytest
 
 from rlkit.data.formats import load_prompts, load_rows
 from rlkit.errors import DataError
-
-ROWS = [
-    {"instruction": "请解释什么是深度学习", "input": "", "output": "深度学习是...", "difficulty": "explain"},
-    {"instruction": "求和", "input": "1+2", "output": "3", "difficulty": "reasoning", "id": 7},
-]
-
-
-def write_json(path, rows):
-    path.write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
-    return str(path)
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return str(path)
+from tests.data.rows import ROWS, write_json, write_jsonl
 
 
 def test_alpaca_json_and_jsonl_normalised(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from rlkit.data.formats import load_rows
 from rlkit.errors import DataError
-from tests.data.test_formats import ROWS, write_json, write_jsonl
+from tests.data.rows import ROWS, write_json, write_jsonl
 
 
 def test_json_file_holding_json_lines_is_read(tmp_path):

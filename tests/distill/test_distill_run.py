@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sft.conftest import ROOT, read_metrics, sft_overrides
+from tests.helpers import ROOT
+from tests.sft.conftest import read_metrics, sft_overrides
 
 pytestmark = pytest.mark.slow
 

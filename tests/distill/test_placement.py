@@ -9,8 +9,7 @@ import torch
 from rlkit.config import ModelConfig, RolloutConfig
 from rlkit.grpo.config import DistillConfig, GRPOAlgoConfig
 from rlkit.grpo.objective import GRPOObjective
-
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
 
 
 def test_an_actor_teacher_needs_the_sampled_loss_and_a_node_needs_an_actor():

@@ -39,7 +39,7 @@ def test_the_recipes_demands_name_their_keys():
     from rlkit.accel import detect
     from rlkit.driver import learner_demand
     from rlkit.grpo.run import demands
-    from tests.sft.conftest import ROOT
+    from tests.helpers import ROOT
 
     cfg = stages.load("grpo", ROOT / "recipes" / "tiny-grpo.yaml", ["ray.placement=spread"])
     got = demands(cfg, detect("cpu"))
@@ -62,7 +62,7 @@ def test_custom_resources_go_into_each_roles_bundles_and_are_checked_before_laun
     from rlkit.engine.placement import actor_resources
     from rlkit.errors import ConfigError, UserError
     from rlkit.grpo.run import demands
-    from tests.sft.conftest import ROOT
+    from tests.helpers import ROOT
 
     recipe = ROOT / "recipes" / "tiny-grpo.yaml"
     cfg = stages.load("grpo", recipe, ["ray.resources.learner.judge=1", "ray.resources.engine.fast_disk=0.5"])

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from tests.engine.conftest import CUDA_LEARNER_MARKS, CudaPeak, hf_logprobs, learner_estimate, load_hf, vocab_size
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SIZE = "25m"  # the largest tiny model (~26M parameters): big enough that bf16 rounding and memory show
 
 

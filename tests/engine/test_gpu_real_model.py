@@ -22,8 +22,7 @@ import pytest
 import torch
 
 from tests.engine.conftest import CUDA, CUDA_LEARNER_MARKS, DS_PROBLEM, CudaPeak, hf_logprobs, learner_estimate, load_hf
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
 
 
 def _gguf() -> Path | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.sft.conftest import ROOT
+from tests.helpers import ROOT
 
 GRPO_RECIPE = ROOT / "recipes" / "tiny-grpo.yaml"
 

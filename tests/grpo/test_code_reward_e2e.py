@@ -16,7 +16,8 @@ import pytest
 from rlkit import stages
 from rlkit.reward.sandbox import namespaces_problem
 from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides
-from tests.sft.conftest import ROOT, read_metrics, sft_overrides
+from tests.helpers import ROOT
+from tests.sft.conftest import read_metrics, sft_overrides
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(namespaces_problem() is not None, reason=f"no sandbox: {namespaces_problem()}")]

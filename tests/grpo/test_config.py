@@ -5,7 +5,7 @@ import pytest
 
 from rlkit import stages
 from rlkit.errors import ConfigError
-from tests.test_recipe import GRPO_BASE
+from tests.helpers import GRPO_BASE
 
 
 def test_grpo_cross_field_rules(tmp_path):

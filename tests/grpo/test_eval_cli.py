@@ -10,13 +10,13 @@ import pytest
 
 from rlkit.grpo.experience import Evaluation
 from rlkit.reward.contract import RewardResult
-from tests.test_cli import _rlkit
+from tests.helpers import rlkit_cli
 
 
 @pytest.mark.slow
 def test_eval_scores_samples_with_pass_at_k_and_writes_json(tmp_path, sft_model, task_data):
     out, log = tmp_path / "eval.json", tmp_path / "engine.log"
-    res = _rlkit("eval", str(sft_model), "--data", str(task_data["grpo_eval"]), "--rewards",
+    res = rlkit_cli("eval", str(sft_model), "--data", str(task_data["grpo_eval"]), "--rewards",
                  "rewards.exact:exact_match, rewards.exact:number_match", "--samples", "4", "--limit", "12",
                  "--max-tokens", "16", "--out", str(out), "--log", str(log), "--by", "difficulty", "--per-sample",
                  str(tmp_path / "samples.jsonl"), timeout=600)
@@ -47,7 +47,7 @@ def test_eval_scores_samples_with_pass_at_k_and_writes_json(tmp_path, sft_model,
     assert sum(g["exact_match"]["mean"] * g["prompts"] for g in groups.values()) / 12 == pytest.approx(
         report["rewards"]["exact_match"])
 
-    greedy = _rlkit("eval", str(sft_model), "--data", str(task_data["grpo_eval"]), "--rewards",
+    greedy = rlkit_cli("eval", str(sft_model), "--data", str(task_data["grpo_eval"]), "--rewards",
                     "rewards.exact:exact_match", "--limit", "12", "--max-tokens", "16", timeout=600)
     assert greedy.returncode == 0, greedy.stderr[-3000:]
     report = json.loads(greedy.stdout)  # the JSON on stdout without --out
@@ -85,6 +85,6 @@ def test_bad_input_is_one_line_exit_2(tmp_path, tiny_model, task_data, args, mes
     (adapter / "adapter_config.json").write_text("{}")
     fill = {"model": str(tiny_model), "tmp": str(tmp_path), "adapter": str(adapter),
             "data": str(task_data["grpo_eval"])}
-    res = _rlkit("eval", *[a.format(**fill) for a in args])
+    res = rlkit_cli("eval", *[a.format(**fill) for a in args])
     assert res.returncode == 2, res.stderr
     assert message.format(**fill) in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr

@@ -12,15 +12,14 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.docs import command_on, run_rlkit
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 RLKIT_LINE = re.compile(r"^(rlkit[ :]|step \d+/\d+ )")  # rlkit's own lines: its messages and the progress

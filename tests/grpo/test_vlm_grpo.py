@@ -17,8 +17,7 @@ import torch
 
 from rlkit import stages
 from rlkit.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import ROOT
 
 
 @pytest.fixture(scope="module")

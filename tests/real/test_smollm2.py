@@ -17,9 +17,9 @@ import pytest
 
 from rlkit import stages
 from rlkit.gsm8k import smollm2_gguf, write_task
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "smollm2-gsm8k-grpo.yaml"
 CALCULATOR_QUESTIONS = ["A shop sells 123 boxes with 45 pens each. How many pens? Show the multiplication.",
                         "Tom has 17 apples and buys 28 more. Then he gives away 9. How many apples does he have? "

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def sft_overrides(tiny_model, task_data, out_dir, *extra: str) -> list[str]:
     return [f"model.path={tiny_model}", "model.build_tiny_if_missing=null", f"data.train={task_data['sft_train']}",

@@ -2,7 +2,7 @@
 
 from rlkit import stages
 from rlkit.sft.run import EarlyStopping
-from tests.sft.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def _cfg(*extra):

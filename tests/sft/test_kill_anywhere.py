@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from tests.sft.conftest import read_metrics
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_an_sft_run_killed_mid_checkpoint_resumes_bit_identically(sft_model, task_data, tmp_path):

@@ -10,7 +10,8 @@ import pytest
 
 from rlkit.checkpoint import verify
 from tests.conftest import left_running, marked_env
-from tests.sft.conftest import ROOT, sft_overrides
+from tests.helpers import ROOT
+from tests.sft.conftest import sft_overrides
 
 pytestmark = pytest.mark.slow
 

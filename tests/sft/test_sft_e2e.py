@@ -7,7 +7,8 @@ import torch
 
 from rlkit import stages
 from rlkit.sft.run import run_sft
-from tests.sft.conftest import ROOT, eval_losses, sft_overrides
+from tests.helpers import ROOT
+from tests.sft.conftest import eval_losses, sft_overrides
 
 pytestmark = pytest.mark.slow
 RECIPE = ROOT / "recipes" / "tiny-sft.yaml"
@@ -150,7 +151,7 @@ def test_two_learners_zero(ray_local, tiny_model, task_data, tmp_path, stage):
     if stage == 3:
         import json
 
-        from tests.test_ds_json import SEED_002
+        from tests.helpers import SEED_002
         (tmp_path / "ds_config.json").write_text(json.dumps(SEED_002))
         zero = [f"deepspeed.config={tmp_path / 'ds_config.json'}", "deepspeed.zero_stage=null"]
     final, out = _run(tiny_model, task_data, tmp_path / f"z{stage}", "train.num_learners=2", *zero,

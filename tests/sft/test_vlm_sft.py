@@ -7,16 +7,15 @@ task's accuracy (SFT, then GRPO, against a text-only model) is `tests/grpo/test_
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.docs import run_rlkit
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_zero3_learners_train_the_language_model_and_keep_the_frozen_vision_side(tmp_path):
