@@ -12,6 +12,7 @@ Prompts are split contiguously over the engines; samples come back prompt-major.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from rlkit.seeding import derive_seed
 from rlkit.transports import Transport, names, resolve
 
 log = logging.getLogger("rlkit.engines")
+_SHUTDOWN_S = 10.0  # what a separate engine is given to free itself before its actor is killed
 
 Prompt = str | dict  # a text, or vLLM's prompt dict: a text and its images (`multi_modal_data`)
 
@@ -332,9 +334,14 @@ class SeparateEngines:
         """Nothing to free: separate engines keep their memory."""
 
     def shutdown(self) -> None:
+        """Each engine frees itself first (its LoRA adapters' files: before, every adapter-synced run
+        left its last `max_loras` of them in the engines' temporary folder), then its actor goes."""
         import ray
 
         unwatch_nodes(self.names)
+        freed = [h.shutdown.remote() for h in self.handles]
+        with contextlib.suppress(Exception):  # a dead or hung engine is killed below all the same
+            ray.wait(freed, num_returns=len(freed), timeout=_SHUTDOWN_S)
         for h in self.handles:
             ray.kill(h)
         ray.util.remove_placement_group(self.pg)

@@ -57,7 +57,9 @@ def agent(tok, program, **cfg):
 @pytest.mark.parametrize("exclude_none", [True, False])
 def test_every_turn_records_the_engines_tokens_and_masks_the_tool_results(tok, exclude_none):
     engine = Engine(tok)
-    a = agent(tok, lambda row, client: calculator(row, client, exclude_none))
+    # (the batcher fires once every live program has asked: 2 s is only its limit, which CI's load
+    # passed at 10 ms, the programs' second requests coming apart)
+    a = agent(tok, lambda row, client: calculator(row, client, exclude_none), batch_wait_s=2.0)
     try:
         batch = a.generate(ROWS, engine, Sampling(max_tokens=300), n=2, seed=0)
     finally:

@@ -8,7 +8,9 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -343,6 +345,7 @@ def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
     cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=24",
                                                           "eval.every=24", "checkpoint.every=0",
                                                           "curriculum.enabled=false", *variant))
+    adapters_before = set(Path(tempfile.gettempdir()).glob("rlkit-adapter-e*"))
     run_grpo(cfg, GRPO_RECIPE)
     rows = run_metrics(out)
     evals = [r["eval/reward"] for r in rows if r.get("eval/reward") is not None]
@@ -357,6 +360,8 @@ def test_off_policy_variants_learn(sft_model, task_data, tmp_path, variant):
         checks = {r["step"]: r["sync/check_abs_diff_max"] for r in rows if "sync/check_abs_diff_max" in r}
         assert sorted(checks) == [0, 8, 16, 24] and max(checks.values()) < 1e-4, checks
         assert all(r["sync/mib"] < 1 for r in rows if "reward/mean" in r)  # r=16 on the tiny model: 0.26 MiB
+        # the engines' adapter files went with them (before, each run left its last max_loras behind)
+        assert set(Path(tempfile.gettempdir()).glob("rlkit-adapter-e*")) - adapters_before == set()
 
 
 def test_colocated_engines_in_two_zero2_learners(sft_model, task_data, tmp_path):
