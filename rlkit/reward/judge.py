@@ -49,8 +49,10 @@ class TestError(RewardError):
     """A test case that cannot run apart from the candidate's code."""
 
 
+@functools.lru_cache(maxsize=4096)
 def check_test(test: str) -> None:
-    """Refuse (TestError, one line) an assert test that cannot run apart from the candidate's code."""
+    """Refuse (TestError, one line) an assert test that cannot run apart from the candidate's code
+    (cached: every sample of a row checks the same tests; a refusal is not cached and says it again)."""
     try:
         tree = ast.parse(test)
     except SyntaxError as e:

@@ -37,9 +37,9 @@ class Conversation:
 class _Side:
     """One sandboxed program's pipes: what waits to be written to it, what it has sent so far."""
 
-    def __init__(self, proc: subprocess.Popen, payload: bytes, sel: selectors.BaseSelector, name: str) -> None:
+    def __init__(self, proc: subprocess.Popen, payload: bytes, sel: selectors.BaseSelector) -> None:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        self.proc, self.sel, self.name = proc, sel, name
+        self.proc, self.sel = proc, sel
         self.pending = bytearray(payload)
         self.partial = bytearray()
         self.err = bytearray()
@@ -131,8 +131,8 @@ def converse(box: Sandbox, tests: str, tests_payload: tuple[bytes, int | None], 
     try:
         spawned.append(box.spawn(candidate, candidate_payload[1]))
         sel = selectors.DefaultSelector()
-        t = _Side(spawned[0].proc, tests_payload[0], sel, "tests")
-        c = _Side(spawned[1].proc, candidate_payload[0], sel, "candidate")
+        t = _Side(spawned[0].proc, tests_payload[0], sel)
+        c = _Side(spawned[1].proc, candidate_payload[0], sel)
         talk = Conversation()
         try:
             talk.timed_out, talk.flooded = _loop(sel, t, c, talk, deadline, limit)
