@@ -6,7 +6,10 @@ file's size and hash), and renames the directory. A `kill -9` at any moment leav
 previous checkpoints or the new one, never half.
 
 A checkpoint damaged later (a truncated copy, a lost rank file) fails `verify`: `resume: auto`
-then falls back to the newest intact one with a warning, an explicit `resume: PATH` is an error.
+then falls back to the newest intact one with a warning, an explicit `resume: PATH` is an error;
+`read_resume` gives back what one holds for the driver (step, state, payload).
+Every write of a run's outputs goes through `writing`: what fails leaves nothing half-written,
+and a full disk is one line naming the path and the bytes it needed.
 The hash is blake2b over the whole file up to 64 MiB, and over 64 evenly spaced 1 MiB blocks
 (first and last included) beyond: sizes catch truncation, the blocks most damage, and
 verifying a 100 GB checkpoint reads 64 MiB per file, not 100 GB.
@@ -14,19 +17,25 @@ verifying a 100 GB checkpoint reads 64 MiB per file, not 100 GB.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlkit.errors import UserError
+from rlkit.errors import FaultError, UserError
 
 STATE_FILE = "rlkit_state.json"
 MANIFEST = "manifest.json"
+PAYLOAD_FILE = "driver_payload.pt"
+FULL_BELOW = 64 << 20  # free bytes under which a failed write is put down to a full disk
 _STEP = re.compile(r"^step-(\d+)$")
 _BLOCK, _WHOLE, _BLOCKS = 1 << 20, 64 << 20, 64
 log = logging.getLogger("rlkit")
@@ -171,3 +180,75 @@ def resolve_resume(manager: CheckpointManager, resume: str) -> Path | None:
     if damaged:
         log.warning("resuming from %s, the newest intact checkpoint", path)
     return path
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a run resumes from: the step its checkpoint was written after (0: a fresh start), the
+    sampler's state, the driver's state (plain values) and its payload (tensors and containers:
+    e.g. generations in flight; None without one)."""
+
+    step: int = 0
+    sampler: dict[str, Any] | None = None
+    driver: dict[str, Any] = field(default_factory=dict)
+    payload: Any = None
+
+
+def read_resume(ckpt: Path | None) -> Resumed:
+    """The driver's side of checkpoint `ckpt` (a fresh start's when None)."""
+    if ckpt is None:
+        return Resumed()
+    state = CheckpointManager.load_state(ckpt)
+    payload = None
+    if (ckpt / PAYLOAD_FILE).exists():
+        import torch
+
+        payload = torch.load(ckpt / PAYLOAD_FILE, weights_only=True)
+    return Resumed(state["step"], state["sampler"], state.get("driver", {}), payload)
+
+
+@contextmanager
+def writing(staging: Path, what: str, needed: int | None) -> Iterator[None]:
+    """Remove `staging` if the writes inside fail; a full disk becomes a one-line `FaultError`
+    naming the path and the bytes `what` needs (`needed`, else at least what it wrote)."""
+    try:
+        yield
+    except BaseException as e:
+        written = dir_bytes(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        if not isinstance(e, Exception) or not disk_full(e, staging):
+            raise
+        free = shutil.disk_usage(_existing(staging)).free
+        need = (f"about {_size(needed)}" if needed else f"more than {_size(written)}") + f", {_size(free)} free"
+        raise FaultError(f"{what}: the disk is full under {staging.parent} (it needs {need}): "
+                         "free some space") from e
+
+
+def disk_full(error: BaseException, path: Path) -> bool:
+    """Whether `error` (raised writing under `path`) came from a full disk: ENOSPC / EDQUOT in its
+    chain (through Ray task errors too), or almost no space left where it wrote. torch.save on a
+    full disk raises a RuntimeError ("unexpected pos ...") with no errno, hence the second test."""
+    seen: BaseException | None = error
+    for _ in range(10):
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen):
+            return True
+        seen = getattr(seen, "cause", None) or seen.__cause__ or seen.__context__
+    return shutil.disk_usage(_existing(path)).free < FULL_BELOW
+
+
+def _existing(path: Path) -> Path:
+    """`path` or its nearest existing parent."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit} ({n} bytes)"
+    return f"{n} bytes"

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from rlkit import stages
+from rlkit.demo import STAGES as DEMO_STAGES
 from rlkit.errors import Stopped, UserError
 
 EXIT_USER_ERROR = 2
@@ -134,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the embedded default end to end on the tiny model")
     p.add_argument("--out-dir", default="runs", help="where the tiny recipes' runs/ paths go (default runs)")
-    p.add_argument("--stages", nargs="*", default=None, choices=["sft", "grpo"], help="subset of the demo's stages")
+    p.add_argument("--stages", nargs="*", default=None, choices=DEMO_STAGES, help="subset of the demo's stages")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(handler=_run_demo, quiet=True)
 

@@ -15,6 +15,8 @@ RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 RUNS = "runs"  # where every path of the tiny recipes starts
 AGAIN = ("overwrite=true", "checkpoint.resume=never")  # a second demo replaces the first one's runs
 MOVED_KEYS = ("model.path", "data.train", "data.eval", "output_dir")
+STAGES = ("sft", "grpo")  # the demo's runs, in order: each trains on the one before
+SCORED = ("grpo",)  # the runs whose line gives their held-out accuracy
 
 
 def run_demo(out_dir: str | Path = RUNS, stages: list[str] | None = None) -> Iterator[str]:
@@ -23,11 +25,11 @@ def run_demo(out_dir: str | Path = RUNS, stages: list[str] | None = None) -> Ite
 
     out = Path(out_dir)
     ran = []
-    for stage in stages or ["sft", "grpo"]:
+    for stage in stages or STAGES:
         final = _shown(_run_recipe(stage, out))
         ran.append(final.parent)
         line = f"rlkit {stage} recipes/tiny-{stage}.yaml: final model in {final}"
-        if stage == "grpo":
+        if stage in SCORED:
             line += f"; {_accuracy_line(final.parent / 'metrics.jsonl')}"
         yield line
     curves = [p for p in plot_runs(ran, out / "tiny-plots") if p.name == "curves.png"]

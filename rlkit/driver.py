@@ -27,14 +27,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlkit")
 
 
-def prepare_inputs(cfg: Any, device: Any, stage: str, checks: Sequence[Callable[[Any, Any], None]] = (),
+def prepare_inputs(cfg: Any, device: Any, memory: Any, checks: Sequence[Callable[[Any, Any], None]] = (),
                    learners: int = 1) -> Any:
     """Check the precision against the device, import a GGUF model (`rlkit.gguf`), build the
     offline tiny model / synthetic task where the recipe asks for them and they are missing, check
     the model (and tokenizer) path, the DeepSpeed section (and warn of ZeRO-3 on one of the
     `learners`), the stage's own `checks` (each called
     with the config and the device; GRPO's: the distillation teacher) and, on an accelerator, the
-    memory estimate of `stage` against the device.
+    estimate against the device (`memory`: the stage's `rlkit.estimate.memory.MemoryModel`).
     Runs before Ray starts; returns the config the run uses: a GGUF path is its HF folder there,
     and every path is absolute (`rlkit.paths`: actors work in their raylet's folder)."""
     from rlkit.accel import check_precision
@@ -60,7 +60,7 @@ def prepare_inputs(cfg: Any, device: Any, stage: str, checks: Sequence[Callable[
         log.warning("%s", alone)
     for check in checks:
         check(cfg, device)
-    too_big = check_before_launch(cfg, stage, device)
+    too_big = check_before_launch(cfg, memory, device)
     if too_big and cfg.memory_check == "error":
         raise UserError(f"{too_big}; memory_check: warn launches it anyway")
     if too_big:

@@ -43,7 +43,7 @@ class FaultError(UserError):
 
 class Stopped(Exception):
     """The run stopped on a signal (SIGTERM, SIGINT): after saving a checkpoint at the end of the
-    current step (`rundir.EXIT_STOPPED`, 3), or at once on a second signal (128 + the signal's number)."""
+    current step (`stops.EXIT_STOPPED`, 3), or at once on a second signal (128 + the signal's number)."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)

@@ -40,6 +40,6 @@ def _run(args: argparse.Namespace) -> int:
     config, source = model_config(cfg.model.path, args.config)
     arch = Arch.from_config(config, cfg.model.path)
     hardware = Hardware.parse(args.hardware) if args.hardware else None
-    for line in report(cfg, stage, arch, source, hardware):
+    for line in report(cfg, stages.memory(stage), arch, source, hardware):
         print(line)
     return 0

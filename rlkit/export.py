@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
 def export_checkpoint(ckpt: Path, out: Path, dtype: str = "fp32") -> Path:
     """Write the model of checkpoint `ckpt` to `out` (written beside it, then renamed)."""
     from rlkit.checkpoint import STATE_FILE, verify
+    from rlkit.data.templates import ship_template
     from rlkit.models import check_model_path
-    from rlkit.rundir import ship_template
 
     if not (ckpt / STATE_FILE).is_file():
         raise UserError(f"{ckpt}: not an rlkit checkpoint (no {STATE_FILE}); name a checkpoints/step-N folder")

@@ -115,21 +115,14 @@ def _special_token_flags(src: Path) -> dict[str, bool]:
 
 
 def resolve_models(cfg: Any) -> Any:
-    """`cfg` with a model (or distillation teacher) path that names a .gguf file replaced by its
-    imported folder (converted now if it is not in the cache yet). Runs at launch, before anything
-    reads the model: what a recipe names is kept as written until then."""
+    """`cfg` with each model it names (`cfg.models()`: the student, a distillation teacher) whose
+    path is a .gguf file replaced by its imported folder (converted now if it is not in the cache
+    yet). Runs at launch, before anything reads a model: what a recipe names is kept as written until then."""
     from dataclasses import replace
 
-    def folder(model: Any, key: str) -> Any:
-        return replace(model, path=str(import_gguf(model.path, key=key))) if is_gguf(model.path) else model
-
-    model = folder(cfg.model, "model.path")
-    if model is not cfg.model:
-        cfg = replace(cfg, model=model)
-    distill = getattr(cfg, "distill", None)
-    if distill is not None and (teacher := folder(distill.teacher, "distill.teacher.path")) is not distill.teacher:
-        cfg = replace(cfg, distill=replace(distill, teacher=teacher))
-    return cfg
+    ggufs = {key: replace(model, path=str(import_gguf(model.path, key=f"{key}.path")))
+             for key, model in cfg.models().items() if is_gguf(model.path)}
+    return cfg.with_models(ggufs) if ggufs else cfg
 
 
 def add_parser(sub) -> None:  # noqa: ANN001 - argparse's private subparsers type

@@ -85,15 +85,16 @@ def model_config(cfg: ModelConfig) -> Any:
 
 
 def check_model(cfg: Any) -> None:
-    """Before launch, what a stage recipe `cfg` asks of its model: the model (and tokenizer) path,
-    its options and the LoRA targets (GRPO's engines: `engine.serving`)."""
-    check_model_path(cfg.model.path)
+    """Before launch, what a stage recipe `cfg` asks of its model: the path of every model it names
+    (`cfg.models()`: the student, a distillation teacher) and the student's tokenizer, options and
+    LoRA targets (GRPO's engines: `engine.serving`; a teacher's own: `distill.teacher`)."""
+    for key, model in cfg.models().items():
+        check_model_path(model.path, f"{key}.path")
     config = model_config(cfg.model)  # transformers can read it; read once for the checks below
     if cfg.model.tokenizer:
         check_model_path(cfg.model.tokenizer, "model.tokenizer")
-    finetuning = getattr(cfg, "finetuning", "full")
-    check_model_options(cfg.model, finetuning)
-    if finetuning in ("lora", "qlora"):
+    check_model_options(cfg.model, cfg.finetuning)
+    if cfg.finetuning in ("lora", "qlora"):
         check_lora_targets(cfg.model, cfg.lora.target_modules, config)
 
 

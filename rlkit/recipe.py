@@ -282,6 +282,12 @@ def section_keys(cls: Any) -> list[str]:
     return keys
 
 
+def replaced(obj: Any, key: str, value: Any) -> Any:
+    """A copy of frozen dataclass `obj` with the field at the dotted `key` set to `value`."""
+    head, _, rest = key.partition(".")
+    return dataclasses.replace(obj, **{head: replaced(getattr(obj, head), rest, value) if rest else value})
+
+
 def check(cond: bool, key: str, message: str) -> None:
     """Cross-field rule helper for `__post_init__`: raise the error for `key` unless `cond`."""
     if not cond:

@@ -4,7 +4,7 @@ A stage is a row of `TABLE`: its command's help line, its recipe type and its dr
 "module:name", imported when used, so `rlkit --help` loads neither torch nor Ray), the section
 that holds its batch sizes, and the recipe keys a DeepSpeed JSON's batch sizes fill. The command
 line (`cli.py`) and the estimate command read the table; a new stage is its own folder (config,
-objective, driver), a row here, its memory model in `rlkit.estimate` and a test.
+objective, driver, memory model), a row here and a test.
 
 `load(stage, path, overrides)` reads the YAML, applies `key.sub=value` overrides and checks
 types and cross-field rules before any work starts; see `rlkit.recipe` for the error format.
@@ -32,22 +32,28 @@ class Stage:
     ds_batch_keys: dict[str, str] = field(default_factory=dict)
     batch_sizes: str = ""  # what gives its global batch, as a JSON's train_batch_size mismatch names it
     notes: str | None = None  # "module:function": lines `--print-config` adds after the config
-    of: str | None = None  # another stage's recipe type and driver, with a rule of its own (see `load`)
+    memory: str = ""  # "module:name" of its memory model (`rlkit.estimate.memory.MemoryModel`)
+    of: str | None = None  # another stage's recipe type, driver and memory model
+    needs: str | None = None  # a section the alias's recipe must set (`load` says so in one line otherwise)
+    why: str = ""  # what that section is for, in that line
 
 
 TABLE: dict[str, Stage] = {s.name: s for s in (
     Stage("sft", "supervised fine-tuning (full / LoRA / QLoRA, curriculum) from a recipe",
           "rlkit.sft.config:SFTConfig", "rlkit.sft.run:run_sft", "train",
           {"train_micro_batch_size_per_gpu": "train.micro_batch_size",
-           "gradient_accumulation_steps": "train.grad_accum"}, "train.micro_batch_size, grad_accum, num_learners"),
+           "gradient_accumulation_steps": "train.grad_accum"}, "train.micro_batch_size, grad_accum, num_learners",
+          memory="rlkit.sft.memory:MEMORY"),
     # GRPO derives its gradient accumulation from the rollout batch
     Stage("grpo", "GRPO: vLLM rollout actors + DeepSpeed learners from a recipe",
           "rlkit.grpo.config:GRPOConfig", "rlkit.grpo.run:run_grpo", "grpo",
           {"train_micro_batch_size_per_gpu": "grpo.micro_batch_size"},
-          "grpo.micro_batch_size, num_learners and the rollout batch", notes="rlkit.grpo.dry_run:recipe_notes"),
+          "grpo.micro_batch_size, num_learners and the rollout batch", notes="rlkit.grpo.dry_run:recipe_notes",
+          memory="rlkit.grpo.memory:MEMORY"),
     # rlkit distill: a GRPO recipe with a `distill:` section (a teacher)
     Stage("distill", "on-policy distillation: the student samples (vLLM), a frozen teacher scores its tokens",
-          of="grpo"),
+          of="grpo", needs="distill", why="naming the teacher (distill.teacher.path); without one this is a GRPO "
+          "recipe (rlkit grpo)"),
 )}
 ALIASES = {s.name: s.of for s in TABLE.values() if s.of}
 
@@ -63,6 +69,11 @@ def resolve(spec: str) -> Any:
     """The object a "module:name" of the table names."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def memory(name: str) -> Any:
+    """Stage `name`'s memory model (`rlkit.estimate.memory.MemoryModel`), for `rlkit estimate`."""
+    return resolve(stage(name).memory)
 
 
 def config_types() -> dict[str, type]:
@@ -87,9 +98,9 @@ def load(name: str, path: str | Path, overrides: list[str] | None = None) -> Any
         t = getattr(cfg, row.batch)
         check_batch_claims(claims, cfg.deepspeed.config, t.micro_batch_size, t.grad_accum, t.num_learners,
                            row.batch_sizes)
-    if name == "distill" and cfg.distill is None:
-        raise ConfigError(f"{path}: distill: rlkit distill needs a distill section naming the teacher "
-                          "(distill.teacher.path); without one this is a GRPO recipe (rlkit grpo)")
+    needs = TABLE[name].needs
+    if needs and getattr(cfg, needs) is None:
+        raise ConfigError(f"{path}: {needs}: rlkit {name} needs a {needs} section {TABLE[name].why}")
     return cfg
 
 

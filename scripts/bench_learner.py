@@ -251,8 +251,8 @@ def row_sft(path: str, device: str, dtype: str, zero: int, batch: dict, steps: i
 
 def row_grpo(path: str, device: str, dtype: str, zero: int, batch: dict, steps: int, warmup: int) -> dict[str, Any]:
     torch, sync = _setup(device)
-    from rlkit.config import RolloutConfig
     from rlkit.engine.objective import MicroBatch
+    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.loss import dapo_normaliser
     from rlkit.grpo.objective import GRPOObjective

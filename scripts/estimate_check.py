@@ -34,7 +34,7 @@ def estimated(stage: str, recipe: Path, overrides: list[str]) -> dict[str, float
 
     cfg = stages.load(stage, recipe, overrides)
     arch = estimate.Arch.from_config(*estimate.model_config(cfg.model.path))
-    return {p.kind: p.total / 2**30 for p in estimate.estimate(cfg, stage, arch)}
+    return {p.kind: p.total / 2**30 for p in estimate.estimate(cfg, stages.memory(stage), arch)}
 
 
 def longest_prompt(model: Path, data: Path) -> int:

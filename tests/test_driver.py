@@ -13,7 +13,8 @@ import pytest
 
 from rlkit.checkpoint import verify
 from rlkit.errors import FaultError, Stopped, UserError
-from rlkit.rundir import EXIT_STOPPED, LOG_FILE
+from rlkit.rundir import LOG_FILE
+from rlkit.stops import EXIT_STOPPED
 from tests.helpers import FakeLearners, grpo_run_dir
 
 
@@ -82,16 +83,34 @@ def test_a_fault_names_the_checkpoint_to_resume_from_and_logs_the_detail(tmp_pat
 def test_a_signal_stops_after_the_step_with_a_checkpoint_and_a_second_at_once(tmp_path):
     run = grpo_run_dir(tmp_path / "run", "checkpoint.every=4")
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with run.stop_on_signals():
+    with run.stops.caught():
         assert not run.checkpoint_due(1, 4) and run.checkpoint_due(4, 4)
-        run.stop_if_signalled(1)  # no signal: goes on
+        run.stops.stop_if_signalled(1)  # no signal: goes on
         os.kill(os.getpid(), signal.SIGTERM)
-        assert run.stop_signal == signal.SIGTERM and run.checkpoint_due(1, 4)
+        assert run.stops.signal == signal.SIGTERM and run.checkpoint_due(1, 4)
         with pytest.raises(Stopped, match=r"^stopped by SIGTERM after step 1; checkpoint step-1 is written") as e:
-            run.stop_if_signalled(1)
+            run.stops.stop_if_signalled(1)
         assert e.value.exit_code == EXIT_STOPPED
         with pytest.raises(Stopped, match="second SIGINT") as e:
             os.kill(os.getpid(), signal.SIGINT)
         assert e.value.exit_code == 128 + signal.SIGINT
     # the handlers are put back (SIG_IGN for SIGINT where the suite runs as a background job)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_one_reader_gives_back_what_a_checkpoint_holds_for_the_driver(tmp_path):
+    """A resumed run gets its step, the sampler's state, the driver's state and its payload (the
+    generations in flight) through one reader; a fresh start gets step 0 and nothing else."""
+    import torch
+
+    from rlkit.checkpoint import Resumed, read_resume
+
+    assert read_resume(None) == Resumed()
+    run = grpo_run_dir(tmp_path / "run")
+    run.checkpoint(3, FakeLearners(100), {"pos": 7}, driver={"best": 0.5},
+                   payload={"generations": [{"ids": torch.arange(4)}]})
+    run.checkpoint(4, FakeLearners(100), {"pos": 9})
+    third, fourth = read_resume(run.ckpts.root / "step-3"), read_resume(run.ckpts.latest())
+    assert (third.step, third.sampler, third.driver) == (3, {"pos": 7}, {"best": 0.5})
+    assert torch.equal(third.payload["generations"][0]["ids"], torch.arange(4))
+    assert (fourth.step, fourth.sampler, fourth.driver, fourth.payload) == (4, {"pos": 9}, {}, None)

@@ -50,7 +50,7 @@ def test_a_cpu_engine_counts_the_tokenizer_copies_vllm_holds(tmp_path):
                   tie_word_embeddings=True)
     arch = est.Arch.from_config(config, "gemma-3-270m")
     cfg = stages.load("grpo", ROOT / "recipes" / "smollm2-gsm8k-grpo.yaml", [f"output_dir={tmp_path}"])
-    cpu = {p.kind: p for p in est.estimate(cfg, "grpo", arch)}["rollout engine"]
+    cpu = {p.kind: p for p in est.estimate(cfg, stages.memory("grpo"), arch)}["rollout engine"]
     assert cpu.parts["tokenizers (CPU)"] == 4 * 262144 * 1024  # 1 GiB
     synced = cpu.parts["weight sync buffers"] + cpu.parts["weight reload (largest layer)"]
     bare = cpu.total - synced  # the measured engine took no sync
@@ -60,7 +60,8 @@ def test_a_cpu_engine_counts_the_tokenizer_copies_vllm_holds(tmp_path):
     # vLLM reloads the embedding, 0.31 GiB, beside itself and re-packs it); 0.50 GiB counted before
     assert 0.9 < synced / 2**30 / 1.17 < 1.1
     assert 0.95 < cpu.total / 2**30 / (3.36 + 1.17) < 1.05
-    gpu = {p.kind: p for p in est.estimate(cfg, "grpo", arch, est.Hardware.parse("1xH100"))}["rollout engine"]
+    on_gpu = est.estimate(cfg, stages.memory("grpo"), arch, est.Hardware.parse("1xH100"))
+    gpu = {p.kind: p for p in on_gpu}["rollout engine"]
     assert "tokenizers (CPU)" not in gpu.parts
 
 
@@ -105,10 +106,10 @@ def test_a_vision_language_model_is_counted_exactly_with_its_vision_side(tmp_pat
     trained = stages.load("sft", recipe, [f"model.path={folder}"])  # the tiny recipe trains both towers
 
     def gradients(cfg):
-        return est.estimate(cfg, "sft", arch)[0].parts["gradients"]
+        return est.estimate(cfg, stages.memory("sft"), arch)[0].parts["gradients"]
 
     assert gradients(trained) - gradients(frozen) == 4 * (parts["vision"] + parts["projector"])  # fp32
-    line = est.report(frozen, "sft", arch, "here", None)[1]
+    line = est.report(frozen, stages.memory("sft"), arch, "here", None)[1]
     assert line.startswith("  vision tower 0.12M (frozen), projector 0.03M (frozen), language model 0.41M; 4 image "
                            "tokens per image, inside data.cutoff_len"), line
 
@@ -157,16 +158,16 @@ def test_a_plan_that_does_not_fit_gets_the_changes_that_make_it_fit():
                        "deepspeed.offload_param=false", "model.gradient_checkpointing=false"])
     hardware = est.Hardware.parse("2x8x910B-64G")
     arch = _arch(cfg.model.path)
-    lines = est.report(cfg, "sft", arch, "test", hardware)
+    lines = est.report(cfg, stages.memory("sft"), arch, "test", hardware)
     assert any(re.fullmatch(r"  learner rank: [\d.]+ GiB of 64 GiB: does NOT fit: [\d.]+ GiB over", x) for x in lines)
-    fixes = {label: fits for label, _, fits in est.fixes(cfg, "sft", arch, hardware)}
+    fixes = {label: fits for label, _, fits in est.fixes(cfg, stages.memory("sft"), arch, hardware)}
     assert fixes["model.gradient_checkpointing=true"] and fixes["deepspeed.offload_optimizer=true"]
     assert "deepspeed.zero_stage=3" not in fixes  # it is ZeRO-3 already
 
 
 def test_too_few_devices_is_said_with_a_plan_for_those_there_are():
     cfg = stages.load("grpo", ROOT / "recipes" / "r1-distill.yaml")
-    lines = est.report(cfg, "grpo", _arch(cfg.model.path), "test", est.Hardware.parse("2xH100"))
+    lines = est.report(cfg, stages.memory("grpo"), _arch(cfg.model.path), "test", est.Hardware.parse("2xH100"))
     assert "  the plan takes 8 devices, the hardware has 2" in lines
     assert any(x.startswith("    grpo.num_learners=1 rollout.num_engines=1: peak ") for x in lines), lines
 
@@ -211,19 +212,19 @@ def test_a_launch_on_an_accelerator_warns_or_stops_when_the_plan_does_not_fit(tm
     cfg = stages.load("grpo", ROOT / "recipes" / "r1-distill.yaml")
     small = dataclasses.replace(detect("cpu"), kind="cuda", device_count=8, device_name="NVIDIA A10",
                                 total_memory_bytes=24 * 2**30, bf16=True)
-    line = est.check_before_launch(cfg, "grpo", small)
+    line = est.check_before_launch(cfg, stages.memory("grpo"), small)
     assert line.startswith("memory: a rollout engine needs about 22.2 GiB, 5.4 GiB more than a 24 GiB device gives "
                            "it (an estimate: rlkit estimate RECIPE --hardware 8xA10-24G shows"), line  # 0.7 x 24
     big = dataclasses.replace(small, device_name="NVIDIA H200", total_memory_bytes=141 * 2**30)
-    assert est.check_before_launch(cfg, "grpo", big) is None
-    assert est.check_before_launch(cfg, "grpo", detect("cpu")) is None  # no estimate on a CPU
-    assert est.check_before_launch(dataclasses.replace(cfg, memory_check="off"), "grpo", small) is None
+    assert est.check_before_launch(cfg, stages.memory("grpo"), big) is None
+    assert est.check_before_launch(cfg, stages.memory("grpo"), detect("cpu")) is None  # no estimate on a CPU
+    assert est.check_before_launch(dataclasses.replace(cfg, memory_check="off"), stages.memory("grpo"), small) is None
     model = tmp_path / "r1-distill"  # its config.json only: the estimate loads no weights
     model.mkdir()
     (model / "config.json").write_text(json.dumps(est.PUBLISHED["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"]))
     strict = dataclasses.replace(cfg, memory_check="error", model=dataclasses.replace(cfg.model, path=str(model)))
     with pytest.raises(UserError, match=r"^memory: a rollout engine needs about .*; memory_check: warn launches it "):
-        prepare_inputs(strict, small, "grpo")
+        prepare_inputs(strict, small, stages.memory("grpo"))
 
 
 @pytest.mark.slow

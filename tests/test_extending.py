@@ -53,3 +53,20 @@ def test_each_registry_is_on_the_page_the_table_names():
             if fn.__module__ == mod.__name__ and hasattr(fn, "rlkit_range") and f"{module.stem}:{name}" not in rewards:
                 missing.append(f"reward rewards.{module.stem}:{name}")
     assert missing == []
+
+
+def test_each_stage_row_names_what_its_package_owns():
+    """A stage row resolves to its recipe type, driver and memory model, each in the stage's
+    package (an alias shares its target's), so no shared module has to know the stage."""
+    from rlkit.config import StageConfig
+    from rlkit.estimate.memory import MemoryModel
+    from rlkit.stages import TABLE, resolve
+
+    for row in TABLE.values():
+        if row.of:
+            assert row.of in TABLE and not (row.config or row.run or row.memory), row.name
+            continue
+        parts = {spec: resolve(spec) for spec in (row.config, row.run, row.memory)}
+        assert all(spec.startswith(f"rlkit.{row.name}.") for spec in parts), row.name
+        assert issubclass(parts[row.config], StageConfig) and callable(parts[row.run])
+        assert isinstance(parts[row.memory], MemoryModel), row.name

@@ -154,6 +154,28 @@ def test_a_recipe_names_a_gguf_and_the_run_gets_its_folder(tiny_gguf, tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
+def test_a_distillation_teacher_is_one_of_the_models_a_recipe_names(tiny_gguf, tiny_model, tmp_path, monkeypatch):
+    """The recipe type lists its models (the student, a teacher): each .gguf among them is imported
+    at launch, and each path is checked before launch under its own key."""
+    import dataclasses
+
+    from rlkit.gguf import resolve_models
+    from rlkit.models import check_model
+    from rlkit.stages import load
+
+    monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
+    cfg = load("distill", "recipes/tiny-grpo.yaml", [f"model.path={tiny_model}",
+                                                      f"distill.teacher.path={tiny_gguf['F32']}"])
+    assert list(cfg.models()) == ["model", "distill.teacher"]
+    assert list(load("grpo", "recipes/tiny-grpo.yaml").models()) == ["model"]
+    resolved = resolve_models(cfg)
+    assert Path(resolved.distill.teacher.path) == default_folder(tiny_gguf["F32"]) and resolved.model == cfg.model
+    check_model(resolved)
+    gone = dataclasses.replace(cfg.distill.teacher, path=str(tmp_path / "absent"))
+    with pytest.raises(UserError, match=r"^distill\.teacher\.path: .*absent is not a model directory"):
+        check_model(resolved.with_models({"distill.teacher": gone}))
+
+
 def test_import_gguf_says_where_in_one_line(tiny_gguf, tmp_path):
     out = rlkit("import-gguf", str(tiny_gguf["F32"]), "--out", str(tmp_path / "m"))
     assert out.returncode == 0 and out.stdout == f"rlkit import-gguf: {tmp_path / 'm'}\n" and out.stderr == ""

@@ -103,7 +103,7 @@ def test_deepspeed_extra_is_checked_against_deepspeed_before_launch(tiny_model, 
     cfg = _sft(tiny_model, task_data, tmp_path, "deepspeed.extra.gradient_accumulation_steps=4")
     with pytest.raises(UserError, match=r"^deepspeed.extra: gradient_accumulation_steps is set by rlkit from the "
                                         r"stage's gradient accumulation: set that instead$"):
-        prepare_inputs(cfg, _cpu(), "sft")
+        prepare_inputs(cfg, _cpu(), stages.memory("sft"))
 
 
 def _cpu():
@@ -115,9 +115,9 @@ def _cpu():
 def test_zero3_on_one_learner_is_said_before_launch(tiny_model, task_data, tmp_path, caplog):
     cfg = _sft(tiny_model, task_data, tmp_path, "deepspeed.zero_stage=3")
     with caplog.at_level("WARNING", logger="rlkit"):
-        prepare_inputs(cfg, _cpu(), "sft", learners=2)
+        prepare_inputs(cfg, _cpu(), stages.memory("sft"), learners=2)
         assert not any("zero_stage: 3" in r.getMessage() for r in caplog.records)
-        prepare_inputs(cfg, _cpu(), "sft", learners=1)
+        prepare_inputs(cfg, _cpu(), stages.memory("sft"), learners=1)
     said = [r.getMessage() for r in caplog.records if "zero_stage: 3" in r.getMessage()]
     assert len(said) == 1 and "with one learner partitions nothing" in said[0], said
 
@@ -126,23 +126,23 @@ def test_liger_asked_for_where_it_cannot_apply_is_one_line(tiny_model, task_data
     cpu = _cpu()
     with pytest.raises(UserError, match=r"^model.kernels: liger runs Triton kernels on a GPU, and this run's "
                                         r"learners are on cpu: use auto \(Liger where it applies\) or none$"):
-        prepare_inputs(_sft(tiny_model, task_data, tmp_path, "model.kernels=liger"), cpu, "sft")
+        prepare_inputs(_sft(tiny_model, task_data, tmp_path, "model.kernels=liger"), cpu, stages.memory("sft"))
     for kernels in ("auto", "none"):  # never an error: auto applies them only where it can
-        prepare_inputs(_sft(tiny_model, task_data, tmp_path, f"model.kernels={kernels}"), cpu, "sft")
+        prepare_inputs(_sft(tiny_model, task_data, tmp_path, f"model.kernels={kernels}"), cpu, stages.memory("sft"))
 
 
 def test_model_options_a_learner_could_not_load_are_one_line(tiny_model, task_data, tmp_path):
     cfg = _sft(tiny_model, task_data, tmp_path, "model.attn_implementation=flash_attn2")
     with pytest.raises(UserError, match=r"^model.attn_implementation: 'flash_attn2' is not an attention kernel "
                                         r"transformers has: use one of eager, .*sdpa"):
-        prepare_inputs(cfg, _cpu(), "sft")
+        prepare_inputs(cfg, _cpu(), stages.memory("sft"))
     import importlib.util
 
     if importlib.util.find_spec("flash_attn") is None:
         cfg = _sft(tiny_model, task_data, tmp_path, "model.attn_implementation=flash_attention_2")
         with pytest.raises(UserError, match=r"^model.attn_implementation: flash_attention_2 needs the flash_attn "
                                             r"package, which is not installed here: install it, or use sdpa$"):
-            prepare_inputs(cfg, _cpu(), "sft")
+            prepare_inputs(cfg, _cpu(), stages.memory("sft"))
     with pytest.raises(ConfigError, match=r"lora.alpha: must be > 0 \(the adapter's scale is alpha / r\), got 0"):
         _sft(tiny_model, task_data, tmp_path, "finetuning=lora", "lora.alpha=0")
 
@@ -150,8 +150,9 @@ def test_model_options_a_learner_could_not_load_are_one_line(tiny_model, task_da
 def test_engines_load_the_models_own_tokenizer_and_code(tiny_model):
     """vLLM got neither model.tokenizer nor model.trust_remote_code: an engine read another
     tokenizer than the learners, or refused a remote-code model the learners load."""
-    from rlkit.config import ModelConfig, RolloutConfig
+    from rlkit.config import ModelConfig
     from rlkit.engine.engines import worker_options
+    from rlkit.engine.rollout_config import RolloutConfig
 
     options = worker_options(RolloutConfig(), ModelConfig(path=str(tiny_model), tokenizer="/tok",
                                                           trust_remote_code=True), _cpu(), seed=0)
@@ -165,12 +166,12 @@ def test_engine_values_vllm_would_refuse_are_one_line(tiny_model, task_data, tmp
 
     with pytest.raises(UserError, match=r"^rollout.max_model_len: 4096 tokens is past the model's context \(1024, "
                                         r"max_position_embeddings of .*\): lower it$"):
-        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.max_model_len=4096"), _cpu(), "grpo",
-                       checks=[check_engines])  # GRPO's stage check
+        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.max_model_len=4096"), _cpu(),
+                       stages.memory("grpo"), checks=[check_engines])  # GRPO's stage check
     with pytest.raises(UserError, match=r"^rollout.tensor_parallel_size: 3 does not divide the model's 4 attention "
                                         r"heads: choose a divisor$"):
-        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.tensor_parallel_size=3"), _cpu(), "grpo",
-                       checks=[check_engines])
+        prepare_inputs(_grpo(tiny_model, task_data, tmp_path, "rollout.tensor_parallel_size=3"), _cpu(),
+                       stages.memory("grpo"), checks=[check_engines])
     for bad, says in (("rollout.gpu_memory_utilization=1.5", r"rollout.gpu_memory_utilization: must be in \(0, 1\]"),
                       ("rollout.kv_cache_gib=0", "rollout.kv_cache_gib: must be > 0 GiB"),
                       ("rollout.tensor_parallel_size=0", "rollout.tensor_parallel_size: must be >= 1")):
@@ -190,7 +191,7 @@ def test_recipe_values_torch_or_ray_would_refuse_and_an_unknown_architecture(tin
                                                  "model_type": "rlkit_unknown_arch"}))
     with pytest.raises(UserError, match=r"^model.path: transformers cannot read .*odd's config \(.*rlkit_unknown_arch"
                                         r".*\): a newer transformers, or model.trust_remote_code: true"):
-        prepare_inputs(_sft(odd, task_data, tmp_path), _cpu(), "sft")
+        prepare_inputs(_sft(odd, task_data, tmp_path), _cpu(), stages.memory("sft"))
 
 
 def test_a_model_folder_without_a_tokenizer_and_unserved_adapter_targets_are_one_line(tiny_model, task_data,

@@ -1,6 +1,7 @@
 """The structure stays as built: imports run one way (no circle between rlkit's files or folders),
-the actor layer and the shared driver know no stage, and no module or function outgrows its guide
-(ruff's C901 holds the complexity). Read from the source with `ast`; nothing is imported."""
+the actor layer and the shared driver know no stage, nothing outside the stage packages asks a
+recipe which stage it is, and no module or function outgrows its guide (ruff's C901 holds the
+complexity). Read from the source with `ast`; nothing is imported."""
 
 from __future__ import annotations
 
@@ -100,6 +101,51 @@ def test_the_actor_layer_and_the_shared_driver_know_no_stage(graph):
     assert wrong == []
 
 
+def _stage_facts() -> tuple[set[str], set[str]]:
+    """The stage names (the rows of `rlkit/stages.py`) and the sections of their recipe types
+    (the fields of `StageConfig` and of each stage's config class)."""
+    names = {n.args[0].value for n in ast.walk(ast.parse((ROOT / "rlkit/stages.py").read_text(encoding="utf-8")))
+             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Stage" and n.args}
+    sections = set()
+    for path, cls in (("rlkit/config.py", "StageConfig"), ("rlkit/sft/config.py", "SFTConfig"),
+                      ("rlkit/grpo/config.py", "GRPOConfig")):
+        body = next(n for n in ast.parse((ROOT / path).read_text(encoding="utf-8")).body
+                    if isinstance(n, ast.ClassDef) and n.name == cls).body
+        sections |= {n.target.id for n in body if isinstance(n, ast.AnnAssign) and n.target.id.islower()}
+    return names, sections
+
+
+def _stage_sniffing(tree: ast.AST, names: set[str], sections: set[str]) -> list[str]:
+    """Where `tree` asks a recipe which stage it is: `hasattr`/`getattr` of a recipe section by
+    its literal name, or a comparison against a stage's name (line: what)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("hasattr", "getattr") \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in sections:
+            found.append(f"{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            consts = [c for side in sides for c in (side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set)
+                                                    else [side]) if isinstance(c, ast.Constant)]
+            found += [f"{node.lineno}: compared with {c.value!r}" for c in consts if c.value in names]
+    return found
+
+
+def test_nothing_below_the_stages_asks_which_stage_a_recipe_is():
+    """A stage's checks, memory model and models live in its package and reach the shared code
+    through its row and its recipe type: a stage that names a section `rollout` does not get
+    GRPO's checks by accident, and a new stage edits no if/else pair elsewhere."""
+    names, sections = _stage_facts()
+    assert {"sft", "grpo", "distill"} <= names and {"rollout", "distill", "train", "finetuning"} <= sections
+    wrong = []
+    for name, path in _sources().items():
+        if name.startswith(("rlkit.sft", "rlkit.grpo", "rlkit.distill")) or name == "rlkit.stages":
+            continue
+        wrong += [f"{path.relative_to(ROOT)}:{line}" for line in
+                  _stage_sniffing(ast.parse(path.read_text(encoding="utf-8")), names, sections)]
+    assert wrong == []
+
+
 def test_no_module_or_function_outgrows_its_guide():
     long_modules, long_functions = [], []
     for name, path in _sources().items():
@@ -117,12 +163,18 @@ def test_no_module_or_function_outgrows_its_guide():
 
 
 def test_the_checks_see_a_circle_and_a_stage_import():
-    """The helpers above find what they are for (a graph with a circle, an import by name)."""
+    """The helpers above find what they are for (a graph with a circle, an import by name, a
+    recipe asked its stage)."""
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
     assert _circles({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
     sources = _sources()
     assert {"rlkit.driver", "rlkit.rundir"} <= _imports("rlkit.grpo.run", sources["rlkit.grpo.run"], set(sources))
     assert "rlkit.faults" in _imports("rlkit.engine.learner", sources["rlkit.engine.learner"], set(sources))
+    sniffing = ast.parse("if hasattr(cfg, 'rollout'): pass\nd = getattr(cfg, 'distill', None)\n"
+                         "x = stage == 'sft' or name in ('grpo', 'other')\nhasattr(m, 'module'); v == 'x'")
+    assert _stage_sniffing(sniffing, {"sft", "grpo"}, {"rollout", "distill"}) == [
+        "1: hasattr(..., 'rollout')", "2: getattr(..., 'distill')", "3: compared with 'sft'",
+        "3: compared with 'grpo'"]
 
 
 def test_tests_share_helpers_through_helper_modules():

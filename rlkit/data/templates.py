@@ -20,6 +20,7 @@ LLaMA-Factory trains multi-turn rows).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rlkit.data.images import count_placeholders, image_parts
@@ -252,3 +253,18 @@ def sft_turns(row: dict[str, Any], template: str, tokenizer: Any = None) -> list
         out.append((prompt[len(done):], full[len(prompt):]))
         done = full
     return out
+
+
+def ship_template(model_dir: Path, template: str) -> None:
+    """Write the prompt template a model was trained with into its tokenizer (chat_template), so
+    that serving it with a chat API renders the prompts it learned (the alpaca template; a chat
+    template is the tokenizer's own already)."""
+    from transformers import AutoTokenizer
+
+    if not (Path(model_dir) / "tokenizer_config.json").exists():
+        return  # no tokenizer was saved with this model
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    jinja = chat_template_for(template, tokenizer)
+    if jinja is not None:
+        tokenizer.chat_template = jinja
+        tokenizer.save_pretrained(model_dir)

@@ -9,14 +9,14 @@ from rlkit.errors import ConfigError
 
 
 def check_teacher(teacher: Any, student_tokenizer: str, device: Any) -> None:
-    """Before launch: the teacher's precision on this device, its path, its kernels, and its
-    tokenizer (the student's, `student_tokenizer`)."""
+    """Before launch: the teacher's precision on this device, its kernels, and its tokenizer (the
+    student's, `student_tokenizer`); its path is checked with every model the recipe names
+    (`rlkit.models.check_model`)."""
     from rlkit.accel import check_precision
     from rlkit.kernels import check_kernels
-    from rlkit.models import check_model_path, model_config
+    from rlkit.models import model_config
 
     check_precision(teacher.dtype, device, "distill.teacher.dtype")
-    check_model_path(teacher.path, "distill.teacher.path")
     check_kernels(teacher, device, model_config(teacher).model_type, "distill.teacher.kernels")
     check_same_tokenizer(student_tokenizer, teacher.tokenizer or teacher.path)
 

@@ -2,12 +2,14 @@
 
 Two placements behind one interface (`RolloutEngines`):
 - `SeparateEngines` (default): each vLLM engine in its own Ray actor and placement-group bundle
-  (with its tensor-parallel devices), weights pushed by learner rank 0 through the Ray object
-  store or an NCCL/HCCL broadcast.
+  (with its tensor-parallel devices), weights (or a LoRA adapter) pushed by learner rank 0
+  through the Ray object store or an NCCL/HCCL broadcast.
 - `ColocatedEngines` (`rollout.colocate`): one engine inside each learner process, weights
   handed over in-process; on accelerators the engines sleep while the learners train.
 
-Prompts are split contiguously over the engines; samples come back prompt-major.
+Both push through the transport row resolved once before launch (`sync_transport`), handed to
+the learners inside each `SyncRequest`. Prompts are split contiguously over the engines; samples
+come back prompt-major.
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlkit.accel import DeviceInfo
-from rlkit.config import ModelConfig, RayConfig, RolloutConfig
+from rlkit.config import ModelConfig, RayConfig
 from rlkit.engine.calls import ActorFault, name_actor, unwatch_nodes, wait_all, watch_nodes
 from rlkit.engine.group import LearnerGroup
 from rlkit.engine.rollout import Sample, Sampling
+from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.engine.weight_sync import PendingLoads
 from rlkit.errors import FaultError
 from rlkit.seeding import derive_seed
-from rlkit.transports import Transport, names, resolve
+from rlkit.transports import SyncRequest, Transport, names, resolve
 
 log = logging.getLogger("rlkit.engines")
 _SHUTDOWN_S = 10.0  # what a separate engine is given to free itself before its actor is killed
@@ -40,6 +43,7 @@ class RolloutEngines(Protocol):
     naming the engine and the phase."""
 
     names: list[str]
+    transport: Transport  # how the learners' policy reaches them (`rlkit.transports`)
 
     def generate_async(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Any]: ...
     def gather(self, futures: list[Any]) -> list[Sample]: ...
@@ -58,8 +62,9 @@ def sampling(rollout: RolloutConfig) -> Sampling:
 
 
 def sync_transport(rollout: RolloutConfig, device: DeviceInfo) -> Transport:
-    """The weight-sync transport `rollout.sync` means on `device`; a user error if it cannot run there."""
-    return resolve(rollout.sync, rollout.colocate, device.kind, device.weight_sync_backend)
+    """The weight-sync transport `rollout.sync` means on `device` for `rollout.lora_sync`'s payload;
+    a user error if it cannot run there. The driver resolves it once, before launch."""
+    return resolve(rollout.sync, rollout.colocate, device.kind, device.weight_sync_backend, rollout.lora_sync)
 
 
 def worker_options(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, seed: int,
@@ -86,12 +91,14 @@ class AdapterServing:
 
 
 def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
-                  learners: LearnerGroup, seed: int, adapter: AdapterServing | None = None) -> RolloutEngines:
-    """The recipe's engines, loaded from `model.path`, placed as `rollout.colocate` says; with
-    `adapter`, each sync sends only the LoRA adapter (separate engines)."""
+                  learners: LearnerGroup, seed: int, transport: Transport, lora_rank: int = 0) -> RolloutEngines:
+    """The recipe's engines, loaded from `model.path`, placed as `rollout.colocate` says, synced by
+    `transport` (`sync_transport`); a row whose payload is the adapter starts them serving LoRA
+    adapters of rank up to `lora_rank` (the recipe's `lora.r`)."""
     if rollout.colocate:
-        return ColocatedEngines(learners, rollout, model, device, seed)
-    return SeparateEngines(rollout, model, device, ray_cfg, seed, learners, adapter)
+        return ColocatedEngines(learners, rollout, model, device, seed, transport)
+    adapter = AdapterServing(lora_rank) if transport.payload == "adapter" else None
+    return SeparateEngines(rollout, model, device, ray_cfg, seed, learners, transport, adapter)
 
 
 def _shards(prompts: list[Prompt], k: int) -> list[list[Prompt]]:
@@ -141,7 +148,7 @@ class SeparateEngines:
     `rollout.max_restarts` restarts of one engine, the next fault stops the run."""
 
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
-                 seed: int, learners: LearnerGroup, adapter: AdapterServing | None = None):
+                 seed: int, learners: LearnerGroup, transport: Transport, adapter: AdapterServing | None = None):
         from rlkit.engine.cluster import check_nodes_see, pg_nodes
         from rlkit.engine.placement import actor_resources, engine_cpus, placement_group, worker_env
 
@@ -151,8 +158,8 @@ class SeparateEngines:
         opts = actor_resources(device, cpus, devices=tp, custom=custom)
         resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
                      **opts.get("resources", {})}
-        self.rollout, self.transport = rollout, sync_transport(rollout, device)
-        self.timeout, self.adapter, self.learners = rollout.sync_timeout_s or None, adapter, learners
+        self.rollout, self.transport = rollout, transport
+        self.timeout, self.learners = rollout.sync_timeout_s or None, learners
         self.names = [f"engine {i}" for i in range(rollout.num_engines)]
         self.pg = placement_group(device, rollout.num_engines, cpus, ray_cfg.placement, devices=tp, custom=custom)
         check_nodes_see(pg_nodes(self.pg), "rollout engines", model_path=model.path)
@@ -215,7 +222,7 @@ class SeparateEngines:
         self.learners = learners
         while True:
             try:
-                stats = self._push(range(len(self.handles)), "the weight sync", defer)
+                stats = self._push(range(len(self.handles)), defer)
                 self.synced = True
                 self._pending = stats.pop("pending", None)
                 return stats
@@ -240,22 +247,13 @@ class SeparateEngines:
                         if name in fault.who:
                             pending.load_into(handle, name)
 
-    def _push(self, indices: Any, phase: str, defer: bool = False) -> dict[str, Any]:
-        """The current policy (or adapter) into engines `indices`; the push's stats (with `defer`,
-        maybe the loads left running: `pending`)."""
-        import time
-
-        import ray
-
+    def _push(self, indices: Any, defer: bool = False) -> dict[str, Any]:
+        """The current policy (or adapter: the row's payload) into engines `indices`; the push's
+        stats (with `defer`, maybe the loads left running: `pending`)."""
         indices = list(indices)
-        handles, names = [self.handles[i] for i in indices], [self.names[i] for i in indices]
-        if self.adapter is None:
-            return self.learners.push_weights(self.transport.name, handles, self.rollout.sync_bucket_mib,
-                                              self.timeout, names, defer)[0]
-        t0 = time.perf_counter()  # only the LoRA adapter, from learner rank 0 through the object store
-        files = ray.put(self.learners.adapter_files(self.timeout))
-        sizes = wait_all([h.load_adapter.remote(files) for h in handles], names, phase, self.timeout)
-        return {"bytes": sizes[0], "seconds": time.perf_counter() - t0}
+        request = SyncRequest(self.transport, [self.handles[i] for i in indices], [self.names[i] for i in indices],
+                              self.rollout.sync_bucket_mib, self.timeout, defer)
+        return self.learners.push_weights(request)[0]
 
     def sequence_logprobs(self, sequences: list[Any]) -> list[list[list[float]]]:
         """Each engine's `RolloutWorker.sequence_logprobs` (the sync check)."""
@@ -296,7 +294,8 @@ class SeparateEngines:
                 if not self.transport.rejoinable:
                     raise FaultError(f"{fault}; a restarted engine cannot rejoin the weight sync, so engines are "
                                      f"not restarted with rollout.sync: {self.transport.name} "
-                                     f"({names(rejoinable=True, colocated=False)} restarts them)") from fault
+                                     f"({names(rejoinable=True, colocated=False, payload='weights')} restarts "
+                                     "them)") from fault
             try:
                 for i in bad:
                     ray.kill(self.handles[i], no_restart=True)
@@ -304,7 +303,7 @@ class SeparateEngines:
                     self.restarts[i] += 1
                 self._started(bad, "its restart")
                 if push and self.synced:
-                    self._push(bad, "the weight sync")
+                    self._push(bad)
                     if self._pending is not None:  # a deferred sync's loads into the replaced engines: superseded
                         self._pending.without(self.names[i] for i in bad)
                 break
@@ -352,9 +351,8 @@ class ColocatedEngines:
     the actors."""
 
     def __init__(self, learners: LearnerGroup, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo,
-                 seed: int):
-        self.learners, self.timeout = learners, rollout.sync_timeout_s or None
-        self.transport = sync_transport(rollout, device)
+                 seed: int, transport: Transport):
+        self.learners, self.timeout, self.transport = learners, rollout.sync_timeout_s or None, transport
         self.names = [f"engine {rank} (in learner {rank})" for rank in range(learners.size)]
         options = [{**worker_options(rollout, model, device, derive_seed(seed, "engine", rank, bits=31)),
                     "index": rank, "cut_off_s": None} for rank in range(learners.size)]  # the learner's watch is theirs
@@ -374,7 +372,7 @@ class ColocatedEngines:
 
     def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]:
         """Every rank loads its own engine (a colocated transport: nothing to defer); rank 0's stats."""
-        return learners.push_weights(self.transport.name, timeout_s=self.timeout)[0]
+        return learners.push_weights(SyncRequest(self.transport, timeout_s=self.timeout))[0]
 
     def sequence_logprobs(self, sequences: list[Any]) -> list[list[list[float]]]:
         return self.learners.engine_sequence_logprobs(sequences, self.timeout)

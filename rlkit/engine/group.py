@@ -16,6 +16,7 @@ from rlkit.engine.calls import name_actor, unwatch_nodes, wait_all, watch_nodes
 from rlkit.engine.learner import LearnerSpec
 from rlkit.engine.objective import FitResult, MicroBatch, Objective, StepMetrics
 from rlkit.engine.placement import actor_resources, placement_group, worker_env
+from rlkit.transports import SyncRequest
 
 SLACK_S = 30.0  # extra wait for a learner whose engine calls each have the timeout
 
@@ -80,19 +81,13 @@ class LearnerGroup:
 
     # ------------------------------------------------------------------ weights
 
-    def push_weights(self, transport: str, engines: Any = None, bucket_mib: float = 256.0,
-                     timeout_s: float | None = None, names: list[str] | None = None,
-                     defer: bool = False) -> list[dict[str, Any] | None]:
-        """Current policy -> the rollout engines by `transport` (`rlkit.transports`): see
+    def push_weights(self, request: SyncRequest) -> list[dict[str, Any] | None]:
+        """Current policy -> the rollout engines as `request` asks (`rlkit.transports`): see
         `Learner.push_weights`. Each rank's `SyncStats` dict (None on the ranks that only take part
-        in ZeRO-3 gathers). Each engine call may take `timeout_s` (a `FaultError` naming the
-        engine); the learners get `SLACK_S` more, so a hung engine is named before its learner."""
-        return self._timed("push_weights", "the weight sync", timeout_s and timeout_s + SLACK_S,
-                           transport, engines, bucket_mib, timeout_s, names, defer)
-
-    def adapter_files(self, timeout_s: float | None = None) -> dict[str, bytes]:
-        """Rank 0's `Learner.adapter_files` (all ranks take part, for ZeRO-3)."""
-        return self._timed("adapter_files", "the adapter sync", timeout_s)[0]
+        in ZeRO-3 gathers). Each engine call may take the request's `timeout_s` (a `FaultError`
+        naming the engine); the learners get `SLACK_S` more, so a hung engine is named before its learner."""
+        limit = request.timeout_s and request.timeout_s + SLACK_S
+        return self._timed("push_weights", "the weight sync", limit, request)
 
     def sequence_logprobs(self, sequences: list[list[int]], pixels: dict[str, Any] | None = None) -> list[list[float]]:
         """Rank 0's `Learner.sequence_logprobs` (all ranks take part, for ZeRO-3)."""

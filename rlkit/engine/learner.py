@@ -23,6 +23,7 @@ import torch
 from rlkit import faults
 from rlkit.config import DeepSpeedConfig, LoraConfig, ModelConfig, OptimConfig, QuantConfig
 from rlkit.engine.objective import LOGPROB_SOURCES, FitResult, MicroBatch, Objective, StepMetrics, accumulate
+from rlkit.transports import SyncRequest
 
 
 @dataclass(frozen=True)
@@ -269,41 +270,39 @@ class Learner:
         return iter_named_weights(self.engine.module, self.spec.deepspeed.zero_stage,
                                   lora_merge=self.spec.finetuning != "full", all_ranks=all_ranks)
 
-    def push_weights(self, transport: str, engines: Any = None, bucket_mib: float = 256.0,
-                     timeout_s: float | None = None, names: list[str] | None = None,
-                     defer: bool = False) -> dict | None:
-        """Send the current policy (LoRA merged) to the rollout engines by `transport` (a row of
-        `rlkit.transports`). A colocated transport loads each rank's own engine (every rank
-        gathers); otherwise rank 0 sends to `engines` (actor handles, `names` theirs in errors)
-        while the other ranks take part in the ZeRO-3 gathers and return None. Rank 0 returns the
-        `SyncStats` as a dict. An engine call over `timeout_s`, or an engine that died, is an
-        `ActorFault` naming the engine, raised after rank 0 has gone through the remaining gathers,
-        so the other ranks are not left waiting in one and the push can be retried. With `defer`
-        (a deferrable transport) the engines' loads may be left running: the stats then carry
-        `pending` (`PendingLoads`), for the driver to wait on."""
+    def push_weights(self, request: SyncRequest) -> dict | None:
+        """Send the current policy to the rollout engines as `request` asks (`rlkit.transports`):
+        its row's payload, every weight (LoRA merged) or the adapter's files. A colocated row loads
+        each rank's own engine (every rank gathers); otherwise rank 0 sends to the request's
+        engines while the other ranks take part in the ZeRO-3 gathers and return None. Rank 0
+        returns the `SyncStats` as a dict. An engine call over the request's limit, or an engine
+        that died, is an `ActorFault` naming the engine, raised after rank 0 has gone through the
+        remaining gathers, so the other ranks are not left waiting in one and the push can be
+        retried. With `defer` (a deferrable row) the engines' loads may be left running: the
+        stats then carry `pending` (`PendingLoads`), for the driver to wait on."""
         from rlkit.engine.weight_sync import SyncTarget, open_transport
-        from rlkit.transports import TRANSPORTS
 
-        kind = TRANSPORTS[transport]
+        kind = request.transport
         if kind.colocated:
             return self.colocated.load_weights(kind, self._named_weights(all_ranks=True))
-        named = self._named_weights()
+        payload = self._adapter_files() if kind.payload == "adapter" else self._named_weights()
         if self.rank != 0:
-            for _ in named:  # take part in the gathers
+            for _ in payload or ():  # take part in the gathers (the adapter's: already taken)
                 pass
             return None
         try:
-            sync = self._transports.get(transport) or open_transport(kind, SyncTarget(
-                engines, bucket_mib, timeout_s, names, self.engine.device, self.device_info.weight_sync_backend))
+            sync = self._transports.get(kind.name) or open_transport(kind, SyncTarget(
+                request.engines, request.bucket_mib, request.timeout_s, request.names, self.engine.device,
+                self.device_info.weight_sync_backend))
             if kind.persistent:
-                self._transports[transport] = sync
-            return sync.push(named, defer and kind.deferrable).as_dict()
+                self._transports[kind.name] = sync
+            return sync.push(payload, request.defer and kind.deferrable).as_dict()
         except Exception:
-            for _ in named:  # the gathers the other ranks are in (none after a failed gather)
+            for _ in payload:  # the gathers the other ranks are in (none after a failed gather)
                 pass
             raise
 
-    def adapter_files(self) -> dict[str, bytes] | None:
+    def _adapter_files(self) -> dict[str, bytes] | None:
         """The LoRA adapter alone, as the files of a peft adapter directory (what
         `RolloutWorker.load_adapter` takes); rank 0 returns them, the other ranks take part in the
         ZeRO-3 gather and return None."""

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlkit.config import ModelConfig, RolloutConfig
+from rlkit.config import ModelConfig
+from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.errors import FaultError
 
 if TYPE_CHECKING:
     from rlkit.engine.engines import RolloutEngines
     from rlkit.engine.group import LearnerGroup
+    from rlkit.transports import Transport
 
 
 @dataclass(frozen=True)
@@ -48,14 +50,16 @@ class SyncTolerance:
     statistic: str
 
 
-def sync_check_tol(rollout: RolloutConfig, model: ModelConfig, quantized_learner: bool = False) -> SyncTolerance:
+def sync_check_tol(rollout: RolloutConfig, model: ModelConfig, transport: Transport,
+                   quantized_learner: bool = False) -> SyncTolerance:
     """`rollout.sync_check_tol` (or its default) and the statistic it bounds: the largest
     difference for fp32 models (default 1e-3 nats), the mean one for bf16/fp16 models (default
     0.2 nats: SmolLM2-135M in bf16 on CPU measured 0.58 nats on its worst token at the start,
     before any training, and means of 0.046-0.058 over its first syncs), the largest one and 2.0
-    when the learner's base is 4-bit and the engines' is not (QLoRA with adapter sync: the gap is
-    the quantization, 0.4 nats on the tiny model)."""
-    if quantized_learner and rollout.lora_sync == "adapter":
+    when the learner's base is 4-bit and the engines' is not (QLoRA whose `transport` moves the
+    adapter alone, so the engines keep model.path's base: the gap is the quantization, 0.4 nats
+    on the tiny model)."""
+    if quantized_learner and transport.payload == "adapter":
         return SyncTolerance(rollout.sync_check_tol or 2.0, "max")
     if model.dtype == "fp32":
         return SyncTolerance(rollout.sync_check_tol or 1e-3, "max")

@@ -14,6 +14,8 @@ side, `open(target)` then `push(named, defer) -> SyncStats`):
   on CPU).
 - `InProcessSync`: learner and engine share a process; the iterator is handed straight to
   the engine's `reload_weights`.
+- `AdapterSync` (`rollout.lora_sync: adapter`): the LoRA adapter's files alone, one object in the
+  store, loaded by every engine as a new adapter version over the base it started with.
 
 Every engine call of a push waits at most `timeout_s` (`rollout.sync_timeout_s`), then a
 `FaultError` names the engine (see `engine/calls.py`).
@@ -199,6 +201,23 @@ class InProcessSync:
             buckets += 1
         self.worker.reset_prefix_cache()
         return SyncStats(counter.tensors, counter.bytes, buckets, time.perf_counter() - start)
+
+
+class AdapterSync(_Engines):
+    """The adapter row's engine side: the files of a peft adapter directory (the learner's payload
+    for this row), put once in the Ray object store and loaded by every engine as a new adapter
+    version (`RolloutWorker.load_adapter`); the engines keep the base weights they started with."""
+
+    @classmethod
+    def open(cls, target: SyncTarget) -> AdapterSync:
+        return cls(target.engines, target.timeout_s, target.names)
+
+    def push(self, files: dict[str, bytes], defer: bool = False) -> SyncStats:
+        import ray
+
+        start, ref = time.perf_counter(), ray.put(files)
+        received = self.wait([e.load_adapter.remote(ref) for e in self.engines])
+        return SyncStats(len(files), received[0], 1, time.perf_counter() - start)
 
 
 class BroadcastSync(_Engines):

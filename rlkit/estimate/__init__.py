@@ -6,13 +6,14 @@ No weights are loaded: a 32B model is estimated on a laptop. Per process kind (a
 rollout engine, a colocated learner + engine), the memory by part, then a verdict for one device
 of the hardware given, and the changes that make a plan that does not fit fit.
 
-`arch.py` reads the model, `memory.py` models the processes, `plan.py` says what fits and what
-would make it fit.
+`arch.py` reads the model, `memory.py` models the processes (a learner rank, an engine, one that
+hosts the other) that each stage's memory model (`sft/memory.py`, `grpo/memory.py`, named by
+its row in `rlkit.stages`) puts together, `plan.py` says what fits and what would make it fit.
 """
 
 from rlkit.estimate.arch import PUBLISHED, Arch, model_config
-from rlkit.estimate.memory import GIB, Hardware, Process, estimate, model_states, verdicts
+from rlkit.estimate.memory import GIB, Hardware, MemoryModel, Process, estimate, model_states, verdicts
 from rlkit.estimate.plan import check_before_launch, fixes, report
 
-__all__ = ["GIB", "PUBLISHED", "Arch", "Hardware", "Process", "check_before_launch", "estimate",
+__all__ = ["GIB", "PUBLISHED", "Arch", "Hardware", "MemoryModel", "Process", "check_before_launch", "estimate",
            "fixes", "model_config", "model_states", "report", "verdicts"]

@@ -16,7 +16,7 @@ section 3: 2 + 2 + 12 bytes per parameter in mixed precision):
   `engine/logprobs.py` scores 2**26 logits elements at a time), x (bytes(dtype) + 12): the chunk's
   logits, their fp32 copy, the scaled copy and the fp32 gradient;
 - GRPO with beta > 0 and full fine-tuning: a frozen reference copy in the model dtype (not sharded);
-- distillation: the frozen teacher, whole, and with `loss: jsd` its chunk of logits (model dtype
+- distillation (`grpo/memory.py`): the frozen teacher, whole, and with `loss: jsd` its chunk of logits (model dtype
   + the fp32 log-softmax and its exp, no gradient);
 - a fixed 1 GiB for the CUDA / CANN context and the allocator's slack.
 Per rollout engine (tensor parallel t): the weights / t; the KV cache for its share of the step's
@@ -32,13 +32,13 @@ its weights and KV cache), and while it generates the learner's resident state p
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rlkit.errors import UserError
-from rlkit.estimate.arch import Arch, model_config
+from rlkit.estimate.arch import Arch
 
 GIB = 2**30
 CONTEXT = 1.0 * GIB  # CUDA / CANN context and allocator slack per process on an accelerator
@@ -110,52 +110,59 @@ class Process:
         return sum(self.parts.values())
 
 
-def estimate(cfg: Any, stage: str, arch: Arch, hardware: Hardware | None = None) -> list[Process]:
-    """The processes of the plan, with their memory by part."""
-    width = width_bytes(cfg.model.dtype, hardware)
-    ctx = CONTEXT if hardware is not None else 0.0
-    if stage == "sft":
-        t = cfg.train
-        learner = _learner(cfg, arch, width, t.num_learners, t.micro_batch_size * cfg.data.cutoff_len, ctx,
-                           reference=False)
-        return [learner]
-    g, r = cfg.grpo, cfg.rollout
-    seq = r.max_model_len
-    learner = _learner(cfg, arch, width, g.num_learners, g.micro_batch_size * seq, ctx,
-                       reference=g.beta > 0 and cfg.finetuning == "full",
-                       sync_bytes=0.0 if r.colocate else r.sync_bucket_mib * 2**20)
-    teacher = None
-    if getattr(cfg, "distill", None) is not None:  # the frozen teacher, whole
-        d = cfg.distill
-        t_arch, t_width = Arch.from_config(*model_config(d.teacher.path)), width_bytes(d.teacher.dtype, hardware)
-        logits = min(g.micro_batch_size * seq * t_arch.vocab, LOGITS_CHUNK) * (t_width + 8)  # no gradient
-        if d.placement == "actor":  # its own process: weights, one chunk of logits, the context
-            teacher = Process("teacher", 1, {"parameters": t_arch.params * t_width, "logits": logits, "context": ctx})
-        else:  # beside each learner rank
-            last = [k for k in learner.parts if k == "context" or k.startswith("runtime")]
-            parts = {k: v for k, v in learner.parts.items() if k not in last}
-            parts["teacher copy"] = t_arch.params * t_width
-            if d.loss == "jsd":  # the teacher's chunk of logits beside the student's
-                parts["teacher logits"] = logits
-            learner = dataclasses.replace(learner, parts={**parts, **{k: learner.parts[k] for k in last}})
-    engines = 1 if r.colocate else r.num_engines
-    seqs = math.ceil(g.prompts_per_step * g.group_size / (g.num_learners if r.colocate else engines))
-    engine = _engine(arch, width, r, seqs, ctx)
-    if not r.colocate:
-        return [learner, engine] + ([teacher] if teacher is not None else [])
-    resident = {k: v for k, v in learner.parts.items() if k in ("parameters", "gradients", "optimizer state",
-                                                                 "reference copy", "teacher copy", "context")}
+@dataclass(frozen=True)
+class MemoryModel:
+    """A stage's plan as processes (its package defines one; its row in `rlkit.stages` names it):
+    `processes(cfg, arch, hardware)` (hardware None: on a CPU) built from `learner_process`,
+    `engine_process` and `colocated`; the devices it takes; `changes`, each `(cfg, hardware) ->
+    (what to write, the changed config)` or None, the stage's own single changes that may make a
+    plan fit (`plan.fixes` adds the ones every stage shares); `context`, the key whose tokens
+    bound a sequence (the report says image tokens count inside it)."""
+
+    processes: Callable[[Any, Arch, Hardware | None], list[Process]]
+    devices: Callable[[Any], int]
+    changes: tuple[Callable[[Any, Hardware], tuple[str, Any] | None], ...]
+    context: str
+
+
+def estimate(cfg: Any, memory: MemoryModel, arch: Arch, hardware: Hardware | None = None) -> list[Process]:
+    """The processes of the plan (a recipe `cfg` of the stage whose model `memory` is), with
+    their memory by part."""
+    return memory.processes(cfg, arch, hardware)
+
+
+def devices_needed(cfg: Any, memory: MemoryModel) -> int:
+    return memory.devices(cfg)
+
+
+def context_bytes(hardware: Hardware | None) -> float:
+    """The device context a process holds (none on a CPU: the runtime parts count it there)."""
+    return CONTEXT if hardware is not None else 0.0
+
+
+def with_keys(cfg: Any, section: str, **values: Any) -> Any:
+    """`cfg` with these keys of its `section` changed (a config's own rules checked again)."""
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)})
+
+
+RESIDENT = ("parameters", "gradients", "optimizer state", "reference copy", "teacher copy", "context")
+
+
+def colocated(learner: Process, engine: Process, sleep: bool, hardware: Hardware | None) -> Process:
+    """A learner rank that hosts its engine: the larger of its peak while training (with the
+    engine's memory too unless `sleep` frees it, which it does on an accelerator) and while
+    generating (what the learner keeps resident, plus the engine)."""
+    resident = {k: v for k, v in learner.parts.items() if k in RESIDENT}
     training = dict(learner.parts)
     generating = {**{f"learner {k}": v for k, v in resident.items()},
                   **{f"engine {k}": v for k, v in engine.parts.items() if k != "context"}}
-    if not r.sleep or hardware is None:  # the engine keeps its memory while the learner trains
+    if not sleep or hardware is None:  # the engine keeps its memory while the learner trains
         training.update({f"engine {k}": v for k, v in engine.parts.items() if k != "context"})
     peak = training if sum(training.values()) >= sum(generating.values()) else generating
     when = "training" if peak is training else "generating"
-    return [Process("colocated learner + engine", g.num_learners, peak, learner.host,
-                    note=f"peak while {when}; the other phase: "
-                         f"{gib(sum((generating if peak is training else training).values()))}")] + \
-        ([teacher] if teacher is not None else [])
+    return Process("colocated learner + engine", learner.count, peak, learner.host,
+                   note=f"peak while {when}; the other phase: "
+                        f"{gib(sum((generating if peak is training else training).values()))}")
 
 
 def width_bytes(dtype: str, hardware: Hardware | None) -> int:
@@ -195,8 +202,8 @@ def model_states(params: float, trainable: float, width: int, n: int, zero: int,
     return device, host
 
 
-def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, reference: bool,
-             sync_bytes: float = 0.0) -> Process:
+def learner_process(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, reference: bool,
+                    sync_bytes: float = 0.0) -> Process:
     z, ds = cfg.deepspeed.zero_stage, cfg.deepspeed
     total = arch.params
     v, m = arch.vision, cfg.model
@@ -245,7 +252,7 @@ def _learner(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: float, 
     return Process("learner rank", n, parts, host)
 
 
-def _engine(arch: Arch, width: int, r: Any, seqs: int, ctx: float) -> Process:
+def engine_process(arch: Arch, width: int, r: Any, seqs: int, ctx: float) -> Process:
     t = r.tensor_parallel_size
     kv = seqs * r.max_model_len * arch.kv_bytes_per_token(width) / t
     if not ctx:  # a CPU engine allocates rollout.kv_cache_gib (whole GiB, at least 1: VLLM_CPU_KVCACHE_SPACE)
@@ -267,14 +274,6 @@ def _engine(arch: Arch, width: int, r: Any, seqs: int, ctx: float) -> Process:
     parts["context" if ctx else "runtime (CPU)"] = ctx or CPU_RUNTIME
     return Process("rollout engine", r.num_engines, parts, budget=r.gpu_memory_utilization,
                    note=f"{seqs} sequences x max_model_len {r.max_model_len}")
-
-
-def devices_needed(cfg: Any, stage: str) -> int:
-    if stage == "sft":
-        return cfg.train.num_learners
-    r, distill = cfg.rollout, getattr(cfg, "distill", None)
-    teacher = 1 if distill is not None and distill.placement == "actor" else 0  # the teacher's own device
-    return cfg.grpo.num_learners + (0 if r.colocate else r.num_engines * r.tensor_parallel_size) + teacher
 
 
 def verdicts(processes: list[Process], hardware: Hardware) -> list[tuple[Process, bool, float]]:

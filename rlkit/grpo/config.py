@@ -13,9 +13,9 @@ from rlkit.config import (
     EvalConfig,
     ModelConfig,
     OptimConfig,
-    RolloutConfig,
     StageConfig,
 )
+from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.advantages import ADVANTAGES
 from rlkit.grpo.correction import CorrectionMode
 from rlkit.grpo.loss import ISLevel, KLKind, LossType, SoftGates
@@ -229,6 +229,9 @@ class GRPOConfig(StageConfig):
         *StageConfig.RESUME_FIXED, "grpo.prompts_per_step", "grpo.group_size", "grpo.num_learners",
         "grpo.micro_batch_size", "grpo.mini_batches", "grpo.max_staleness")
 
+    def models(self) -> dict[str, ModelConfig]:
+        return {**super().models(), **({"distill.teacher": self.distill.teacher} if self.distill else {})}
+
     def __post_init__(self):
         super().__post_init__()
         check(not (self.ray.resources.engine and self.rollout.colocate), "ray.resources.engine",
@@ -249,10 +252,6 @@ class GRPOConfig(StageConfig):
         if self.rollout.lora_sync == "adapter":
             check(self.finetuning != "full", "rollout.lora_sync",
                   "adapter sync sends a LoRA adapter: it needs finetuning: lora or qlora (use merged)")
-            check(not self.rollout.colocate, "rollout.lora_sync",
-                  "adapter sync runs with separate engines for now; use merged with colocate: true")
-            check(self.rollout.sync in ("auto", "object_store"), "rollout.sync",
-                  "the adapter goes through the Ray object store: use sync: auto with lora_sync: adapter")
             check(self.lora is None or self.lora.r <= 512, "lora.r", f"vLLM serves LoRA ranks up to 512, "
                                                                    f"got {self.lora and self.lora.r}")
             unserved = sorted({"lm_head", "embed_tokens"} & set(self.lora.target_modules if self.lora else ()))

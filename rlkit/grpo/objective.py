@@ -24,9 +24,9 @@ from typing import Any
 
 from torch import Tensor
 
-from rlkit.config import RolloutConfig
 from rlkit.distill.loss import generalized_jsd, reverse_kl_advantages
 from rlkit.engine.logprobs import completion_states, token_logprobs
+from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.correction import off_policy_mask, rollout_correction
 from rlkit.grpo.loss import SoftGates, policy_loss

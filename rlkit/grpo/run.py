@@ -46,6 +46,7 @@ from rlkit.grpo.batch import GRPOBatch, expand_forks, plan_micro_batches, plan_t
 from rlkit.grpo.config import GRPOConfig
 from rlkit.grpo.difficulty import OnlineDifficulty
 from rlkit.grpo.experience import Experience, Generation, advantages, collect, evaluate, start_generation
+from rlkit.grpo.memory import MEMORY
 from rlkit.grpo.objective import GRPOObjective
 from rlkit.grpo.task import Task, load_task, recipe_dir
 from rlkit.rundir import RunDir
@@ -83,13 +84,13 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     from rlkit.accel import detect
     from rlkit.distill.teacher import check_distill, check_teacher_node
     from rlkit.engine.cluster import ship_by_value
-    from rlkit.engine.engines import AdapterServing, start_engines, sync_transport
+    from rlkit.engine.engines import start_engines, sync_transport
     from rlkit.engine.serving import check_engines
 
     g = cfg.grpo
     device = detect(cfg.device)
-    sync_transport(cfg.rollout, device)  # one that runs on this device
-    cfg = prepare_inputs(cfg, device, "grpo", checks=[check_packing, check_engines, check_distill],
+    transport = sync_transport(cfg.rollout, device)  # one that runs on this device, resolved once
+    cfg = prepare_inputs(cfg, device, MEMORY, checks=[check_packing, check_engines, check_distill],
                          learners=cfg.grpo.num_learners)
     task = load_task(cfg.model, cfg.data, cfg.rewards, g.reward_default, recipe_dir(recipe_path), cfg.seed,
                      cfg.rollout, on_cpu=not device.is_accelerator)
@@ -114,8 +115,8 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
             if shipped:
                 run.announce("rlkit grpo: reward modules go to the Ray workers by value (they are not installed "
                              f"there): {', '.join(shipped)}")
-            adapter = AdapterServing(cfg.lora.r) if cfg.rollout.lora_sync == "adapter" else None
-            engines = start_engines(cfg.rollout, cfg.model, device, cfg.ray, learners, cfg.seed, adapter)
+            engines = start_engines(cfg.rollout, cfg.model, device, cfg.ray, learners, cfg.seed, transport,
+                                    cfg.lora.r if cfg.lora else 0)
             teacher = None
             if cfg.distill is not None and not beside:  # the teacher in its own actor
                 from rlkit.distill.teacher import TeacherActor
@@ -125,11 +126,11 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
             if task.agent is not None:  # multi-turn: a weight sync waits for the turn loops in flight
                 engines = task.agent.bind(engines)
             try:
-                step, _ = run.resume(learners, sampler)
+                resumed = run.resume(learners, sampler)
+                step, saved = resumed.step, (resumed.payload or {}).get("generations", [])
                 if step:
                     engines.sync_from(learners)  # engines start from model.path: give them the resumed policy
-                saved = (run.resume_payload() or {}).get("generations", [])
-                with closing(run.logger(cfg.logging, g.steps, step)) as logger, run.stop_on_signals():
+                with closing(run.logger(cfg.logging, g.steps, step)) as logger, run.stops.caught():
                     _train(cfg, task, sampler, run, learners, engines, logger, step, saved, teacher)
                 return run.save_final(learners, cfg.model.tokenizer or cfg.model.path, dir_bytes(cfg.model.path))
             finally:
@@ -230,7 +231,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir,
         _log_examples(cfg, task, logger, step, exp, adv)                          # rollouts.jsonl
         if run.checkpoint_due(step, cfg.checkpoint.every):                       # + the generations in flight
             run.checkpoint(step, learners, sampler.state_dict(), payload={"generations": ahead.state()})
-        run.stop_if_signalled(step)                                               # SIGTERM: stop here
+        run.stops.stop_if_signalled(step)                                               # SIGTERM: stop here
 
 
 def _shards(batch: GRPOBatch, g: Any, seed: int) -> list[Any]:
@@ -305,7 +306,7 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: RolloutEngines, learners: 
     t0 = time.perf_counter()
     probe = task.probe(task.rows[:1] + task.eval_rows[:1])
     when = "at the start" if step == 0 else f"after step {step}"
-    tol = sync_check_tol(cfg.rollout, cfg.model, quantized_learner=cfg.finetuning == "qlora")
+    tol = sync_check_tol(cfg.rollout, cfg.model, engines.transport, quantized_learner=cfg.finetuning == "qlora")
     largest, mean = sync_check(engines, learners, probe, tol, when)
     return {"sync/check_abs_diff_max": largest, "sync/check_abs_diff_mean": mean,
             "time/sync_check": time.perf_counter() - t0}

@@ -10,7 +10,8 @@ from typing import Any
 
 from rlkit.agent.program import program_reward
 from rlkit.agent.tools import environment_rewards, load_environments, load_interaction, load_tools
-from rlkit.config import DataConfig, ModelConfig, RolloutConfig
+from rlkit.config import DataConfig, ModelConfig
+from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.errors import ConfigError, DataError
 from rlkit.reward import RewardScorer, RewardSpec
 

@@ -28,6 +28,7 @@ from rlkit.engine.objective import MicroBatch
 from rlkit.engine.perf import perf_metrics
 from rlkit.rundir import RunDir
 from rlkit.sft.config import SFTConfig, SFTDataConfig, SFTEvalConfig
+from rlkit.sft.memory import MEMORY
 from rlkit.sft.objective import NLLObjective
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     from rlkit.models import load_image_inputs, load_tokenizer
 
     device = detect(cfg.device)
-    cfg = prepare_inputs(cfg, device, "sft", checks=[check_packing], learners=cfg.train.num_learners)
+    cfg = prepare_inputs(cfg, device, MEMORY, checks=[check_packing], learners=cfg.train.num_learners)
     tokenizer = load_tokenizer(cfg.model)
     data = load_sft_data(cfg.data, tokenizer, cfg.seed, load_image_inputs(cfg.model, tokenizer))
     t = cfg.train
@@ -201,11 +202,11 @@ def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     spec = learner_spec(cfg, t.micro_batch_size, t.grad_accum, total)
     learners_wanted = learner_demand(cfg, t.num_learners, device, "train.num_learners")
     with run.session(), learner_group(cfg, spec, t.num_learners, device, [learners_wanted]) as learners:
-        step, saved = run.resume(learners, sampler)
-        stopping = EarlyStopping(**saved)
+        resumed = run.resume(learners, sampler)
+        step, stopping = resumed.step, EarlyStopping(**resumed.driver)
         logger = run.logger(cfg.logging, total, step)
         try:
-            with run.stop_on_signals():
+            with run.stops.caught():
                 step = _train(cfg, run, learners, sampler, data, stopping, logger, step, total)
         finally:
             logger.close()
@@ -254,7 +255,7 @@ def _train(cfg: SFTConfig, run: RunDir, learners: LearnerGroup, sampler: Curricu
         if run.checkpoint_due(step, cfg.checkpoint.every, also=stop):
             protect = {stopping.best_step} if stopping.best_step is not None else set()
             run.checkpoint(step, learners, sampler.state_dict(), stopping.state(), protect)
-        run.stop_if_signalled(step)
+        run.stops.stop_if_signalled(step)
         if stop:
             log.warning("early stopping at step %d: eval loss has not improved for %d evals",
                         step, cfg.eval.patience)

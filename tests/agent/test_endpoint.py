@@ -244,7 +244,7 @@ def test_what_cannot_run_is_one_line_before_launch(tok, tmp_path):
     import socket
 
     from rlkit.agent.program import load_program
-    from rlkit.config import RolloutConfig
+    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.errors import ConfigError
 
     with pytest.raises(ConfigError, match="program.*not with tools"):

@@ -151,7 +151,7 @@ def test_the_calculator_knows_how_many_tokens_the_cpu_kv_caches_hold(tmp_path):
     import json
 
     from rlkit.agent.calculator import kv_cache_tokens
-    from rlkit.config import RolloutConfig
+    from rlkit.engine.rollout_config import RolloutConfig
 
     config = {  # SmolLM2-135M's shape: 23040 bytes of bf16 KV a token
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "num_hidden_layers": 30,

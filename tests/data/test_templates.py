@@ -139,8 +139,7 @@ def test_the_shipped_alpaca_chat_template_gives_the_training_prompt(tokenizer, b
 def test_ship_template_writes_the_alpaca_one_and_keeps_a_chat_one(tokenizer, tmp_path):
     from transformers import AutoTokenizer
 
-    from rlkit.data.templates import ALPACA_CHAT_TEMPLATE
-    from rlkit.rundir import ship_template
+    from rlkit.data.templates import ALPACA_CHAT_TEMPLATE, ship_template
 
     for template, want in (("alpaca", ALPACA_CHAT_TEMPLATE), ("chat", tokenizer.chat_template)):
         tokenizer.save_pretrained(tmp_path / template)

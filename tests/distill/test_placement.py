@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.config import ModelConfig, RolloutConfig
+from rlkit.config import ModelConfig
+from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.config import DistillConfig, GRPOAlgoConfig
 from rlkit.grpo.objective import GRPOObjective
 from tests.helpers import ROOT
@@ -43,12 +44,12 @@ def test_the_estimate_gives_an_actor_teacher_its_own_device():
     beside, apart = (stages.load("distill", recipe, [f"distill.placement={p}"]) for p in ("learner", "actor"))
     arch = estimate.Arch.from_config(*estimate.model_config(beside.model.path))
     hw = Hardware.parse("8xA100-80G")
-    kinds = {p.kind: p for p in estimate.estimate(apart, "grpo", arch, hw)}
-    learner = {p.kind: p for p in estimate.estimate(beside, "grpo", arch, hw)}["learner rank"]
+    kinds = {p.kind: p for p in estimate.estimate(apart, stages.memory("grpo"), arch, hw)}
+    learner = {p.kind: p for p in estimate.estimate(beside, stages.memory("grpo"), arch, hw)}["learner rank"]
     assert set(kinds) == {"learner rank", "rollout engine", "teacher"} and kinds["teacher"].count == 1
     assert "teacher copy" in learner.parts and "teacher copy" not in kinds["learner rank"].parts
     assert kinds["teacher"].parts["parameters"] == learner.parts["teacher copy"]  # the 7B teacher, bf16, whole
-    assert devices_needed(apart, "grpo") == devices_needed(beside, "grpo") + 1 == 9
+    assert devices_needed(apart, stages.memory("grpo")) == devices_needed(beside, stages.memory("grpo")) + 1 == 9
 
 
 def test_a_teacher_node_outside_the_cluster_is_one_line(monkeypatch):

@@ -154,9 +154,10 @@ def learner_estimate(cfg, stage: str, model_dir: Path):
     """`rlkit estimate`'s learner process for `cfg` on 1xH100, and its total less the "context"
     (the CUDA context and allocator slack, which torch's allocator never counts)."""
     from rlkit import estimate as est
+    from rlkit import stages
 
     arch = est.Arch.from_config(*est.model_config(str(model_dir)))
-    learner = est.estimate(cfg, stage, arch, est.Hardware.parse("1xH100"))[0]
+    learner = est.estimate(cfg, stages.memory(stage), arch, est.Hardware.parse("1xH100"))[0]
     return learner, learner.total - learner.parts.get("context", 0.0)
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.config import ModelConfig, RolloutConfig
+from rlkit.config import ModelConfig
 from rlkit.engine.objective import MicroBatch
+from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.batch import GRPOBatch, Rollout
 from rlkit.grpo.config import DistillConfig, GRPOAlgoConfig
 from rlkit.grpo.loss import LOSS_TYPES

@@ -35,6 +35,18 @@ def test_grpo_placement_and_sync_rules(tmp_path):
         sync_transport(stages.load("grpo", r, ["rollout.sync=broadcast"]).rollout, cpu)
     with pytest.raises(ConfigError, match="eval.samples_per_prompt: must be >= 1, got 0"):
         stages.load("grpo", r, ["eval.samples_per_prompt=0"])
+    # a LoRA adapter alone is the adapter row's payload: resolved from lora_sync, never named by rollout.sync
+    lora = ["finetuning=lora", "lora.r=8", "rollout.lora_sync=adapter"]
+    assert sync_transport(stages.load("grpo", r, lora).rollout, cpu).payload == "adapter"
+    assert sync_transport(stages.load("grpo", r, [*lora, "rollout.sync=object_store"]).rollout, cpu).name == "adapter"
+    with pytest.raises(ConfigError, match=r"rollout.lora_sync: adapter sync runs with separate engines for now; use "
+                                          r"merged with colocate: true$"):
+        stages.load("grpo", r, [*lora, "rollout.colocate=true"])
+    with pytest.raises(ConfigError, match=r"rollout.sync: with lora_sync: adapter, the sync is the LoRA adapter "
+                                          r"alone through the Ray object store, .*: use sync: auto$"):
+        stages.load("grpo", r, [*lora, "rollout.sync=broadcast"])
+    with pytest.raises(ConfigError, match=r"rollout.sync: .*'adapter'"):
+        stages.load("grpo", r, ["rollout.sync=adapter"])
 
 
 class _Scores:
@@ -92,13 +104,17 @@ def test_half_precision_sync_check_bounds_the_mean_gap():
 
 
 def test_sync_check_tolerance_follows_the_model_dtype():
-    from rlkit.config import ModelConfig, RolloutConfig
+    from rlkit.config import ModelConfig
     from rlkit.engine.parity import SyncTolerance, sync_check_tol
+    from rlkit.engine.rollout_config import RolloutConfig
+    from rlkit.transports import TRANSPORTS
 
-    assert sync_check_tol(RolloutConfig(), ModelConfig(path="m", dtype="fp32")) == SyncTolerance(1e-3, "max")
-    assert sync_check_tol(RolloutConfig(), ModelConfig(path="m", dtype="bf16")) == SyncTolerance(0.2, "mean")
-    assert sync_check_tol(RolloutConfig(sync_check_tol=0.02), ModelConfig(path="m", dtype="bf16")) == \
+    weights, adapter = TRANSPORTS["object_store"], TRANSPORTS["adapter"]
+    assert sync_check_tol(RolloutConfig(), ModelConfig(path="m", dtype="fp32"), weights) == SyncTolerance(1e-3, "max")
+    assert sync_check_tol(RolloutConfig(), ModelConfig(path="m", dtype="bf16"), weights) == SyncTolerance(0.2, "mean")
+    assert sync_check_tol(RolloutConfig(sync_check_tol=0.02), ModelConfig(path="m", dtype="bf16"), weights) == \
         SyncTolerance(0.02, "mean")
-    fp32 = ModelConfig(path="m", dtype="fp32")  # QLoRA: only adapter sync leaves the 4-bit gap
-    assert sync_check_tol(RolloutConfig(lora_sync="adapter"), fp32, quantized_learner=True) == SyncTolerance(2.0, "max")
-    assert sync_check_tol(RolloutConfig(), fp32, quantized_learner=True) == SyncTolerance(1e-3, "max")
+    fp32 = ModelConfig(path="m", dtype="fp32")  # QLoRA: only a row that moves the adapter leaves the 4-bit gap
+    assert sync_check_tol(RolloutConfig(lora_sync="adapter"), fp32, adapter, quantized_learner=True) == \
+        SyncTolerance(2.0, "max")
+    assert sync_check_tol(RolloutConfig(), fp32, weights, quantized_learner=True) == SyncTolerance(1e-3, "max")

@@ -69,7 +69,7 @@ def _param_dtypes(learner) -> set[torch.dtype]:
 
 @pytest.mark.parametrize("zero", [0, 2, 3])
 def test_bf16_learner_trains_sft_and_grpo_at_each_zero_stage(learners, model_dir, zero):
-    from rlkit.config import RolloutConfig
+    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.batch import GRPOBatch, Rollout
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective
@@ -243,7 +243,8 @@ def test_zero3_bf16_learner_scores_with_whole_reference_and_teacher(learners, mo
     """ZeRO-3 in bf16 on CUDA with a reference and a distillation teacher: both load whole (not
     partitioned by transformers' ZeRO-3 hook), score like an fp32 HF forward of their weights
     within bf16's error, and a GRPO step with the teacher's per-token advantage stays finite."""
-    from rlkit.config import ModelConfig, RolloutConfig
+    from rlkit.config import ModelConfig
+    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.batch import GRPOBatch, Rollout
     from rlkit.grpo.config import DistillConfig, GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective
@@ -284,7 +285,8 @@ def test_zero3_bf16_learner_scores_with_whole_reference_and_teacher(learners, mo
 def test_bf16_jsd_distillation_pulls_the_student_to_the_teacher(learners, model_dir, tmp_path, zero):
     """`distill.loss: jsd` in bf16 on CUDA: the student's lm_head (partitioned under ZeRO-3) and the
     whole teacher's project chunk by chunk; on a fixed batch the divergence falls step by step."""
-    from rlkit.config import ModelConfig, RolloutConfig
+    from rlkit.config import ModelConfig
+    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.batch import GRPOBatch, Rollout
     from rlkit.grpo.config import DistillConfig, GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective

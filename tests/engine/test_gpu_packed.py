@@ -102,8 +102,8 @@ def test_packed_rows_score_and_train_as_the_padded_batch_in_fp32_and_bf16():
     GRPO loss within 1e-5, gradients within 1e-4 of their norm; in bf16 both layouts sit within
     bf16's rounding of the fp32 padded result (mean 0.02, max 0.1 nats, the bound of the learner's
     bf16 test)."""
-    from rlkit.config import RolloutConfig
     from rlkit.engine.logprobs import token_logprobs
+    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective
 
@@ -172,7 +172,7 @@ def test_a_bf16_learner_scores_and_trains_packed_micro_batches(learners, tmp_pat
     """A bf16 DeepSpeed learner (ZeRO `zero`) on packed micro-batches (`grpo.max_tokens_per_micro_batch`):
     logprobs match the padded micro-batch within bf16's rounding, the GRPO step is finite and on
     policy (ratio 1), and it moves the policy."""
-    from rlkit.config import RolloutConfig
+    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective
     from rlkit.tiny import build_tiny_model

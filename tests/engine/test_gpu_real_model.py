@@ -118,7 +118,7 @@ def test_real_model_peak_memory_is_what_rlkit_estimate_says(learners, model_dir,
     is left out. Within 25%, as a user plans with it."""
 
     from rlkit import stages
-    from rlkit.config import RolloutConfig
+    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective
     from rlkit.sft.objective import NLLObjective

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlkit.sft.objective import NLLObjective
+from rlkit.transports import TRANSPORTS, SyncRequest
 from tests.engine.conftest import hf_logprobs, load_hf, vocab_size
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
@@ -56,11 +57,11 @@ def test_nccl_broadcast_into_separate_engine(ray_local, tiny_models):
                                   gpu_memory_utilization=0.3)
     try:
         seq, expected = _train_and_expect(group, model_dir)
-        stats = group.push_weights("broadcast", [engine], 1.0)[0]
+        stats = group.push_weights(SyncRequest(TRANSPORTS["broadcast"], [engine], bucket_mib=1.0))[0]
         after = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
         assert stats["buckets"] >= 1 and stats["tensors"] > 0
         assert torch.allclose(after, expected, atol=1e-3), float((after - expected).abs().max())
-        group.push_weights("broadcast", [engine], 1.0)  # the group is reused
+        group.push_weights(SyncRequest(TRANSPORTS["broadcast"], [engine], bucket_mib=1.0))  # the group is reused
     finally:
         ray.kill(engine)
         group.shutdown()
@@ -78,7 +79,7 @@ def test_colocated_engine_sleeps_and_takes_weights_in_process(ray_local, tiny_mo
         assert ray.get(group.actors[0].generate.remote([[5, 6, 7]], n=2, max_tokens=4, seed=1))
         group.sleep_engines()
         seq, expected = _train_and_expect(group, model_dir)
-        group.push_weights("in_process")
+        group.push_weights(SyncRequest(TRANSPORTS["in_process"]))
         after = torch.tensor(group.engine_sequence_logprobs([seq])[0][0])
         assert torch.allclose(after, expected, atol=1e-3), float((after - expected).abs().max())
     finally:

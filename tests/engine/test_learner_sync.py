@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlkit.sft.objective import NLLObjective
+from rlkit.transports import TRANSPORTS, SyncRequest
 from tests.engine.conftest import hf_logprobs, load_hf, vocab_size
 
 pytestmark = pytest.mark.slow
@@ -44,7 +45,8 @@ def test_zero3_learners_sync_into_vllm(ray_local, tiny_models, size):
 
         seq = torch.randint(4, vocab_size(model_dir), (16,), generator=gen).tolist()
         before = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
-        stats = group.push_weights("object_store", [engine], 0.5)  # small buckets: several reloads
+        # small buckets: several reloads
+        stats = group.push_weights(SyncRequest(TRANSPORTS["object_store"], [engine], bucket_mib=0.5))
         after = torch.tensor(ray.get(engine.sequence_logprobs.remote([seq]))[0])
 
         weights = dict(group.named_weights())
@@ -85,7 +87,7 @@ def test_colocated_engines_take_weights_in_process(ray_local, tiny_models):
 
         seq = torch.randint(4, vocab_size(model_dir), (16,), generator=gen).tolist()
         before = [torch.tensor(x[0]) for x in group.engine_sequence_logprobs([seq])]
-        stats = group.push_weights("in_process")
+        stats = group.push_weights(SyncRequest(TRANSPORTS["in_process"]))
         after = [torch.tensor(x[0]) for x in group.engine_sequence_logprobs([seq])]
 
         reference = load_hf(model_dir)

@@ -115,7 +115,7 @@ def test_packed_micro_batches_score_as_the_padded_ones(tiny_model):
     agree (fp64)."""
     from transformers import AutoModelForCausalLM
 
-    from rlkit.config import RolloutConfig
+    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.batch import GRPOBatch, Rollout
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective

@@ -4,7 +4,7 @@ the pure loss on the model's token logprobs."""
 import pytest
 import torch
 
-from rlkit.config import RolloutConfig
+from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.objective import GRPOObjective
 

@@ -1,0 +1,105 @@
+"""GRPO's memory model (`rlkit estimate`, the check before launch): its learner ranks, rollout
+engines (apart, or hosted by the learners), a distillation teacher (its own actor, or a copy
+beside each learner rank), and the changes of its own that may make a plan fit
+(`rlkit.estimate.memory.MemoryModel`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from rlkit.estimate.arch import Arch, model_config
+from rlkit.estimate.memory import (
+    LOGITS_CHUNK,
+    Hardware,
+    MemoryModel,
+    Process,
+    colocated,
+    context_bytes,
+    engine_process,
+    learner_process,
+    width_bytes,
+    with_keys,
+)
+
+
+def _processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]:
+    g, r = cfg.grpo, cfg.rollout
+    width, ctx = width_bytes(cfg.model.dtype, hardware), context_bytes(hardware)
+    learner = learner_process(cfg, arch, width, g.num_learners, g.micro_batch_size * r.max_model_len, ctx,
+                              reference=g.beta > 0 and cfg.finetuning == "full",
+                              sync_bytes=0.0 if r.colocate else r.sync_bucket_mib * 2**20)
+    learner, teacher = _teacher(cfg, learner, hardware)
+    seqs = math.ceil(g.prompts_per_step * g.group_size / (g.num_learners if r.colocate else r.num_engines))
+    engine = engine_process(arch, width, r, seqs, ctx)
+    apart = [teacher] if teacher is not None else []
+    if not r.colocate:
+        return [learner, engine, *apart]
+    return [colocated(learner, engine, r.sleep, hardware), *apart]
+
+
+def _teacher(cfg: Any, learner: Process, hardware: Hardware | None) -> tuple[Process, Process | None]:
+    """The frozen distillation teacher, whole: its own process (placement: actor), or a copy in
+    each learner rank (and with `loss: jsd` its chunk of logits beside the student's)."""
+    d = cfg.distill
+    if d is None:
+        return learner, None
+    t_arch, t_width = Arch.from_config(*model_config(d.teacher.path)), width_bytes(d.teacher.dtype, hardware)
+    tokens = cfg.grpo.micro_batch_size * cfg.rollout.max_model_len
+    logits = min(tokens * t_arch.vocab, LOGITS_CHUNK) * (t_width + 8)  # no gradient
+    if d.placement == "actor":  # its own process: weights, one chunk of logits, the context
+        parts = {"parameters": t_arch.params * t_width, "logits": logits, "context": context_bytes(hardware)}
+        return learner, Process("teacher", 1, parts)
+    last = [k for k in learner.parts if k == "context" or k.startswith("runtime")]
+    parts = {k: v for k, v in learner.parts.items() if k not in last}
+    parts["teacher copy"] = t_arch.params * t_width
+    if d.loss == "jsd":
+        parts["teacher logits"] = logits
+    return dataclasses.replace(learner, parts={**parts, **{k: learner.parts[k] for k in last}}), None
+
+
+def _devices(cfg: Any) -> int:
+    r, d = cfg.rollout, cfg.distill
+    teacher = 1 if d is not None and d.placement == "actor" else 0  # the teacher's own device
+    return cfg.grpo.num_learners + (0 if r.colocate else r.num_engines * r.tensor_parallel_size) + teacher
+
+
+def _half_micro_batch(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
+    n = cfg.grpo.micro_batch_size
+    return None if n < 2 else (f"grpo.micro_batch_size={n // 2}", with_keys(cfg, "grpo", micro_batch_size=n // 2))
+
+
+def _wider_engines(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
+    tp = 2 * cfg.rollout.tensor_parallel_size
+    return f"rollout.tensor_parallel_size={tp}", with_keys(cfg, "rollout", tensor_parallel_size=tp)
+
+
+def _engines_apart(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
+    return ("rollout.colocate=false", with_keys(cfg, "rollout", colocate=False)) if cfg.rollout.colocate else None
+
+
+def _engines_colocated(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
+    if cfg.rollout.colocate:
+        return None
+    return "rollout.colocate=true", with_keys(cfg, "rollout", colocate=True, num_engines=cfg.grpo.num_learners,
+                                              tensor_parallel_size=1)
+
+
+def _fit_devices(cfg: Any, hardware: Hardware) -> tuple[str, Any] | None:
+    """The plan on the devices the hardware has: fewer learners and engines, or all colocated on one."""
+    have, r = hardware.devices, cfg.rollout
+    if _devices(cfg) <= have:
+        return None
+    if r.colocate or have < 2:
+        changed = with_keys(with_keys(cfg, "grpo", num_learners=have), "rollout", colocate=True, num_engines=have)
+        return f"grpo.num_learners={have} rollout.colocate=true", changed
+    engines = max(1, min(r.num_engines, (have // 2) // r.tensor_parallel_size))
+    learners = have - engines * r.tensor_parallel_size
+    changed = with_keys(with_keys(cfg, "grpo", num_learners=learners), "rollout", num_engines=engines)
+    return f"grpo.num_learners={learners} rollout.num_engines={engines}", changed
+
+
+MEMORY = MemoryModel(_processes, _devices,
+                     (_half_micro_batch, _wider_engines, _engines_apart, _engines_colocated, _fit_devices),
+                     "rollout.max_model_len")
