@@ -69,6 +69,7 @@ def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog
     import logging
     from types import SimpleNamespace
 
+    from rlkit import stages
     from rlkit.accel import detect
     from rlkit.config import DataConfig, DeepSpeedConfig, ModelConfig, OptimConfig
     from rlkit.driver import prepare_inputs as prepare
@@ -77,8 +78,9 @@ def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog
     monkeypatch.setattr("rlkit.paths.with_absolute_paths", lambda cfg: cfg)  # a partial config: no recipe type
 
     def prepare_inputs(model: ModelConfig, data: DataConfig) -> None:
-        prepare(SimpleNamespace(model=model, data=data, qlora=None, deepspeed=DeepSpeedConfig(), optim=OptimConfig()),
-                detect("cpu"), "sft")
+        partial = SimpleNamespace(model=model, data=data, finetuning="full", qlora=None, deepspeed=DeepSpeedConfig(),
+                                  optim=OptimConfig(), models=lambda: {"model": model})
+        prepare(partial, detect("cpu"), stages.memory("sft"))
 
     with pytest.raises(UserError, match=r"model.path: .*nope is not a model directory \(no config.json\)"):
         prepare_inputs(ModelConfig(path=str(tmp_path / "nope")), DataConfig(train=str(tmp_path / "t.jsonl")))
