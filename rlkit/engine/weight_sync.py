@@ -32,6 +32,8 @@ from typing import Any
 import torch
 
 from rlkit.engine.calls import wait_all
+from rlkit.engine.roles import call
+from rlkit.engine.rollout import RolloutWorker
 from rlkit.engine.vllm_ext import communicator_class
 from rlkit.engine.weights import FlatBucket, NamedTensor, bucketize
 from rlkit.transports import Transport
@@ -94,8 +96,8 @@ class PendingLoads:
 
     def load_into(self, engine: Any, name: str) -> None:
         """Send the buckets and a cache reset to `engine` (actor handle, named `name`) as well."""
-        self.futures += [engine.update_weights.remote(b, reset_cache=False) for b in self.buckets]
-        self.futures.append(engine.reset_prefix_cache.remote())
+        self.futures += [call(engine, RolloutWorker.update_weights, b, reset_cache=False) for b in self.buckets]
+        self.futures.append(call(engine, RolloutWorker.reset_prefix_cache))
         self.owners += [name] * (len(self.buckets) + 1)
 
 
@@ -122,11 +124,11 @@ class _Engines:
         return wait_all(futures, self.owners, phase, self.timeout_s)
 
     def reset_prefix_cache(self) -> None:
-        self.wait([e.reset_prefix_cache.remote() for e in self.engines])
+        self.wait([call(e, RolloutWorker.reset_prefix_cache) for e in self.engines])
 
 
 class ObjectStoreSync(_Engines):
-    """Ray object store transfer; `engines` are rollout actor handles (`create_rollout_actor`).
+    """Ray object store transfer; `engines` are rollout actor handles (`SeparateEngines`).
 
     Each bucket is `ray.put` once as one flat CPU buffer (optionally cast to `dtype`) and loaded by
     all engines; at most `max_inflight` buckets live in the store at a time. Each engine call may
@@ -159,7 +161,7 @@ class ObjectStoreSync(_Engines):
         kept: list[Any] | None = [] if defer else None  # the buckets, while the loads may be left running
         for bucket in bucketize(counter, self.bucket_mib):
             ref = ray.put(FlatBucket.pack(bucket, dtype=self.dtype))  # one buffer: one copy, one object
-            pending.append([e.update_weights.remote(ref, reset_cache=False) for e in self.engines])
+            pending.append([call(e, RolloutWorker.update_weights, ref, reset_cache=False) for e in self.engines])
             if kept is not None:
                 kept.append(ref)
                 if len(kept) > self.max_inflight:  # too large to leave in the store: wait as usual
@@ -170,7 +172,7 @@ class ObjectStoreSync(_Engines):
                 self.wait(pending.pop(0))
         left = None
         if kept is not None:  # each engine resets its cache after its loads (one caller: in order)
-            resets = [e.reset_prefix_cache.remote() for e in self.engines]
+            resets = [call(e, RolloutWorker.reset_prefix_cache) for e in self.engines]
             futures = [f for group in pending for f in group] + resets
             left = PendingLoads(futures, list(self.owners) * (len(pending) + 1), kept)
         else:
@@ -216,7 +218,7 @@ class AdapterSync(_Engines):
         import ray
 
         start, ref = time.perf_counter(), ray.put(files)
-        received = self.wait([e.load_adapter.remote(ref) for e in self.engines])
+        received = self.wait([call(e, RolloutWorker.load_adapter, ref) for e in self.engines])
         return SyncStats(len(files), received[0], 1, time.perf_counter() - start)
 
 
@@ -242,7 +244,7 @@ class BroadcastSync(_Engines):
 
         engines = list(target.engines)
         address, port = rendezvous()
-        tp_sizes = wait_all([e.tensor_parallel_size.remote() for e in engines],
+        tp_sizes = wait_all([call(e, RolloutWorker.tensor_parallel_size) for e in engines],
                             target.names or [f"engine {i}" for i in range(len(engines))], "the broadcast setup",
                             target.timeout_s)
         sync = cls(engines, tp_sizes, address, port, target.device, target.backend or "nccl", target.bucket_mib,
@@ -255,7 +257,7 @@ class BroadcastSync(_Engines):
 
         world = 1 + sum(self.tp_sizes)
         offsets = [1 + sum(self.tp_sizes[:i]) for i in range(len(self.engines))]
-        futures = [e.init_weight_update_group.remote(self.addr, self.port, off, world, self.backend)
+        futures = [call(e, RolloutWorker.init_weight_update_group, self.addr, self.port, off, world, self.backend)
                    for e, off in zip(self.engines, offsets)]
         group = StatelessProcessGroup.create(host=self.addr, port=self.port, rank=0, world_size=world)
         self.comm = communicator_class(self.backend)(group, device=self.device)
@@ -267,7 +269,7 @@ class BroadcastSync(_Engines):
         start, counter, buckets = time.perf_counter(), _Counter(named), 0
         for bucket in bucketize(counter, self.bucket_mib):
             flat = FlatBucket.pack(bucket, self.device)  # one broadcast a bucket, not one a tensor
-            futures = [e.update_weights_broadcast.remote(flat.entries, flat.nbytes) for e in self.engines]
+            futures = [call(e, RolloutWorker.update_weights_broadcast, flat.entries, flat.nbytes) for e in self.engines]
             self.comm.broadcast(flat.data, src=0)
             self.wait(futures)
             buckets += 1

@@ -140,11 +140,6 @@ def context_bytes(hardware: Hardware | None) -> float:
     return CONTEXT if hardware is not None else 0.0
 
 
-def with_keys(cfg: Any, section: str, **values: Any) -> Any:
-    """`cfg` with these keys of its `section` changed (a config's own rules checked again)."""
-    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)})
-
-
 RESIDENT = ("parameters", "gradients", "optimizer state", "reference copy", "teacher copy", "context")
 
 

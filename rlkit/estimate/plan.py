@@ -17,15 +17,24 @@ from rlkit.estimate.memory import (
     gib,
     verdicts,
     width_bytes,
-    with_keys,
 )
+from rlkit.recipe import changed
 
-SHARED = (  # the changes every stage's plan can take: (what to write, how it changes the config)
-    ("deepspeed.zero_stage=3", lambda c: with_keys(c, "deepspeed", zero_stage=3)),
-    ("deepspeed.offload_optimizer=true", lambda c: with_keys(c, "deepspeed", offload_optimizer=True,
-                                                             zero_stage=max(c.deepspeed.zero_stage, 2))),
-    ("model.gradient_checkpointing=true", lambda c: with_keys(c, "model", gradient_checkpointing=True)),
-)
+
+def _zero3(cfg: Any, _hardware: Hardware) -> tuple[str, Any]:
+    return "deepspeed.zero_stage=3", changed(cfg, {"deepspeed.zero_stage": 3})
+
+
+def _offload(cfg: Any, _hardware: Hardware) -> tuple[str, Any]:
+    values = {"deepspeed.offload_optimizer": True, "deepspeed.zero_stage": max(cfg.deepspeed.zero_stage, 2)}
+    return "deepspeed.offload_optimizer=true", changed(cfg, values)
+
+
+def _checkpointing(cfg: Any, _hardware: Hardware) -> tuple[str, Any]:
+    return "model.gradient_checkpointing=true", changed(cfg, {"model.gradient_checkpointing": True})
+
+
+SHARED = (_zero3, _offload, _checkpointing)  # the changes every stage's plan can take, as its memory model's are
 
 
 def fixes(cfg: Any, memory: MemoryModel, arch: Arch, hardware: Hardware) -> list[tuple[str, float, bool]]:
@@ -33,22 +42,20 @@ def fixes(cfg: Any, memory: MemoryModel, arch: Arch, hardware: Hardware) -> list
     hardware has too few): (change, its new peak, whether the plan then fits). The changes: the
     ones every stage shares, then the stage's own (its memory model's)."""
     before = max(p.total for p in estimate(cfg, memory, arch, hardware))
-    shared = [lambda c, _hw, label=label, change=change: (label, change(c)) for label, change in SHARED]
+    need = devices_needed(cfg, memory)
     out = []
-    for change in (*shared, *memory.changes):
+    for change in (*SHARED, *memory.changes):
         try:
             made = change(cfg, hardware)
         except (TypeError, ValueError, AttributeError, UserError):  # a change this recipe cannot take
             made = None
         if made is None or made[1] == cfg:
             continue
-        label, changed = made
-        processes = estimate(changed, memory, arch, hardware)
-        peak = max(p.total for p in processes)
-        fewer = devices_needed(changed, memory) < devices_needed(cfg, memory) > hardware.devices
-        if peak < before * 0.98 or fewer:
-            fits = all(ok for _, ok, _ in verdicts(processes, hardware))
-            fits &= devices_needed(changed, memory) <= hardware.devices
+        label, after = made
+        processes = estimate(after, memory, arch, hardware)
+        peak, takes = max(p.total for p in processes), devices_needed(after, memory)
+        if peak < before * 0.98 or takes < need > hardware.devices:
+            fits = all(ok for _, ok, _ in verdicts(processes, hardware)) and takes <= hardware.devices
             out.append((label, peak, fits))
     return out
 

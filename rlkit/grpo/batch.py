@@ -10,7 +10,8 @@ optimizer steps of the step); the learners compute what else they need.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +138,17 @@ class GRPOBatch:
         """Loss tokens (shifted space: positions 1..L-1) of `rows` (all rows by default)."""
         mask = self.completion_mask[:, 1:] if rows is None else self.completion_mask[list(rows), 1:]
         return int(mask.sum())
+
+    def scored(self, score: Callable[[list[MicroBatch]], list[Tensor]], rows: int) -> GRPOBatch:
+        """This batch with `teacher_logp` [B, L-1]: `score` (a distillation teacher's) of its
+        micro-batches of `rows` rows, tokens and masks only."""
+        spans = [range(i, min(i + rows, len(self))) for i in range(0, len(self), rows)]
+        keys = ("input_ids", "attention_mask", "completion_mask")
+        parts = score([MicroBatch({k: self.micro_batch(span)[k] for k in keys}) for span in spans])
+        logp = torch.zeros(self.input_ids.shape[0], self.input_ids.shape[1] - 1)
+        for span, part in zip(spans, parts):
+            logp[span.start:span.stop, :part.shape[1]] = part
+        return dataclasses.replace(self, teacher_logp=logp)
 
     def shards(self, plan: list[list[list[list[int]]]], packed: bool = False) -> list[list[list[MicroBatch]]]:
         """Micro-batches per [rank][optimizer step][micro-batch] from a `plan_micro_batches` or

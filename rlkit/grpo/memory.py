@@ -20,8 +20,8 @@ from rlkit.estimate.memory import (
     engine_process,
     learner_process,
     width_bytes,
-    with_keys,
 )
+from rlkit.recipe import changed
 
 
 def _processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]:
@@ -67,23 +67,23 @@ def _devices(cfg: Any) -> int:
 
 def _half_micro_batch(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
     n = cfg.grpo.micro_batch_size
-    return None if n < 2 else (f"grpo.micro_batch_size={n // 2}", with_keys(cfg, "grpo", micro_batch_size=n // 2))
+    return None if n < 2 else (f"grpo.micro_batch_size={n // 2}", changed(cfg, {"grpo.micro_batch_size": n // 2}))
 
 
 def _wider_engines(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
     tp = 2 * cfg.rollout.tensor_parallel_size
-    return f"rollout.tensor_parallel_size={tp}", with_keys(cfg, "rollout", tensor_parallel_size=tp)
+    return f"rollout.tensor_parallel_size={tp}", changed(cfg, {"rollout.tensor_parallel_size": tp})
 
 
 def _engines_apart(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
-    return ("rollout.colocate=false", with_keys(cfg, "rollout", colocate=False)) if cfg.rollout.colocate else None
+    return ("rollout.colocate=false", changed(cfg, {"rollout.colocate": False})) if cfg.rollout.colocate else None
 
 
 def _engines_colocated(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
     if cfg.rollout.colocate:
         return None
-    return "rollout.colocate=true", with_keys(cfg, "rollout", colocate=True, num_engines=cfg.grpo.num_learners,
-                                              tensor_parallel_size=1)
+    values = {"rollout.colocate": True, "rollout.num_engines": cfg.grpo.num_learners, "rollout.tensor_parallel_size": 1}
+    return "rollout.colocate=true", changed(cfg, values)
 
 
 def _fit_devices(cfg: Any, hardware: Hardware) -> tuple[str, Any] | None:
@@ -92,12 +92,12 @@ def _fit_devices(cfg: Any, hardware: Hardware) -> tuple[str, Any] | None:
     if _devices(cfg) <= have:
         return None
     if r.colocate or have < 2:
-        changed = with_keys(with_keys(cfg, "grpo", num_learners=have), "rollout", colocate=True, num_engines=have)
-        return f"grpo.num_learners={have} rollout.colocate=true", changed
+        after = changed(cfg, {"grpo.num_learners": have, "rollout.colocate": True, "rollout.num_engines": have})
+        return f"grpo.num_learners={have} rollout.colocate=true", after
     engines = max(1, min(r.num_engines, (have // 2) // r.tensor_parallel_size))
     learners = have - engines * r.tensor_parallel_size
-    changed = with_keys(with_keys(cfg, "grpo", num_learners=learners), "rollout", num_engines=engines)
-    return f"grpo.num_learners={learners} rollout.num_engines={engines}", changed
+    after = changed(cfg, {"grpo.num_learners": learners, "rollout.num_engines": engines})
+    return f"grpo.num_learners={learners} rollout.num_engines={engines}", after
 
 
 MEMORY = MemoryModel(_processes, _devices,

@@ -54,9 +54,9 @@ from rlkit.seeding import derive_seed
 
 if TYPE_CHECKING:
     from rlkit.data.curriculum import CurriculumSampler
-    from rlkit.distill.teacher import TeacherActor
     from rlkit.engine.engines import RolloutEngines
     from rlkit.engine.group import LearnerGroup
+    from rlkit.engine.teacher import TeacherActor
     from rlkit.metrics import MetricsLogger
 
 
@@ -119,9 +119,9 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                                     cfg.lora.r if cfg.lora else 0)
             teacher = None
             if cfg.distill is not None and not beside:  # the teacher in its own actor
-                from rlkit.distill.teacher import TeacherActor
+                from rlkit.engine.teacher import TeacherActor
 
-                teacher = TeacherActor(cfg.distill, device, cfg.ray, g.micro_batch_size)
+                teacher = TeacherActor(cfg.distill.teacher, device, cfg.ray, cfg.distill.node)
                 run.announce(f"rlkit distill: the teacher runs in its own actor on node {teacher.node}")
             if task.agent is not None:  # multi-turn: a weight sync waits for the turn loops in flight
                 engines = task.agent.bind(engines)
@@ -209,7 +209,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir,
         batch = GRPOBatch.collate(*expand_forks(exp.rollouts, adv), task.pad_id, g.mask_truncated, task.images)
         t_teacher = time.perf_counter()
         if teacher is not None:                                                   # the teacher's logprobs
-            batch = teacher.score(batch, cfg.rollout.temperature)
+            batch = batch.scored(functools.partial(teacher.score, objective=objective), g.micro_batch_size)
         t_teacher = time.perf_counter() - t_teacher
         t1 = time.perf_counter()
         shards = _shards(batch, g, derive_seed(cfg.seed, "plan", step))          # micro-batches per rank

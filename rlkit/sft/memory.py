@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlkit.estimate.arch import Arch
-from rlkit.estimate.memory import Hardware, MemoryModel, Process, context_bytes, learner_process, width_bytes, with_keys
+from rlkit.estimate.memory import Hardware, MemoryModel, Process, context_bytes, learner_process, width_bytes
+from rlkit.recipe import changed
 
 
 def _processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]:
@@ -19,15 +20,15 @@ def _half_micro_batch(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
     t = cfg.train
     if t.micro_batch_size < 2:
         return None
-    changed = with_keys(cfg, "train", micro_batch_size=t.micro_batch_size // 2, grad_accum=t.grad_accum * 2)
-    return f"train.micro_batch_size={t.micro_batch_size // 2} train.grad_accum={t.grad_accum * 2}", changed
+    after = changed(cfg, {"train.micro_batch_size": t.micro_batch_size // 2, "train.grad_accum": t.grad_accum * 2})
+    return f"train.micro_batch_size={t.micro_batch_size // 2} train.grad_accum={t.grad_accum * 2}", after
 
 
 def _fit_devices(cfg: Any, hardware: Hardware) -> tuple[str, Any] | None:
     have = hardware.devices
     if cfg.train.num_learners <= have:
         return None
-    return f"train.num_learners={have}", with_keys(cfg, "train", num_learners=have)
+    return f"train.num_learners={have}", changed(cfg, {"train.num_learners": have})
 
 
 MEMORY = MemoryModel(_processes, lambda cfg: cfg.train.num_learners, (_half_micro_batch, _fit_devices),

@@ -73,3 +73,37 @@ def test_liger_kernels_for_a_teacher_where_they_cannot_apply_are_one_line(tiny_m
     with pytest.raises(UserError, match=r"^distill.teacher.kernels: liger runs Triton kernels on a GPU, and this "
                                         r"run's learners are on cpu"):
         check_teacher(ModelConfig(path=str(tiny_model), kernels="liger"), str(tiny_model), cpu)
+
+
+def test_the_teachers_actor_scores_under_the_objective_and_the_batch_takes_its_rows(tiny_model):
+    """The teacher's worker (here without Ray) scores each micro-batch at the objective's
+    temperature and positions: an HF forward's logprobs at the completion tokens, 0 at the prompt's;
+    `GRPOBatch.scored` sends it micro-batches of tokens and masks only and puts each row's back."""
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.engine.teacher import TeacherWorker
+    from rlkit.grpo.batch import GRPOBatch, Rollout
+
+    worker = TeacherWorker(ModelConfig(path=str(tiny_model), dtype="fp32"), "cpu")
+    batch = GRPOBatch.collate([Rollout([5, 6, 7], [8, 9], False), Rollout([5], [10, 11, 12, 13], False),
+                               Rollout([4, 4], [20], False)], torch.tensor([1.0, -1.0, 0.5]), pad_id=0)
+    sent = []
+
+    def score(micro_batches):
+        sent.append([(set(mb), mb["input_ids"].shape[0]) for mb in micro_batches])
+        return worker.logprobs(micro_batches, objective)
+
+    objective = GRPOObjective.from_config(GRPOAlgoConfig(), RolloutConfig(temperature=0.7, max_tokens=8))
+    scored = batch.scored(score, rows=2).teacher_logp
+    assert sent == [[({"input_ids", "attention_mask", "completion_mask"}, 2),
+                     ({"input_ids", "attention_mask", "completion_mask"}, 1)]]
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    for row in range(len(batch)):
+        n = int(batch.attention_mask[row].sum())
+        ids = batch.input_ids[row, :n]
+        with torch.no_grad():
+            logits = hf(ids[None]).logits[0, :-1].float() / 0.7
+        want = torch.log_softmax(logits, -1).gather(-1, ids[1:, None])[:, 0]
+        at = batch.completion_mask[row, 1:n].bool()
+        assert torch.allclose(scored[row, :n - 1][at], want[at], atol=1e-4)
+        assert not scored[row][~batch.completion_mask[row, 1:].bool()].any()  # prompt and padding: 0

@@ -310,15 +310,20 @@ def test_teacher_actor_body_scores_in_bf16_like_fp32(model_dir):
     """`distill.placement: actor`: the teacher's worker (here without Ray) loads whole in bf16 on
     CUDA and scores the completion positions like an fp32 HF forward; the prompt's are 0."""
     from rlkit.config import ModelConfig
-    from rlkit.distill.teacher import TeacherWorker
+    from rlkit.engine.objective import MicroBatch
+    from rlkit.engine.rollout_config import RolloutConfig
+    from rlkit.engine.teacher import TeacherWorker
+    from rlkit.grpo.config import GRPOAlgoConfig
+    from rlkit.grpo.objective import GRPOObjective
 
     worker = TeacherWorker(ModelConfig(path=str(model_dir), dtype="bf16"), "cuda")
     assert {p.dtype for p in worker.teacher.copy.parameters()} == {torch.bfloat16}
     seq = torch.randint(4, vocab_size(model_dir), (40,), generator=torch.Generator().manual_seed(4)).tolist()
     completion = torch.tensor([[0] * 16 + [1] * 24])
-    mb = {"input_ids": torch.tensor([seq]), "attention_mask": torch.ones(1, 40, dtype=torch.long),
-          "completion_mask": completion}
-    got = worker.logprobs([mb], 0.8)[0][0]
+    mb = MicroBatch({"input_ids": torch.tensor([seq]), "attention_mask": torch.ones(1, 40, dtype=torch.long),
+                     "completion_mask": completion})
+    objective = GRPOObjective.from_config(GRPOAlgoConfig(), RolloutConfig(temperature=0.8, max_tokens=24))
+    got = worker.logprobs([mb], objective)[0][0]
     want = hf_logprobs(load_hf(model_dir), seq, 0.8)
     diff = (got[15:] - want[15:]).abs()
     print(f"\nteacher actor bf16 vs fp32 HF: max abs diff {diff.max():.4f}, mean {diff.mean():.4f}")
