@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from rlkit import stages
-from rlkit.demo import STAGES as DEMO_STAGES
+from rlkit.commands.demo import STAGES as DEMO_STAGES
 from rlkit.errors import Stopped, UserError
 
 EXIT_USER_ERROR = 2
@@ -79,7 +79,7 @@ def _run_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from rlkit.demo import run_demo
+    from rlkit.commands.demo import run_demo
 
     for line in run_demo(args.out_dir, stages=args.stages):
         print(line)
@@ -139,16 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(handler=_run_demo, quiet=True)
 
-    from rlkit import doctor, estimate_cli, eval_cli, export, gguf, merge, plot, reward_cli
+    from rlkit.commands import doctor, estimate, evaluate, export, merge, plot, reward
+    from rlkit.model import gguf
 
-    doctor.add_parser(sub)
-    estimate_cli.add_parser(sub)
-    eval_cli.add_parser(sub)
-    export.add_parser(sub)
-    gguf.add_parser(sub)
-    merge.add_parser(sub)
-    plot.add_parser(sub)
-    reward_cli.add_parser(sub)  # `rlkit reward test ...`
+    for command in (doctor, estimate, evaluate, export, gguf, merge, plot, reward):
+        command.add_parser(sub)
     return parser
 
 

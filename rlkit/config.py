@@ -37,7 +37,7 @@ class ModelConfig:
     trust_remote_code: bool = False  # run the model repo's own code (HF trust_remote_code)
     attn_implementation: str | None = None  # e.g. sdpa, flash_attention_2 (None: transformers' default)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
-    # Liger's Triton RMSNorm, SwiGLU and RoPE in the learners (rlkit/kernels.py): auto = on CUDA where
+    # Liger's Triton RMSNorm, SwiGLU and RoPE in the learners (rlkit/model/kernels.py): auto = on CUDA where
     # liger-kernel is installed and has the model's family; liger = required (one line where it cannot apply)
     kernels: Literal["auto", "liger", "none"] = "auto"
     # build an untrained tiny model offline at `path` when nothing is there (the demo's recipes)

@@ -183,7 +183,7 @@ def build_model(out: Path, size: str, intermediate: int | None, seed: int) -> Pa
 def phase_rlkit(args: argparse.Namespace, model_dir: str, data: str, out: str) -> dict[str, Any]:
     from rlkit import stages
     from rlkit.grpo.run import run_grpo
-    from rlkit.metrics import read_jsonl
+    from rlkit.run.metrics import read_jsonl
 
     overrides = [
         f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", "model.build_tiny_if_missing=null",

@@ -83,10 +83,10 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.attention import use_packed_attention
     from rlkit.engine.logprobs import token_logprobs
     from rlkit.grpo.batch import GRPOBatch, Rollout, plan_micro_batches, plan_token_micro_batches
     from rlkit.grpo.loss import policy_loss
+    from rlkit.model.attention import use_packed_attention
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     torch.manual_seed(args.seed)

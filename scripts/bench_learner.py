@@ -85,8 +85,8 @@ def model_dir(spec: str, work: Path, layers: int) -> Path:
     if spec in SHAPES:
         return build_shape(spec, work / f"model-{spec}-{layers or 'all'}", layers)
     if spec in ("smollm2", "gemma3-270m") or spec.endswith(".gguf"):
-        from rlkit.gguf import import_gguf, is_gguf
         from rlkit.gsm8k import real_model
+        from rlkit.model.gguf import import_gguf, is_gguf
 
         path = real_model(spec)
         return import_gguf(path) if is_gguf(path) else path

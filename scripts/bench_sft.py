@@ -30,7 +30,7 @@ What is compared
           micro-batch: `bs = max(1, micro * mean_len // cutoff)` rows of
           `max_length = max(cutoff, ceil(micro * mean_len / bs))` tokens.  rlkit packs each
           micro-batch into one padding-free row (position_ids restart per sample; its models
-          attend one sample at a time, rlkit/attention.py).
+          attend one sample at a time, rlkit/model/attention.py).
   optim   AdamW, same lr, weight decay 0, grad clip 1.0, cosine schedule with the same warm-up.
 
 How tokens/s is counted (the same on both sides)
@@ -192,7 +192,7 @@ def bench_rlkit(model_dir: Path, data: Path, samples: list[dict], schedule: list
                 args: argparse.Namespace, packing: bool, out: Path) -> Result:
     """Run `run_sft`, then time the steady-state steps from its metrics.jsonl."""
     from rlkit import stages
-    from rlkit.metrics import read_jsonl
+    from rlkit.run.metrics import read_jsonl
     from rlkit.sft.run import run_sft
 
     overrides = [

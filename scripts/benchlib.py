@@ -110,8 +110,8 @@ def real_model(spec: str) -> tuple[Path, dict[str, Path]]:
     """A bench's `--model`: an HF folder, a `.gguf` file (imported once into rlkit's cache) or
     a real model's name (`rlkit.gsm8k.real_model`: smollm2, gemma3-270m); with the GSM8K task's
     files (`rlkit.gsm8k`, generated into runs/gsm8k/data as scripts/real_task.py does, reused)."""
-    from rlkit.gguf import import_gguf, is_gguf
     from rlkit.gsm8k import real_model, write_task
+    from rlkit.model.gguf import import_gguf, is_gguf
 
     path = real_model(spec)
     folder = import_gguf(path) if is_gguf(path) else path

@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--corrections", nargs="+", default=["token_truncate", "none"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = ap.parse_args()
-    from rlkit.demo import run_demo
+    from rlkit.commands.demo import run_demo
 
     out = Path(args.out)
     base = out / "base"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlkit.rundir import RunDir
+    from rlkit.run.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_GRPO = ROOT / "recipes" / "tiny-grpo.yaml"
@@ -57,6 +57,6 @@ class FakeLearners:
 def grpo_run_dir(out: Path, *overrides: str) -> RunDir:
     """The run directory of the tiny GRPO recipe in `out`, checkpointing every step."""
     from rlkit import stages
-    from rlkit.rundir import RunDir
+    from rlkit.run.rundir import RunDir
 
     return RunDir(stages.load("grpo", TINY_GRPO, [f"output_dir={out}", "checkpoint.every=1", *overrides]), "grpo")

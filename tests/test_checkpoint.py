@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from rlkit.checkpoint import MANIFEST, STATE_FILE, CheckpointManager, file_hash, resolve_resume, verify
 from rlkit.errors import UserError
+from rlkit.run.checkpoint import MANIFEST, STATE_FILE, CheckpointManager, file_hash, resolve_resume, verify
 
 
 def test_prune_keeps_last_k_and_protected_best(tmp_path):

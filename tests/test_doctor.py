@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rlkit import doctor
+from rlkit.commands import doctor
 from tests.helpers import ROOT
 
 

@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
-from rlkit.checkpoint import verify
 from rlkit.errors import FaultError, Stopped, UserError
-from rlkit.rundir import LOG_FILE
-from rlkit.stops import EXIT_STOPPED
+from rlkit.run.checkpoint import verify
+from rlkit.run.rundir import LOG_FILE
+from rlkit.run.stops import EXIT_STOPPED
 from tests.helpers import FakeLearners, grpo_run_dir
 
 
@@ -103,7 +103,7 @@ def test_one_reader_gives_back_what_a_checkpoint_holds_for_the_driver(tmp_path):
     generations in flight) through one reader; a fresh start gets step 0 and nothing else."""
     import torch
 
-    from rlkit.checkpoint import Resumed, read_resume
+    from rlkit.run.checkpoint import Resumed, read_resume
 
     assert read_resume(None) == Resumed()
     run = grpo_run_dir(tmp_path / "run")

@@ -89,8 +89,8 @@ def test_a_vision_language_model_is_counted_exactly_with_its_vision_side(tmp_pat
     trains it, and the report says which."""
     from transformers import AutoModelForImageTextToText
 
+    from rlkit.model.vision import vision_parts
     from rlkit.tiny_vlm import build_tiny_vlm
-    from rlkit.vision import vision_parts
 
     folder = build_tiny_vlm(tmp_path / "vlm")
     arch = est.Arch.from_config(*est.model_config(str(folder)))
@@ -206,8 +206,8 @@ def test_a_launch_on_an_accelerator_warns_or_stops_when_the_plan_does_not_fit(tm
     import dataclasses
 
     from rlkit.accel import detect
-    from rlkit.driver import prepare_inputs
     from rlkit.errors import UserError
+    from rlkit.run.driver import prepare_inputs
 
     cfg = stages.load("grpo", ROOT / "recipes" / "r1-distill.yaml")
     small = dataclasses.replace(detect("cpu"), kind="cuda", device_count=8, device_name="NVIDIA A10",

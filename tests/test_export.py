@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from rlkit.commands.export import export_checkpoint
 from rlkit.errors import UserError
-from rlkit.export import export_checkpoint
 from tests.helpers import FakeLearners, grpo_run_dir
 
 

@@ -1,4 +1,4 @@
-"""GGUF import (rlkit/gguf.py): a GGUF written from the tiny model comes back as the same model
+"""GGUF import (rlkit/model/gguf.py): a GGUF written from the tiny model comes back as the same model
 (exactly from F32 tensors, within Q8_0's rounding from quantised ones), is converted once and reused,
 loads through a recipe's model.path, and a type transformers cannot dequantise is one line."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlkit.errors import UserError
-from rlkit.gguf import default_folder, import_gguf
+from rlkit.model.gguf import default_folder, import_gguf
 from tests.helpers import ROOT
 
 PROBE = "12+7=19 答案是12"
@@ -138,7 +138,7 @@ def test_a_type_transformers_cannot_dequantise_is_one_line(tiny_gguf, tmp_path):
 
 def test_a_recipe_names_a_gguf_and_the_run_gets_its_folder(tiny_gguf, tmp_path, monkeypatch):
     """model.path naming a .gguf stays as written in the recipe; at launch it is the imported folder."""
-    from rlkit.gguf import resolve_models
+    from rlkit.model.gguf import resolve_models
     from rlkit.stages import load
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))
@@ -159,8 +159,8 @@ def test_a_distillation_teacher_is_one_of_the_models_a_recipe_names(tiny_gguf, t
     at launch, and each path is checked before launch under its own key."""
     import dataclasses
 
-    from rlkit.gguf import resolve_models
-    from rlkit.models import check_model
+    from rlkit.model.checks import check_model
+    from rlkit.model.gguf import resolve_models
     from rlkit.stages import load
 
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path / "cache"))

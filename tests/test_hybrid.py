@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkit.attention import carried_state, sequence_bounds, use_packed_attention
 from rlkit.data.collate import pack_collate, pad_collate
 from rlkit.errors import UserError
+from rlkit.model.attention import carried_state, sequence_bounds, use_packed_attention
 from tests.helpers import ROOT
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from rlkit.kernels import apply_kernels, kernels_problem
+from rlkit.model.kernels import apply_kernels, kernels_problem
 
 
 def test_what_liger_needs_on_a_gpu_host(monkeypatch):
-    import rlkit.kernels as kernels
+    import rlkit.model.kernels as kernels
 
     monkeypatch.setattr(kernels, "liger_families", lambda: None)
     assert "needs the liger-kernel package" in kernels_problem("liger", "cuda", "qwen2")

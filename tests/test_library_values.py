@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from rlkit import stages
-from rlkit.driver import prepare_inputs
 from rlkit.errors import ConfigError, DataError, UserError
+from rlkit.run.driver import prepare_inputs
 from tests.grpo.conftest import grpo_overrides
 from tests.helpers import ROOT
 from tests.sft.conftest import sft_overrides
@@ -85,7 +85,7 @@ def test_a_row_the_chat_template_refuses_is_one_line_naming_it(strict_model, tas
              {"messages": [*system, {"role": "assistant", "content": "2"}]}]
     cfg = _sft(strict_model, task_data, tmp_path, f"data.train={_jsonl(tmp_path / 's.jsonl', chats)}",
                "data.eval=null", "eval.every=0", "data.template=chat")
-    from rlkit.models import load_tokenizer
+    from rlkit.model.load import load_tokenizer
 
     with pytest.raises(DataError, match=r"s.jsonl: row 2: the tokenizer's chat template refuses it \(System role"):
         load_sft_data(cfg.data, load_tokenizer(cfg.model))
@@ -196,7 +196,7 @@ def test_recipe_values_torch_or_ray_would_refuse_and_an_unknown_architecture(tin
 
 def test_a_model_folder_without_a_tokenizer_and_unserved_adapter_targets_are_one_line(tiny_model, task_data,
                                                                                      tmp_path):
-    from rlkit.models import load_tokenizer
+    from rlkit.model.load import load_tokenizer
 
     bare = tmp_path / "bare"
     bare.mkdir()

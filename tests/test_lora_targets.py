@@ -14,7 +14,7 @@ import yaml
 
 from rlkit.config import ModelConfig
 from rlkit.errors import UserError
-from rlkit.models import check_lora_targets
+from rlkit.model.checks import check_lora_targets
 from tests.helpers import ROOT
 
 

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from rlkit.config import LoggingConfig
-from rlkit.metrics import MetricsLogger, read_jsonl
+from rlkit.run.metrics import MetricsLogger, read_jsonl
 
 
 def test_resume_truncates_records_after_the_checkpoint(tmp_path):

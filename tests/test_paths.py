@@ -32,9 +32,9 @@ def test_paths_are_made_absolute_and_hub_ids_stay(tmp_path, monkeypatch):
 def test_the_run_gets_absolute_paths_and_a_relative_config_yaml_still_resumes(tmp_path, monkeypatch, tiny_model,
                                                                               task_data):
     from rlkit.accel import detect
-    from rlkit.driver import prepare_inputs
     from rlkit.recipe import to_dict
-    from rlkit.reruns import changes
+    from rlkit.run.driver import prepare_inputs
+    from rlkit.run.reruns import changes
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "model").symlink_to(tiny_model)

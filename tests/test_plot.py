@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from rlkit import plot
+from rlkit.commands import plot
 from rlkit.config import LoggingConfig
-from rlkit.metrics import MetricsLogger
+from rlkit.run.metrics import MetricsLogger
 from tests.helpers import rlkit_cli
 
 W, H = int(plot.PANEL_W * plot.DPI), int(plot.PANEL_H * plot.DPI)  # one panel, in pixels

@@ -93,7 +93,7 @@ def _data_files(recipe: dict, tmp: Path, task_data: dict) -> dict[str, Path | No
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
 def test_every_recipe_loads_its_data(path, tmp_path, tiny_model, task_data):
-    from rlkit.models import load_tokenizer
+    from rlkit.model.load import load_tokenizer
 
     recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
     files = _data_files(recipe, tmp_path, task_data)
@@ -115,7 +115,7 @@ def test_every_recipe_loads_its_data(path, tmp_path, tiny_model, task_data):
         assert task.rows and all(isinstance(task.render(r), str) for r in task.rows + task.eval_rows)
         task.scorer.close()
         difficulties = task.difficulties
-    from rlkit.driver import curriculum_sampler
+    from rlkit.run.driver import curriculum_sampler
 
     sampler = curriculum_sampler(cfg.curriculum, difficulties, 10, 4, cfg.seed, str(files["train"]))
     assert len(sampler.next_batch()) == 4
@@ -164,7 +164,7 @@ def test_the_docs_reward_example_runs_on_chat_and_text_rows(tmp_path, monkeypatc
     """The docs' reward (my_rewards.py, docs/rewards.md) on chat rows (TRL's message shapes) and on text rows."""
     import argparse
 
-    from rlkit import reward_cli
+    from rlkit.commands import reward as reward_cli
 
     (tmp_path / "my_rewards.py").write_text(_docs_block("python", "# my_rewards.py"), encoding="utf-8")
     monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # other tests have their own my_rewards:

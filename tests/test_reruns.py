@@ -1,5 +1,5 @@
 """A run started in an output_dir that holds a run: refused, started over, or resumed with the
-changed keys printed (rlkit/reruns.py through RunDir)."""
+changed keys printed (rlkit/run/reruns.py through RunDir)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from rlkit import stages
 from rlkit.errors import UserError
-from rlkit.reruns import changes, flatten
-from rlkit.rundir import RunDir
+from rlkit.run.reruns import changes, flatten
+from rlkit.run.rundir import RunDir
 from tests.helpers import TINY_GRPO, FakeLearners
 
 SFT_RECIPE = TINY_GRPO.parent / "tiny-sft.yaml"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rlkit import reward_cli
+from rlkit.commands import reward as reward_cli
 
 TRL_STYLE = '''
 def exact(completions, answer, **kwargs):

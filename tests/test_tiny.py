@@ -72,8 +72,8 @@ def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog
     from rlkit import stages
     from rlkit.accel import detect
     from rlkit.config import DataConfig, DeepSpeedConfig, ModelConfig, OptimConfig
-    from rlkit.driver import prepare_inputs as prepare
     from rlkit.errors import UserError
+    from rlkit.run.driver import prepare_inputs as prepare
 
     monkeypatch.setattr("rlkit.paths.with_absolute_paths", lambda cfg: cfg)  # a partial config: no recipe type
 

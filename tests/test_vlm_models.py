@@ -22,7 +22,7 @@ def vlm(tmp_path_factory):
 
 
 def trainable(model) -> dict[str, int]:
-    from rlkit.vision import vision_parts
+    from rlkit.model.vision import vision_parts
 
     params = dict(model.named_parameters())
     return {part: sum(params[n].numel() for n in names if params[n].requires_grad)
@@ -30,7 +30,7 @@ def trainable(model) -> dict[str, int]:
 
 
 def test_the_recipe_keys_freeze_the_vision_tower_and_the_projector(vlm):
-    from rlkit.models import load_model, wrap_for_training
+    from rlkit.model.load import load_model, wrap_for_training
 
     model = wrap_for_training(load_model(ModelConfig(path=vlm), torch.float32), "full", None, ModelConfig(path=vlm))
     assert type(model).__name__ == "Idefics3ForConditionalGeneration"
@@ -43,7 +43,7 @@ def test_the_recipe_keys_freeze_the_vision_tower_and_the_projector(vlm):
 
 
 def test_lora_goes_on_the_language_model_unless_the_vision_tower_trains(vlm):
-    from rlkit.models import load_model, wrap_for_training
+    from rlkit.model.load import load_model, wrap_for_training
 
     lora = LoraConfig(r=4, alpha=8, target_modules=("q_proj", "v_proj"))
     base = ModelConfig(path=vlm)
@@ -65,7 +65,7 @@ def test_lora_goes_on_the_language_model_unless_the_vision_tower_trains(vlm):
 
 def test_lora_targets_are_checked_against_a_vlm_before_launch(vlm):
     from rlkit.errors import UserError
-    from rlkit.models import check_lora_targets
+    from rlkit.model.checks import check_lora_targets
 
     check_lora_targets(ModelConfig(path=vlm), ["q_proj", "gate_proj"])
     with pytest.raises(UserError, match="c_attn is not a module of Idefics3ForConditionalGeneration"):
@@ -74,7 +74,7 @@ def test_lora_targets_are_checked_against_a_vlm_before_launch(vlm):
 
 def test_token_logprobs_see_the_image(vlm):
     from rlkit.engine.logprobs import token_logprobs
-    from rlkit.models import load_image_inputs, load_model, load_tokenizer
+    from rlkit.model.load import load_image_inputs, load_model, load_tokenizer
     from rlkit.tiny_vlm import QUESTION, draw_shape
 
     cfg = ModelConfig(path=vlm)
@@ -100,7 +100,7 @@ def test_token_logprobs_see_the_image(vlm):
 def test_the_lora_export_merges_into_a_model_that_loads_with_its_processor(vlm, tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from rlkit.models import load_model, merge_adapter, wrap_for_training
+    from rlkit.model.load import load_model, merge_adapter, wrap_for_training
 
     cfg = ModelConfig(path=vlm)
     model = wrap_for_training(load_model(cfg, torch.float32), "lora", LoraConfig(r=4, alpha=8), cfg)
@@ -148,11 +148,11 @@ def build_llava(out):
 def test_llava_rows_render_train_and_adapt_the_language_model_only(tmp_path):
     from PIL import Image
 
-    from rlkit.models import load_image_inputs, load_model, load_tokenizer, wrap_for_training
+    from rlkit.model.load import load_image_inputs, load_model, load_tokenizer, wrap_for_training
+    from rlkit.model.vision import vision_parts
     from rlkit.sft.config import SFTDataConfig
     from rlkit.sft.objective import NLLObjective
     from rlkit.sft.run import load_sft_data, micro_batches
-    from rlkit.vision import vision_parts
 
     cfg = ModelConfig(path=build_llava(tmp_path / "llava"))
     tokenizer = load_tokenizer(cfg)
@@ -193,9 +193,9 @@ def test_qwen2_vl_trains_on_the_learner_and_its_processor_names_torchvision(tmp_
     from rlkit.engine.logprobs import token_logprobs
     from rlkit.engine.serving import check_engines
     from rlkit.errors import UserError
-    from rlkit.models import load_image_inputs, load_model, load_tokenizer, wrap_for_training
+    from rlkit.model.load import load_image_inputs, load_model, load_tokenizer, wrap_for_training
+    from rlkit.model.vision import vision_parts
     from rlkit.tiny import build_tokenizer
-    from rlkit.vision import vision_parts
 
     tok = build_tokenizer(512, 0)
     marks = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]

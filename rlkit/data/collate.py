@@ -4,7 +4,7 @@ Packing is padding-free: a micro-batch's samples lie one after another in a sing
 ``position_ids`` restarting at 0 for every sample and no attention mask. transformers keeps each
 sample's attention to itself from the restarts (a block-diagonal mask for sdpa and eager, the
 sequence bounds for flash-attention), and the learner's models attend one sample at a time
-(``rlkit/attention.py``): no padding and no [T, T] mask. ``pack_bins`` (first-fit
+(``rlkit/model/attention.py``): no padding and no [T, T] mask. ``pack_bins`` (first-fit
 decreasing) splits GRPO's completions into micro-batches under a token budget.
 """
 

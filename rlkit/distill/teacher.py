@@ -11,10 +11,10 @@ from rlkit.errors import ConfigError
 def check_teacher(teacher: Any, student_tokenizer: str, device: Any) -> None:
     """Before launch: the teacher's precision on this device, its kernels, and its tokenizer (the
     student's, `student_tokenizer`); its path is checked with every model the recipe names
-    (`rlkit.models.check_model`)."""
+    (`rlkit.model.checks.check_model`)."""
     from rlkit.accel import check_precision
-    from rlkit.kernels import check_kernels
-    from rlkit.models import model_config
+    from rlkit.model.kernels import check_kernels
+    from rlkit.model.load import model_config
 
     check_precision(teacher.dtype, device, "distill.teacher.dtype")
     check_kernels(teacher, device, model_config(teacher).model_type, "distill.teacher.kernels")

@@ -69,3 +69,30 @@ class ColocatedEngine:
         if self.asleep:
             self.worker.llm.wake_up(tags=tags)
             self.asleep = tags is not None and "kv_cache" not in tags
+
+
+class EngineHost:
+    """The learner actor's side of a colocated engine (`Learner` takes these methods): the driver
+    starts, calls and puts to sleep the engine in each learner's process through its learner."""
+
+    colocated: ColocatedEngine | None
+    world_size: int
+    device_info: Any
+
+    def start_engine(self, model_path: str, options: dict[str, Any]) -> float:
+        """Start a vLLM engine in this process; returns its start seconds."""
+        self.colocated = ColocatedEngine(model_path, options, self.world_size, self.device_info.is_accelerator)
+        return self.colocated.worker.ready()
+
+    def generate(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return self.colocated.generate(*args, **kwargs)
+
+    def generate_timed(self, *args: Any, **kwargs: Any) -> tuple[list[Any], float]:
+        return self.colocated.generate_timed(*args, **kwargs)
+
+    def engine_sequence_logprobs(self, sequences: list[Any]) -> list[list[float]]:
+        return self.colocated.sequence_logprobs(sequences)
+
+    def sleep_engine(self) -> None:
+        if self.colocated is not None:
+            self.colocated.sleep()

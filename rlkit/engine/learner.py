@@ -2,8 +2,9 @@
 
 It knows no stage: SFT and GRPO hand it an `Objective` (objective.py) and micro-batches (dicts
 of CPU tensors). Ranks form a torch.distributed group (gloo on CPU, nccl/hccl on accelerators,
-from the device layer). It also scores tokens (policy or frozen reference), pushes its weights
-to rollout engines, checkpoints, and can host a colocated vLLM engine (colocate.py).
+from the device layer). It also scores tokens (policy or frozen reference) and pushes its weights
+to rollout engines; what it writes and reads back is `saving.py`'s, the colocated vLLM engine it
+can host `colocate.py`'s (their methods are the actor's too).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import datetime
 import itertools
 import os
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +22,9 @@ import torch
 
 from rlkit import faults
 from rlkit.config import DeepSpeedConfig, LoraConfig, ModelConfig, OptimConfig, QuantConfig
+from rlkit.engine.colocate import ColocatedEngine, EngineHost
 from rlkit.engine.objective import LOGPROB_SOURCES, FitResult, MicroBatch, Objective, StepMetrics, accumulate
+from rlkit.engine.saving import Saving
 from rlkit.transports import SyncRequest
 
 
@@ -45,7 +47,7 @@ class LearnerSpec:
     teacher: ModelConfig | None = None  # also hold a frozen teacher (on-policy distillation)
 
 
-class Learner:
+class Learner(EngineHost, Saving):
     """One rank. Create, then `init_process_group` on every rank at once, then `build`."""
 
     def __init__(self, spec: LearnerSpec, rank: int, world_size: int):
@@ -65,7 +67,7 @@ class Learner:
         self.clips = False
         self._ds_hf_config: Any = None  # keeps HfDeepSpeedConfig alive for ZeRO-3 loading
         self._transports: dict[str, Any] = {}  # persistent transports (a broadcast group), opened on first push
-        self.colocated: Any = None  # ColocatedEngine, see start_engine
+        self.colocated: ColocatedEngine | None = None  # see start_engine
         exit_when_cut_off(spec.deepspeed.dist_timeout_s, f"learner {rank}")
 
     # ------------------------------------------------------------------ setup
@@ -113,18 +115,18 @@ class Learner:
         Returns a summary."""
         import deepspeed
 
-        from rlkit import models
         from rlkit.accel import memory_now
         from rlkit.engine.ds_config import deepspeed_config, learner_clips, lr_lambda
         from rlkit.engine.logprobs import frozen_models
         from rlkit.engine.perf import Throughput
-        from rlkit.kernels import apply_kernels
+        from rlkit.model import load
+        from rlkit.model.kernels import apply_kernels
         from rlkit.seeding import seed_everything
 
         spec = self.spec
         self.base_memory = memory_now(self.device_info)  # before the model: what the estimate does not model
         seed_everything(spec.seed)
-        dtype = models.resolve_dtype(spec.model.dtype, self.device_info.bf16 and self.device_info.is_accelerator)
+        dtype = load.resolve_dtype(spec.model.dtype, self.device_info.bf16 and self.device_info.is_accelerator)
         precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
         ds_cfg = deepspeed_config(spec.deepspeed, spec.optim, precision, spec.micro_batch_size,
                                   spec.grad_accum, self.world_size)
@@ -133,9 +135,9 @@ class Learner:
 
             self._ds_hf_config = HfDeepSpeedConfig(ds_cfg)  # every rank loads: partitioned on load
         load_dtype = torch.float32 if precision != "fp32" and spec.finetuning == "full" else dtype
-        model = models.load_model(spec.model, load_dtype, spec.qlora if spec.finetuning == "qlora" else None)
+        model = load.load_model(spec.model, load_dtype, spec.qlora if spec.finetuning == "qlora" else None)
         apply_kernels(model, spec.model.kernels, self.device_info.kind)
-        model = models.wrap_for_training(model, spec.finetuning, spec.lora, spec.model)
+        model = load.wrap_for_training(model, spec.finetuning, spec.lora, spec.model)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = None
         if spec.deepspeed.torch_adam:  # torch's fused kernel where it has one (CPU: 3x the per-tensor loop)
@@ -155,7 +157,7 @@ class Learner:
             # back every gradient at each step (~8% of a 25M-parameter step on CPU).
             self.engine.enable_backward_allreduce = False
         self.reference, self.teacher = frozen_models(spec, self.engine, self.device_info)
-        trainable, total = models.trainable_summary(model)
+        trainable, total = load.trainable_summary(model)
         return {"trainable_params": trainable, "total_params": total, "precision": precision,
                 "device": self.device_info.kind, "zero_stage": spec.deepspeed.zero_stage}
 
@@ -313,82 +315,6 @@ class Learner:
                 return None
             return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
 
-    def _save_adapter(self, out: Path) -> bool:
-        """peft's adapter directory at `out` from rank 0 (True there); every rank must call, for the
-        ZeRO-3 gather of the trainable parameters."""
-        import deepspeed
-
-        module = self.engine.module
-        trainable = [p for p in module.parameters() if p.requires_grad]
-        with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None,
-                                               enabled=self.spec.deepspeed.zero_stage == 3):
-            if self.rank == 0:
-                module.save_pretrained(out, safe_serialization=True)
-        return self.rank == 0
-
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """(HF name, CPU tensor) of the current policy with LoRA merged; only rank 0 returns tensors."""
         return [(name, t.detach().cpu()) for name, t in self._named_weights()]
-
-    # ------------------------------------------------------------------ colocated engine (colocate.py)
-
-    def start_engine(self, model_path: str, options: dict[str, Any]) -> float:
-        """Start a vLLM engine in this process; returns its start seconds."""
-        from rlkit.engine.colocate import ColocatedEngine
-
-        self.colocated = ColocatedEngine(model_path, options, self.world_size, self.device_info.is_accelerator)
-        return self.colocated.worker.ready()
-
-    def generate(self, *args: Any, **kwargs: Any) -> list[Any]:
-        return self.colocated.generate(*args, **kwargs)
-
-    def generate_timed(self, *args: Any, **kwargs: Any) -> tuple[list[Any], float]:
-        return self.colocated.generate_timed(*args, **kwargs)
-
-    def engine_sequence_logprobs(self, sequences: list[Any]) -> list[list[float]]:
-        return self.colocated.sequence_logprobs(sequences)
-
-    def sleep_engine(self) -> None:
-        if self.colocated is not None:
-            self.colocated.sleep()
-
-    # ------------------------------------------------------------------ checkpoints and output
-
-    def save_checkpoint(self, ckpt_dir: str) -> None:
-        """All ranks: engine (weights/adapter, optimizer, scheduler) + this rank's RNG states."""
-        faults.crash_here("save_checkpoint", f"learner{self.rank}")
-        faults.full_disk_here(f"learner{self.rank}")
-        self.engine.save_checkpoint(ckpt_dir, tag="engine", save_latest=False,
-                                    exclude_frozen_parameters=self.spec.finetuning != "full")
-        rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
-        torch.save(rng, Path(ckpt_dir) / f"rng_rank{self.rank}.pt")
-
-    def load_checkpoint(self, ckpt_dir: str) -> None:
-        path, _ = self.engine.load_checkpoint(ckpt_dir, tag="engine", load_module_strict=self.spec.finetuning == "full")
-        if path is None:
-            raise RuntimeError(f"{ckpt_dir}: DeepSpeed found no engine checkpoint to load")
-        rng = torch.load(Path(ckpt_dir) / f"rng_rank{self.rank}.pt", weights_only=False)
-        random.setstate(rng["python"])
-        torch.set_rng_state(rng["torch"])
-
-    def save_model(self, out_dir: str, tokenizer_dir: str) -> str | None:
-        """Final output on rank 0: a HF model dir (full), or `adapter/` + the merged model (LoRA)."""
-        from transformers import AutoTokenizer
-
-        from rlkit import models
-        from rlkit.vision import save_processor
-
-        out, module = Path(out_dir), self.engine.module
-        if self.spec.finetuning == "full":
-            state = dict(self._named_weights())
-            if self.rank == 0:
-                module.save_pretrained(out, state_dict=state, safe_serialization=True)
-        else:
-            self._save_adapter(out / "adapter")
-            if self.rank == 0:  # QLoRA: merged onto the full-precision base, as peft does
-                models.merge_adapter(out / "adapter", self.spec.model.path, out)
-        if self.rank != 0:
-            return None
-        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
-        save_processor(tokenizer_dir, out)
-        return str(out)

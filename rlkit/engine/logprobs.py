@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from rlkit.attention import sequence_bounds
 from rlkit.engine.head import KEEP_BYTES, fusable, head_logprobs, upcast
+from rlkit.model.attention import sequence_bounds
 
 log = logging.getLogger(__name__)
 
@@ -232,19 +232,19 @@ def frozen_models(spec: Any, engine: Any, device: Any) -> tuple[Reference | None
     """The frozen models a learner (`LearnerSpec` `spec`, DeepSpeed `engine`, `DeviceInfo` `device`)
     scores with: the reference policy (full fine-tuning: a copy in the policy's dtype) and a
     distillation teacher (full weights on this rank, in its own dtype), each None when not asked for;
-    each with its model's `kernels` (`rlkit.kernels`)."""
-    from rlkit import models
-    from rlkit.kernels import with_kernels
+    each with its model's `kernels` (`rlkit.model.kernels`)."""
+    from rlkit.model.kernels import with_kernels
+    from rlkit.model.load import load_frozen, resolve_dtype
 
     def loader(model: Any, dtype: Any) -> Any:
-        return lambda: with_kernels(models.load_frozen(model, dtype, engine.device), model.kernels, device.kind)
+        return lambda: with_kernels(load_frozen(model, dtype, engine.device), model.kernels, device.kind)
 
     reference = teacher = None
     if spec.reference:
         reference = Reference(engine.module, spec.finetuning,
                               loader(spec.model, engine.module.dtype if spec.finetuning == "full" else None))
     if spec.teacher is not None:
-        teacher_dtype = models.resolve_dtype(spec.teacher.dtype, device.bf16 and device.is_accelerator)
+        teacher_dtype = resolve_dtype(spec.teacher.dtype, device.bf16 and device.is_accelerator)
         teacher = Reference(engine.module, "full", loader(spec.teacher, teacher_dtype))
     return reference, teacher
 

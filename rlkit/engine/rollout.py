@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from rlkit import faults
-from rlkit.attention import carried_state
 from rlkit.engine.reaper import exit_when_cut_off
 from rlkit.engine.vllm_ext import dtype_name
 from rlkit.engine.weights import FlatBucket
+from rlkit.model.attention import carried_state
 from rlkit.seeding import derive_seed
 
 EXTENSION = "rlkit.engine.vllm_ext.WeightSyncExtension"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from rlkit.attention import carried_state
 from rlkit.errors import UserError
-from rlkit.vision import is_vision_language, text_config
+from rlkit.model.attention import carried_state
+from rlkit.model.vision import is_vision_language, text_config
 
 # vision-language models vLLM starts without torchvision (their image processors are PIL ones)
 VLLM_WITHOUT_TORCHVISION = ("idefics3", "smolvlm")
@@ -29,7 +29,7 @@ VLLM_UNTIED_ONLY = ("qwen3_next",)
 
 def check_engines(cfg: Any, device: Any) -> None:
     """GRPO's stage check (`driver.prepare_inputs`): the engines can start on the recipe's model."""
-    from rlkit.models import model_config
+    from rlkit.model.load import model_config
 
     config = model_config(cfg.model)
     check_engine_shape(config, cfg.model.path, cfg.rollout.max_model_len, cfg.rollout.tensor_parallel_size)

@@ -21,21 +21,21 @@ class TeacherWorker:
     """The teacher's model, frozen, in its actor's process."""
 
     def __init__(self, model: ModelConfig, device: str):
-        from rlkit import models
         from rlkit.accel import apply_env, configure_cpu_threads, detect
         from rlkit.console import name_worker_log
         from rlkit.engine.logprobs import Reference
-        from rlkit.kernels import with_kernels
+        from rlkit.model.kernels import with_kernels
+        from rlkit.model.load import load_frozen, resolve_dtype
 
         name_worker_log("teacher")
         info = detect(device)
         apply_env(info)
         if not info.is_accelerator:
             configure_cpu_threads()
-        dtype = models.resolve_dtype(model.dtype, info.bf16 and info.is_accelerator)
+        dtype = resolve_dtype(model.dtype, info.bf16 and info.is_accelerator)
         self.device = info.torch_device
         # frozen and scored as the learner's reference and teacher copies are
-        self.teacher = Reference(None, "full", lambda: with_kernels(models.load_frozen(model, dtype, self.device),
+        self.teacher = Reference(None, "full", lambda: with_kernels(load_frozen(model, dtype, self.device),
                                                                     model.kernels, info.kind))
 
     def ready(self) -> str:

@@ -105,7 +105,7 @@ class WeightSyncExtension:
         packed GEMM copy on CPU; re-run its post-load processing so logits use the new weight. A
         vision-language model says it in its text config and may keep the head under its language
         model (Qwen2-VL's `language_model.lm_head`): every `lm_head` module is repacked."""
-        from rlkit.vision import text_config
+        from rlkit.model.vision import text_config
 
         model = self.model_runner.get_model()
         config = getattr(model, "config", None)

@@ -145,7 +145,7 @@ class Arch:
 
     def lora_params(self, r: int, targets: tuple[str, ...]) -> int:
         """LoRA's parameters on the block linears `targets` names; a block linear of another family
-        (OPT's model has no o_proj, llama's no fc1) is the recipe's error, as `models.check_lora_targets`
+        (OPT's model has no o_proj, llama's no fc1) is the recipe's error, as `model.checks.check_lora_targets`
         says at launch, not a module to count."""
         shapes = self.linears()
         if "all-linear" in targets:
@@ -191,7 +191,7 @@ class VisionSide:
         import torch
         from transformers import AutoConfig
 
-        from rlkit.vision import auto_class, vision_parts
+        from rlkit.model.vision import auto_class, vision_parts
 
         try:
             config = AutoConfig.for_model(**c)

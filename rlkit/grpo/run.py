@@ -29,16 +29,6 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit.checkpoint import dir_bytes
-from rlkit.driver import (
-    curriculum_sampler,
-    devices_line,
-    learner_demand,
-    learner_group,
-    learner_spec,
-    memory_metrics,
-    prepare_inputs,
-)
 from rlkit.engine.cluster import Demand
 from rlkit.engine.objective import mean_metrics
 from rlkit.engine.perf import perf_metrics
@@ -49,7 +39,17 @@ from rlkit.grpo.experience import Experience, Generation, advantages, collect, e
 from rlkit.grpo.memory import MEMORY
 from rlkit.grpo.objective import GRPOObjective
 from rlkit.grpo.task import Task, load_task, recipe_dir
-from rlkit.rundir import RunDir
+from rlkit.run.checkpoint import dir_bytes
+from rlkit.run.driver import (
+    curriculum_sampler,
+    devices_line,
+    learner_demand,
+    learner_group,
+    learner_spec,
+    memory_metrics,
+    prepare_inputs,
+)
+from rlkit.run.rundir import RunDir
 from rlkit.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from rlkit.engine.engines import RolloutEngines
     from rlkit.engine.group import LearnerGroup
     from rlkit.engine.teacher import TeacherActor
-    from rlkit.metrics import MetricsLogger
+    from rlkit.run.metrics import MetricsLogger
 
 
 def demands(cfg: GRPOConfig, device: Any) -> list[Demand]:
@@ -155,7 +155,7 @@ def sampling_line(cfg: GRPOConfig, tokenizer: Any) -> str:
     """What vLLM samples with, in one line: the recipe's rollout settings (rlkit passes every sampling
     parameter, so a model's generation_config.json defaults never apply; named when it has some), and the
     tokens a completion ends at (the tokenizer's EOS and generation_config.json's eos_token_id)."""
-    from rlkit.models import SAMPLING_FIELDS, generation_config, stop_token_ids
+    from rlkit.model.load import SAMPLING_FIELDS, generation_config, stop_token_ids
 
     r = cfg.rollout
     stops = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in stop_token_ids(cfg.model.path, tokenizer))
@@ -314,8 +314,8 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: RolloutEngines, learners: 
 
 def check_packing(cfg: GRPOConfig, device: Any) -> None:
     """Before launch: `grpo.max_tokens_per_micro_batch` packs only a model without layers that carry a state."""
-    from rlkit.attention import check_packable
-    from rlkit.models import model_config
+    from rlkit.model.attention import check_packable
+    from rlkit.model.load import model_config
 
     if cfg.grpo.max_tokens_per_micro_batch:
         check_packable(model_config(cfg.model), cfg.model.path, "grpo.max_tokens_per_micro_batch",

@@ -78,7 +78,7 @@ def load_task(model: ModelConfig, data: DataConfig, rewards: tuple[RewardSpec, .
     as they hold."""
     from rlkit.data.formats import load_prompts
     from rlkit.data.templates import resolve_template
-    from rlkit.models import load_tokenizer
+    from rlkit.model.load import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     rows = load_prompts(data.train, data.format, data.dataset, data.skip_bad_rows, data.split, seed=seed).rows
@@ -155,7 +155,7 @@ def check_prompts(task: Task, sources: Any, rollout: RolloutConfig | None) -> No
 def _image_inputs(model: ModelConfig, tokenizer: Any, sources: Any, multi_turn: bool) -> Any:
     """A vision-language model's processor for prompt rows with images (None when no row has any);
     rows with images need a vision-language model, and single-turn rollouts."""
-    from rlkit.models import load_image_inputs
+    from rlkit.model.load import load_image_inputs
 
     first = next(((path, n) for path, rows in sources for n, r in enumerate(rows, 1) if r.get("images")), None)
     if first is None:

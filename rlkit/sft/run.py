@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit.checkpoint import dir_bytes
-from rlkit.driver import (
+from rlkit.engine.objective import MicroBatch
+from rlkit.engine.perf import perf_metrics
+from rlkit.run.checkpoint import dir_bytes
+from rlkit.run.driver import (
     curriculum_sampler,
     devices_line,
     learner_demand,
@@ -24,9 +26,7 @@ from rlkit.driver import (
     memory_metrics,
     prepare_inputs,
 )
-from rlkit.engine.objective import MicroBatch
-from rlkit.engine.perf import perf_metrics
-from rlkit.rundir import RunDir
+from rlkit.run.rundir import RunDir
 from rlkit.sft.config import SFTConfig, SFTDataConfig, SFTEvalConfig
 from rlkit.sft.memory import MEMORY
 from rlkit.sft.objective import NLLObjective
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from rlkit.data.curriculum import CurriculumSampler
     from rlkit.data.images import ImageInputs
     from rlkit.engine.group import LearnerGroup
-    from rlkit.metrics import MetricsLogger
+    from rlkit.run.metrics import MetricsLogger
 
 log = logging.getLogger("rlkit")
 
@@ -175,8 +175,8 @@ class EarlyStopping:
 
 def check_packing(cfg: SFTConfig, device: Any) -> None:
     """Before launch: `data.packing` only for a model without layers that carry a state."""
-    from rlkit.attention import check_packable
-    from rlkit.models import model_config
+    from rlkit.model.attention import check_packable
+    from rlkit.model.load import model_config
 
     if cfg.data.packing:
         check_packable(model_config(cfg.model), cfg.model.path, "data.packing",
@@ -186,7 +186,7 @@ def check_packing(cfg: SFTConfig, device: Any) -> None:
 def run_sft(cfg: SFTConfig, recipe_path: str | Path | None = None) -> Path:
     """Run SFT from a loaded recipe; returns the final model directory."""
     from rlkit.accel import detect
-    from rlkit.models import load_image_inputs, load_tokenizer
+    from rlkit.model.load import load_image_inputs, load_tokenizer
 
     device = detect(cfg.device)
     cfg = prepare_inputs(cfg, device, MEMORY, checks=[check_packing], learners=cfg.train.num_learners)

@@ -22,7 +22,7 @@ QUESTION = "What colour is it?"
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
     from rlkit.config import ModelConfig
-    from rlkit.models import load_image_inputs, load_tokenizer
+    from rlkit.model.load import load_image_inputs, load_tokenizer
     from rlkit.tiny_vlm import build_tiny_vlm
 
     cfg = ModelConfig(path=str(build_tiny_vlm(tmp_path_factory.mktemp("vlm"))))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.attention import PACKED_SDPA, sequence_bounds, use_packed_attention
 from rlkit.data.collate import pack_collate
+from rlkit.model.attention import PACKED_SDPA, sequence_bounds, use_packed_attention
 
 
 @pytest.fixture(scope="module")

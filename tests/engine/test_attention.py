@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from rlkit.attention import PACKED_SDPA, packed_sdpa, sequence_bounds, use_packed_attention
 from rlkit.engine.logprobs import token_logprobs
+from rlkit.model.attention import PACKED_SDPA, packed_sdpa, sequence_bounds, use_packed_attention
 from tests.engine.conftest import assert_packed_as_padded
 
 
@@ -21,10 +21,10 @@ def _model(tiny_model, dtype=torch.float32, attn="sdpa"):
 
 
 def test_sdpa_models_switch_and_the_saved_config_does_not_carry_it(tiny_model, tmp_path):
-    from rlkit import models
     from rlkit.config import ModelConfig
+    from rlkit.model.load import load_model
 
-    model = models.load_model(ModelConfig(path=str(tiny_model)), torch.float32)
+    model = load_model(ModelConfig(path=str(tiny_model)), torch.float32)
     assert model.config._attn_implementation == PACKED_SDPA  # every model rlkit loads to train or score
     eager = _model(tiny_model, attn="eager")
     assert not use_packed_attention(eager) and eager.config._attn_implementation == "eager"

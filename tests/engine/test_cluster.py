@@ -37,8 +37,8 @@ def test_what_fits_is_placed_and_what_does_not_says_why():
 def test_the_recipes_demands_name_their_keys():
     from rlkit import stages
     from rlkit.accel import detect
-    from rlkit.driver import learner_demand
     from rlkit.grpo.run import demands
+    from rlkit.run.driver import learner_demand
     from tests.helpers import ROOT
 
     cfg = stages.load("grpo", ROOT / "recipes" / "tiny-grpo.yaml", ["ray.placement=spread"])

@@ -248,7 +248,7 @@ def test_zero3_bf16_learner_scores_with_whole_reference_and_teacher(learners, mo
     from rlkit.grpo.batch import GRPOBatch, Rollout
     from rlkit.grpo.config import DistillConfig, GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective
-    from rlkit.models import whole
+    from rlkit.model.load import whole
     from rlkit.tiny import build_tiny_model
 
     teacher_dir = build_tiny_model(tmp_path / "teacher", SIZE, seed=1)

@@ -21,7 +21,7 @@ QWEN_VOCAB = 151936  # Qwen2.5's lm_head
 def _qwen(vocab: int, layers: int, dtype: torch.dtype, hidden: int = 64):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rlkit.attention import use_packed_attention
+    from rlkit.model.attention import use_packed_attention
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,

@@ -54,7 +54,7 @@ SOLUTION = ("On Tuesday she makes 24 * 3 = 72 loaves.\nIn total she makes 24 + 7
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    from rlkit.gguf import import_gguf
+    from rlkit.model.gguf import import_gguf
 
     return import_gguf(_GGUF)
 

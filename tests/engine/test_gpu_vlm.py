@@ -29,7 +29,7 @@ TRAINED = {"freeze_vision_tower": False, "freeze_multi_modal_projector": False}
 def shapes(tmp_path_factory) -> dict:
     """The tiny VLM, its processor, and one micro-batch of 8 SFT rows of the shape-colour task."""
     from rlkit.config import ModelConfig
-    from rlkit.models import load_image_inputs, load_tokenizer
+    from rlkit.model.load import load_image_inputs, load_tokenizer
     from rlkit.sft.config import SFTDataConfig
     from rlkit.sft.run import load_sft_data, micro_batches
     from rlkit.tiny_vlm import build_tiny_vlm, write_shape_task
@@ -47,7 +47,7 @@ def shapes(tmp_path_factory) -> dict:
 
 def _parts(learner) -> dict[str, dict[str, torch.Tensor]]:
     """The learner's weights (gathered) by part: language, vision, projector."""
-    from rlkit.vision import vision_parts
+    from rlkit.model.vision import vision_parts
 
     weights = dict(learner.named_weights())
     names = vision_parts(learner.engine.module)

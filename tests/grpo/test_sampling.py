@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from rlkit import stages
 from rlkit.grpo.run import sampling_line
-from rlkit.models import stop_token_ids
+from rlkit.model.load import stop_token_ids
 from tests.grpo.conftest import GRPO_RECIPE
 
 

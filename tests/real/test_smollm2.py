@@ -28,7 +28,7 @@ CALCULATOR_QUESTIONS = ["A shop sells 123 boxes with 45 pens each. How many pens
 
 @pytest.fixture(scope="module")
 def model() -> Path:
-    from rlkit.gguf import import_gguf
+    from rlkit.model.gguf import import_gguf
 
     return import_gguf(smollm2_gguf())
 
@@ -110,8 +110,8 @@ print("RESULT" + json.dumps({{"greedy": out, "calculator": calculator}}))
 def test_two_lora_grpo_steps_from_the_gguf_with_parity(model, gsm8k, tmp_path):
     from transformers import AutoTokenizer
 
-    from rlkit.gguf import resolve_models
     from rlkit.grpo.run import run_grpo
+    from rlkit.model.gguf import resolve_models
 
     out = tmp_path / "grpo"
     cfg = stages.load("grpo", RECIPE, [

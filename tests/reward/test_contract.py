@@ -19,7 +19,7 @@ def test_spec_validation():
 def test_core_modules_do_not_import_ray_or_vllm():
     code = textwrap.dedent("""
         import sys
-        import rlkit.reward, rlkit.reward_cli
+        import rlkit.reward, rlkit.commands.reward
         import rewards.math, rewards.format, rewards.length, rewards.exact, rewards.code, rewards.model
         bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'deepspeed', 'torch')]
         assert not bad, bad

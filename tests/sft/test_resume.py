@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlkit.checkpoint import verify
+from rlkit.run.checkpoint import verify
 from tests.conftest import left_running, marked_env
 from tests.helpers import ROOT
 from tests.sft.conftest import sft_overrides

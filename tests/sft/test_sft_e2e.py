@@ -84,7 +84,7 @@ def _exports_match_final(run_dir, final, work):
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from rlkit.export import export_checkpoint
+    from rlkit.commands.export import export_checkpoint
 
     def weights(model_dir):
         files = ["model.safetensors"] + (["adapter/adapter_model.safetensors"] if (final / "adapter").exists() else [])

@@ -29,7 +29,7 @@ def _run(args: argparse.Namespace) -> int:
     import yaml
 
     from rlkit import stages  # torch and the stages' configs: not for `rlkit --help`
-    from rlkit.gguf import resolve_models
+    from rlkit.model.gguf import resolve_models
 
     try:
         declared = (yaml.safe_load(Path(args.recipe).read_text(encoding="utf-8")) or {}).get("stage", "sft")

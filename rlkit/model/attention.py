@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlkit.vision import text_config
+from rlkit.model.vision import text_config
 
 PACKED_SDPA = "rlkit_packed_sdpa"
 _READS_BOUNDS = (PACKED_SDPA, "flash_attention_2", "flash_attention_3", "flash_attention_4")

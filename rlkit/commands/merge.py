@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rlkit.errors import UserError
-    from rlkit.models import merge_adapter
+    from rlkit.model.load import merge_adapter
 
     config = Path(args.adapter) / "adapter_config.json"
     if not config.exists():

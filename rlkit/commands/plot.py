@@ -95,7 +95,7 @@ def find_runs(folders: list[Path]) -> list[Path]:
 
 def plot_runs(folders: list[Path], out: Path) -> list[Path]:
     """Draw every panel the runs have metrics for; return the PNGs written (curves.png last)."""
-    from rlkit.metrics import read_jsonl
+    from rlkit.run.metrics import read_jsonl
 
     runs = find_runs(folders)
     by_stage: dict[str, list[Path]] = {}

@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
 
 def export_checkpoint(ckpt: Path, out: Path, dtype: str = "fp32") -> Path:
     """Write the model of checkpoint `ckpt` to `out` (written beside it, then renamed)."""
-    from rlkit.checkpoint import STATE_FILE, verify
     from rlkit.data.templates import ship_template
-    from rlkit.models import check_model_path
+    from rlkit.model.checks import check_model_path
+    from rlkit.run.checkpoint import STATE_FILE, verify
 
     if not (ckpt / STATE_FILE).is_file():
         raise UserError(f"{ckpt}: not an rlkit checkpoint (no {STATE_FILE}); name a checkpoints/step-N folder")
@@ -83,7 +83,7 @@ def _template(ckpt: Path, config: dict[str, Any]) -> str:
     """The prompt template the checkpoint was trained with (its state; else the recipe's, when named)."""
     import json
 
-    from rlkit.checkpoint import STATE_FILE
+    from rlkit.run.checkpoint import STATE_FILE
 
     state = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
     return state.get("template") or (config.get("data") or {}).get("template") or "alpaca"
@@ -115,7 +115,7 @@ def _write_full(state: dict[str, Any], base: str, out: Path, dtype: str) -> None
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlkit.models import DTYPES
+    from rlkit.model.load import DTYPES
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     groups: dict[int, list[str]] = {}
@@ -132,7 +132,7 @@ def _write_adapter(state: dict[str, Any], base: str, lora: dict[str, Any], out: 
     from transformers import AutoModelForCausalLM
 
     from rlkit.config import LoraConfig
-    from rlkit.models import merge_adapter, wrap_for_training
+    from rlkit.model.load import merge_adapter, wrap_for_training
 
     cfg = LoraConfig(**{**lora, "target_modules": tuple(lora.get("target_modules") or LoraConfig.target_modules)})
     model = wrap_for_training(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), "lora", cfg)

@@ -4,9 +4,9 @@ rlkit.log, checkpoints and what to resume from, the metrics logger, final/.
 Inside `RunDir.session()` a fault (`FaultError`: an actor died or hung, a full disk) ends the
 run with one line that says which checkpoint a rerun resumes from, Ray's detail going to
 rlkit.log; inside `run.stops.caught()` SIGTERM / SIGINT stop the run at the end of the current
-step, after a checkpoint (`checkpoint_due`, then `run.stops.stop_if_signalled`: `rlkit.stops`).
+step, after a checkpoint (`checkpoint_due`, then `run.stops.stop_if_signalled`: `rlkit.run.stops`).
 How a checkpoint is written, verified and read back, and what a full disk says, is
-`rlkit.checkpoint`'s.
+`rlkit.run.checkpoint`'s.
 """
 
 from __future__ import annotations
@@ -22,14 +22,23 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rlkit import console, faults, reruns
-from rlkit.checkpoint import PAYLOAD_FILE, CheckpointManager, Resumed, dir_bytes, read_resume, resolve_resume, writing
+from rlkit import console, faults
 from rlkit.config import CheckpointConfig
 from rlkit.data.curriculum import CurriculumSampler
 from rlkit.data.templates import ship_template
 from rlkit.errors import FaultError, UserError
 from rlkit.recipe import to_dict
-from rlkit.stops import StopSignals
+from rlkit.run import reruns
+from rlkit.run.checkpoint import (
+    PAYLOAD_FILE,
+    CheckpointManager,
+    Resumed,
+    dir_bytes,
+    read_resume,
+    resolve_resume,
+    writing,
+)
+from rlkit.run.stops import StopSignals
 
 if TYPE_CHECKING:
     from rlkit.engine.group import LearnerGroup
@@ -169,7 +178,7 @@ class RunDir:
 
     def logger(self, logging_cfg: Any, total_steps: int, start_step: int) -> Any:
         """Metrics sinks (JSONL, TensorBoard, wandb, progress); records after `start_step` are dropped."""
-        from rlkit.metrics import MetricsLogger
+        from rlkit.run.metrics import MetricsLogger
 
         return MetricsLogger(self.path, logging_cfg, total_steps, start_step=start_step, config=self.config,
                              name=self.stage)

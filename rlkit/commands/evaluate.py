@@ -102,8 +102,8 @@ def _config(args: argparse.Namespace) -> tuple[Any, str | None]:
     """A GRPO config for the model and data (the recipe's, with these overrides), and the folder
     reward file paths are relative to."""
     from rlkit import stages
-    from rlkit.gguf import import_gguf, is_gguf
     from rlkit.grpo.task import recipe_dir
+    from rlkit.model.gguf import import_gguf, is_gguf
     from rlkit.recipe import build
     from rlkit.reward.contract import RewardSpec
 

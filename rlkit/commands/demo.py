@@ -21,7 +21,7 @@ SCORED = ("grpo",)  # the runs whose line gives their held-out accuracy
 
 def run_demo(out_dir: str | Path = RUNS, stages: list[str] | None = None) -> Iterator[str]:
     """Yield one line per finished command, naming where its outputs are."""
-    from rlkit.plot import plot_runs
+    from rlkit.commands.plot import plot_runs
 
     out = Path(out_dir)
     ran = []

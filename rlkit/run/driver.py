@@ -3,7 +3,7 @@ launch, the curriculum sampler, the learners' spec, and Ray with the learner gro
 
 A stage driver (`sft/run.py`, `grpo/run.py`) loads and checks its data first (`prepare_inputs`
 runs the checks every stage shares and the ones the stage hands it), then opens its `RunDir`
-(`rlkit.rundir`) and starts its learners with `learner_group` (which also starts or joins Ray,
+(`rlkit.run.rundir`) and starts its learners with `learner_group` (which also starts or joins Ray,
 checks the stage's demands on the cluster, and stops what it started). Nothing here knows a stage.
 """
 
@@ -29,7 +29,7 @@ log = logging.getLogger("rlkit")
 
 def prepare_inputs(cfg: Any, device: Any, memory: Any, checks: Sequence[Callable[[Any, Any], None]] = (),
                    learners: int = 1) -> Any:
-    """Check the precision against the device, import a GGUF model (`rlkit.gguf`), build the
+    """Check the precision against the device, import a GGUF model (`rlkit.model.gguf`), build the
     offline tiny model / synthetic task where the recipe asks for them and they are missing, check
     the model (and tokenizer) path, the DeepSpeed section (and warn of ZeRO-3 on one of the
     `learners`), the stage's own `checks` (each called
@@ -40,9 +40,10 @@ def prepare_inputs(cfg: Any, device: Any, memory: Any, checks: Sequence[Callable
     from rlkit.accel import check_precision
     from rlkit.engine.ds_config import check_deepspeed_config, zero3_alone
     from rlkit.estimate import check_before_launch
-    from rlkit.gguf import resolve_models
-    from rlkit.kernels import check_kernels
-    from rlkit.models import check_model, ensure_tiny_model, model_config
+    from rlkit.model.checks import check_model, ensure_tiny_model
+    from rlkit.model.gguf import resolve_models
+    from rlkit.model.kernels import check_kernels
+    from rlkit.model.load import model_config
     from rlkit.paths import with_absolute_paths
     from rlkit.tiny import ensure_task_data
     from rlkit.tiny_vlm import write_shape_task

@@ -1,0 +1,74 @@
+"""What a learner writes and reads back (`Learner` takes these methods): checkpoints (DeepSpeed's
+engine state, with the optimizer and the lr schedule, and each rank's RNG states), the final
+model, and a LoRA adapter's files (a push of the adapter sends them too)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkit import faults
+
+
+class Saving:
+    """Checkpoints and the final model of one learner rank."""
+
+    engine: Any  # the DeepSpeed engine
+    spec: Any  # the `LearnerSpec`
+    rank: int
+    _named_weights: Any  # the learner's (HF name, tensor) of the policy, LoRA merged (ZeRO-3: every rank gathers)
+
+    def save_checkpoint(self, ckpt_dir: str) -> None:
+        """All ranks: engine (weights/adapter, optimizer, scheduler) + this rank's RNG states."""
+        faults.crash_here("save_checkpoint", f"learner{self.rank}")
+        faults.full_disk_here(f"learner{self.rank}")
+        self.engine.save_checkpoint(ckpt_dir, tag="engine", save_latest=False,
+                                    exclude_frozen_parameters=self.spec.finetuning != "full")
+        rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        torch.save(rng, Path(ckpt_dir) / f"rng_rank{self.rank}.pt")
+
+    def load_checkpoint(self, ckpt_dir: str) -> None:
+        path, _ = self.engine.load_checkpoint(ckpt_dir, tag="engine", load_module_strict=self.spec.finetuning == "full")
+        if path is None:
+            raise RuntimeError(f"{ckpt_dir}: DeepSpeed found no engine checkpoint to load")
+        rng = torch.load(Path(ckpt_dir) / f"rng_rank{self.rank}.pt", weights_only=False)
+        random.setstate(rng["python"])
+        torch.set_rng_state(rng["torch"])
+
+    def save_model(self, out_dir: str, tokenizer_dir: str) -> str | None:
+        """Final output on rank 0: a HF model dir (full), or `adapter/` + the merged model (LoRA)."""
+        from transformers import AutoTokenizer
+
+        from rlkit.model.load import merge_adapter
+        from rlkit.model.vision import save_processor
+
+        out, module = Path(out_dir), self.engine.module
+        if self.spec.finetuning == "full":
+            state = dict(self._named_weights())
+            if self.rank == 0:
+                module.save_pretrained(out, state_dict=state, safe_serialization=True)
+        else:
+            self._save_adapter(out / "adapter")
+            if self.rank == 0:  # QLoRA: merged onto the full-precision base, as peft does
+                merge_adapter(out / "adapter", self.spec.model.path, out)
+        if self.rank != 0:
+            return None
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+        save_processor(tokenizer_dir, out)
+        return str(out)
+
+    def _save_adapter(self, out: Path) -> bool:
+        """peft's adapter directory at `out` from rank 0 (True there); every rank must call, for the
+        ZeRO-3 gather of the trainable parameters."""
+        import deepspeed
+
+        module = self.engine.module
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None,
+                                               enabled=self.spec.deepspeed.zero_stage == 3):
+            if self.rank == 0:
+                module.save_pretrained(out, safe_serialization=True)
+        return self.rank == 0
