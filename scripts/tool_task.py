@@ -22,7 +22,7 @@ held-out pairs never seen in training):
 4. with `--distill-student N`: a student after N steps on the transcripts distils from the
    transcripts' SFT model with the tool in its rollouts (rlkit distill, TRL's JSD) for
    `--distill-steps`, and its held-out accuracy along the way.
-Run nothing else meanwhile (2 cores). tests/agent/test_calculator_task.py runs steps 1-3.
+Run nothing else meanwhile (2 cores). tests/e2e/test_calculator_task.py runs steps 1-3.
 """
 
 from __future__ import annotations

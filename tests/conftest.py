@@ -67,8 +67,7 @@ def sft_model(tiny_model, task_data, tmp_path_factory):
 
     from rlkit import stages
     from rlkit.sft.run import run_sft
-    from tests.helpers import ROOT
-    from tests.sft.conftest import sft_overrides
+    from tests.helpers import ROOT, sft_overrides
 
     out = tmp_path_factory.mktemp("sft-start")
     cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml",

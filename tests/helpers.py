@@ -1,23 +1,76 @@
 """What the tests share (one module: no test module imports another): the checkout's root, the CLI
-run as a user runs it, a minimal GRPO recipe, and learners that write checkpoints like the real ones."""
+run as a user runs it, the recipe overrides of tiny SFT and GRPO runs and their metrics' readers,
+a minimal GRPO recipe, scripts/tool_task.py as a module, and learners that write checkpoints like
+the real ones."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rlkit.run.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY_GRPO = ROOT / "recipes" / "tiny-grpo.yaml"
+GRPO_RECIPE = ROOT / "recipes" / "tiny-grpo.yaml"
 
 
 def rlkit_cli(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "rlkit.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
+
+
+def sft_overrides(tiny_model, task_data, out_dir, *extra: str) -> list[str]:
+    """A tiny SFT run's overrides: the model and task given, no builds, quiet."""
+    return [f"model.path={tiny_model}", "model.build_tiny_if_missing=null", f"data.train={task_data['sft_train']}",
+            f"data.eval={task_data['sft_eval']}", "data.build_synthetic_if_missing=null", f"output_dir={out_dir}",
+            "logging.progress=none", "logging.tensorboard=false", *extra]
+
+
+def grpo_overrides(model, task_data, out, *extra: str) -> list[str]:
+    """A tiny GRPO run's overrides: one engine and one learner unless a test asks for more (the
+    recipe itself runs 2 + 2), the model and task given, quiet."""
+    return ["rollout.num_engines=1", "grpo.num_learners=1", "deepspeed.zero_stage=0",
+            f"model.path={model}", f"data.train={task_data['grpo_train']}", f"data.eval={task_data['grpo_eval']}",
+            "data.build_synthetic_if_missing=null", f"output_dir={out}", "logging.progress=none",
+            "logging.tensorboard=false",
+            *extra]
+
+
+def run_metrics(run) -> list[dict]:
+    """Every record of a run's metrics.jsonl."""
+    return [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def eval_losses(run) -> list[float]:
+    """An SFT run's held-out losses, in order."""
+    return [r["eval/loss"] for r in run_metrics(run) if r.get("eval/loss") is not None]
+
+
+def run_steps(run) -> list[dict]:
+    """A GRPO run's training-step records (eval.every 0 still evaluates before the first step)."""
+    return [r for r in run_metrics(run) if "reward/mean" in r]
+
+
+def logged_steps(run) -> int:
+    """The last step in a running GRPO run's metrics (0 before any, or while a line is half written)."""
+    try:
+        return max([r["step"] for r in run_steps(run)], default=0)
+    except (OSError, ValueError):
+        return 0
+
+
+def tool_task_script() -> ModuleType:
+    """scripts/tool_task.py as a module: the tests run the calculator task through it."""
+    spec = importlib.util.spec_from_file_location("tool_task", ROOT / "scripts" / "tool_task.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
 
 
 GRPO_BASE = ("stage: grpo\noutput_dir: o\nmodel: {path: m}\ndata: {train: t.jsonl}\n"
@@ -59,4 +112,4 @@ def grpo_run_dir(out: Path, *overrides: str) -> RunDir:
     from rlkit import stages
     from rlkit.run.rundir import RunDir
 
-    return RunDir(stages.load("grpo", TINY_GRPO, [f"output_dir={out}", "checkpoint.every=1", *overrides]), "grpo")
+    return RunDir(stages.load("grpo", GRPO_RECIPE, [f"output_dir={out}", "checkpoint.every=1", *overrides]), "grpo")

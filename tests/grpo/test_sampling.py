@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from rlkit import stages
 from rlkit.grpo.run import sampling_line
 from rlkit.model.load import stop_token_ids
-from tests.grpo.conftest import GRPO_RECIPE
+from tests.helpers import GRPO_RECIPE
 
 
 def test_the_recipe_wins_over_generation_config_and_says_so(tiny_model, tmp_path):

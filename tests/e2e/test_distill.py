@@ -2,14 +2,13 @@
 (the tiny model after 150 SFT steps) samples, the teacher (the tiny SFT model, 600 steps) gives its
 next-token distribution, the student minimises TRL's generalized JSD (forward KL). On held-out
 prompts, the exact per-token KL from the student to the teacher falls and the student's accuracy
-moves toward the teacher's (a teacher in its own actor: tests/test_multinode.py)."""
+moves toward the teacher's (a teacher in its own actor: tests/e2e/test_multinode.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers import ROOT
-from tests.sft.conftest import read_metrics, sft_overrides
+from tests.helpers import ROOT, run_metrics, sft_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +37,7 @@ def distill(student, teacher, task_data, out, *extra: str):
 def test_the_student_moves_toward_the_teacher(sft_model, student, task_data, tmp_path):
     out = tmp_path / "distill"
     final = distill(student, sft_model, task_data, out)
-    rows = read_metrics(out)
+    rows = run_metrics(out)
     jsd = [r["train/distill/jsd"] for r in rows if "train/distill/jsd" in r]
     evals = [r["eval/number_match"] for r in rows if "eval/number_match" in r]
     assert len(jsd) == 150 and len(evals) == 4

@@ -1,22 +1,13 @@
-"""The calculator task's tool-calling model, shared by the multi-turn GRPO tests."""
+"""The end-to-end runs' fixtures: the calculator task's tool-calling model (the multi-turn GRPO
+runs). The tiny model, its task and the SFT-trained start model are tests/conftest.py's."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.helpers import ROOT
-
-
-def tool_task_script() -> ModuleType:
-    """scripts/tool_task.py as a module: the tests run the task through it."""
-    spec = importlib.util.spec_from_file_location("tool_task", ROOT / "scripts" / "tool_task.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+from tests.helpers import tool_task_script
 
 
 @pytest.fixture(scope="session")

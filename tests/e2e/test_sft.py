@@ -7,8 +7,7 @@ import torch
 
 from rlkit import stages
 from rlkit.sft.run import run_sft
-from tests.helpers import ROOT
-from tests.sft.conftest import eval_losses, sft_overrides
+from tests.helpers import ROOT, eval_losses, sft_overrides
 
 pytestmark = pytest.mark.slow
 RECIPE = ROOT / "recipes" / "tiny-sft.yaml"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.agent.conftest import tool_task_script
+from tests.helpers import tool_task_script
 
 pytestmark = pytest.mark.slow
 

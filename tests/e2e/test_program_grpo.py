@@ -14,8 +14,8 @@ from rlkit.agent.loop import prepare_tokenizer
 from rlkit.agent.program import ProgramAgent
 from rlkit.engine.rollout import Sampling
 from rlkit.program_config import ProgramConfig
-from tests.agent.conftest import tool_task_script
 from tests.agent.scripted import assert_recorded_exactly
+from tests.helpers import tool_task_script
 
 pytestmark = pytest.mark.slow
 

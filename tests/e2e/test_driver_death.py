@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import left_running, marked_env
-from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides, logged_steps
+from tests.helpers import GRPO_RECIPE, grpo_overrides, logged_steps
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.grpo.conftest import GRPO_RECIPE
+from tests.helpers import GRPO_RECIPE
 
 pytestmark = pytest.mark.slow
 

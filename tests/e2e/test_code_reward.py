@@ -15,9 +15,7 @@ import pytest
 
 from rlkit import stages
 from rlkit.reward.sandbox import namespaces_problem
-from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides
-from tests.helpers import ROOT
-from tests.sft.conftest import read_metrics, sft_overrides
+from tests.helpers import GRPO_RECIPE, ROOT, grpo_overrides, run_metrics, sft_overrides
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(namespaces_problem() is not None, reason=f"no sandbox: {namespaces_problem()}")]
@@ -54,7 +52,7 @@ def test_grpo_with_the_sandboxed_code_reward_learns(tiny_model, task_data, tmp_p
         start, data, out, "grpo.steps=20", "eval.every=10", "checkpoint.every=0", "curriculum.enabled=false",
         "rollout.max_tokens=32", "rewards=[{fn: 'rewards.code:code_reward', args: {timeout_s: 2.0}}]"))
     run_grpo(cfg, GRPO_RECIPE)
-    rows = read_metrics(out)
+    rows = run_metrics(out)
     train = [r["reward/code_reward/mean"] for r in rows if "reward/code_reward/mean" in r]
     evals = [r["eval/reward"] for r in rows if r.get("eval/reward") is not None]
     assert len(train) == 20 and len(evals) == 3

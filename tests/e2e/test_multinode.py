@@ -26,9 +26,7 @@ import pytest
 import yaml
 
 from tests.cluster import NetnsCluster
-from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides
-from tests.helpers import ROOT
-from tests.sft.conftest import sft_overrides
+from tests.helpers import GRPO_RECIPE, ROOT, grpo_overrides, sft_overrides
 
 WHY_NOT = NetnsCluster.available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=f"no test hosts: {WHY_NOT}")]

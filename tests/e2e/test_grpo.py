@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from rlkit import stages
 from rlkit.accel import detect
 from tests.conftest import left_running, marked_env
-from tests.grpo.conftest import GRPO_RECIPE, grpo_overrides, logged_steps, run_metrics, run_steps
+from tests.helpers import GRPO_RECIPE, grpo_overrides, logged_steps, run_metrics, run_steps
 
 pytestmark = pytest.mark.slow
 CPU_BF16 = detect("cpu").bf16  # native bf16 matmuls (AVX512-BF16 / AMX) on this CPU
@@ -60,7 +60,7 @@ def test_grpo_learns_and_final_policy_loads(sft_model, task_data, task_container
     assert set(first["rewards"]) == {"exact_match", "number_match"} and isinstance(first["advantage"], float)
     assert first["reward"] == pytest.approx(sum(v * w for v, w in zip(first["rewards"].values(), (1.0, 0.0))
                                                 if v is not None))
-    # The final policy loads in transformers (and in vLLM: tests/grpo/test_tiny_recipes.py runs the
+    # The final policy loads in transformers (and in vLLM: tests/e2e/test_tiny_recipes.py runs the
     # README's `rlkit eval` of the demo's GRPO run, which serves it).
     from transformers import AutoModelForCausalLM
 

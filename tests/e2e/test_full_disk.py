@@ -1,5 +1,5 @@
 """A full disk at a checkpoint: one line, the last checkpoint intact. (kill -9 of a whole SFT run
-mid-checkpoint, then `resume: auto`: tests/sft/test_kill_anywhere.py.)"""
+mid-checkpoint, then `resume: auto`: tests/e2e/test_kill_anywhere.py.)"""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 
 from rlkit.run.checkpoint import verify
 from tests.conftest import left_running, marked_env
-from tests.helpers import ROOT
-from tests.sft.conftest import sft_overrides
+from tests.helpers import ROOT, sft_overrides
 
 pytestmark = pytest.mark.slow
 
