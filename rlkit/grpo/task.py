@@ -172,7 +172,8 @@ def _image_inputs(model: ModelConfig, tokenizer: Any, sources: Any, multi_turn: 
 
 def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: str | None) -> Any:
     """The run's tools and environments, or its agent program, checked (one line each) before launch."""
-    from rlkit.agent.loop import Agent, prepare_tokenizer
+    from rlkit.agent.loop import Agent
+    from rlkit.agent.template import prepare_tokenizer
 
     key = "rollout.tools" if rollout.tools else "rollout.environment" if rollout.environment else \
         "rollout.interaction" if rollout.interaction else "rollout.program"

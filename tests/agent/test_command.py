@@ -51,7 +51,7 @@ print(json.dumps({"reward": float(str(row["a"] + row["b"]) in message.content) i
 
 @pytest.fixture(scope="module")
 def tok():
-    from rlkit.agent.loop import prepare_tokenizer
+    from rlkit.agent.template import prepare_tokenizer
     from rlkit.tiny import build_tokenizer
 
     return prepare_tokenizer(build_tokenizer(512, tools=True))

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from rlkit.agent.chat_api import normalise
-from rlkit.agent.loop import prepare_tokenizer
 from rlkit.agent.program import ProgramAgent
+from rlkit.agent.template import prepare_tokenizer
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.program_config import ProgramConfig
 from tests.agent.scripted import ROWS, Engine, assert_recorded_exactly

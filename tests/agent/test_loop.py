@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.agent.loop import Agent, rollout_metrics, suffix_ids
+from rlkit.agent.loop import Agent, rollout_metrics
+from rlkit.agent.template import suffix_ids
 from rlkit.agent.tools import load_environments, load_tools
 from rlkit.engine.rollout import Sample
 from rlkit.errors import ConfigError

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from rlkit.agent.examples import calculator
-from rlkit.agent.loop import prepare_tokenizer
 from rlkit.agent.program import ProgramAgent
+from rlkit.agent.template import prepare_tokenizer
 from rlkit.engine.rollout import Sampling
 from rlkit.program_config import ProgramConfig
 from tests.agent.scripted import assert_recorded_exactly
