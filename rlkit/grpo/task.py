@@ -182,8 +182,10 @@ def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: st
                           "format become chat messages)", key)
     if rollout.program.on:
         from rlkit.agent.program import ProgramAgent, load_program
+        from rlkit.engine.engines import sampling
 
-        recipe = {"temperature": rollout.temperature, "top_p": rollout.top_p}
+        sample = sampling(rollout)  # what the engines sample with: the programs' requests are held to it
+        recipe = {"temperature": sample.temperature, "top_p": sample.top_p}
         with contextlib.suppress(ConfigError):  # tool calls parsed into OpenAI's format; without, a turn is text
             tokenizer = prepare_tokenizer(tokenizer, key)
         program = load_program(rollout.program.fn, recipe_dir) if rollout.program.fn else None
