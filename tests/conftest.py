@@ -80,12 +80,18 @@ def sft_model(tiny_model, task_data, tmp_path_factory):
 
 @pytest.fixture()
 def ray_local():
-    """A local Ray instance for one test (rlkit's own runs start and stop their own otherwise)."""
+    """A local Ray instance for one test (rlkit's own runs start and stop their own otherwise), started
+    as a user's would be: its processes do not inherit the allocator variables (`MALLOC_*`) that an
+    in-process learner or driver of an earlier test set in this process (`accel.apply_env`)."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+        held = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("MALLOC_")}
+        try:
+            ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING",
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+        finally:
+            os.environ.update(held)
     yield
     ray.shutdown()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 RUNS = "runs"  # where every path of the tiny recipes starts
 AGAIN = ("overwrite=true", "checkpoint.resume=never")  # a second demo replaces the first one's runs
 MOVED_KEYS = ("model.path", "data.train", "data.eval", "output_dir")

