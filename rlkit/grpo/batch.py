@@ -144,7 +144,7 @@ class GRPOBatch:
         micro-batches of `rows` rows, tokens and masks only."""
         spans = [range(i, min(i + rows, len(self))) for i in range(0, len(self), rows)]
         keys = ("input_ids", "attention_mask", "completion_mask")
-        parts = score([MicroBatch({k: self.micro_batch(span)[k] for k in keys}) for span in spans])
+        parts = score([MicroBatch({k: mb[k] for k in keys}) for mb in map(self.micro_batch, spans)])
         logp = torch.zeros(self.input_ids.shape[0], self.input_ids.shape[1] - 1)
         for span, part in zip(spans, parts):
             logp[span.start:span.stop, :part.shape[1]] = part
