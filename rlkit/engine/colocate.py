@@ -27,7 +27,7 @@ class ColocatedEngine:
     def __init__(self, model_path: str, options: dict[str, Any], world_size: int, on_accelerator: bool):
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         if not on_accelerator:
-            env = cpu_engine_env(options.get("kv_cache_gib") or 1.0, torch.get_num_threads())
+            env = cpu_engine_env(options.get("kv_cache_gib"), torch.get_num_threads())
         for key, value in env.items():
             os.environ.setdefault(key, value)
         options = dict(options)

@@ -154,7 +154,7 @@ class SeparateEngines:
         from rlkit.engine.cluster import check_nodes_see, pg_nodes
         from rlkit.engine.placement import engine_cpus, placement_group
         from rlkit.engine.roles import Role
-        from rlkit.engine.rollout import DEFAULT_CPU_KV_CACHE_GIB, cpu_engine_env
+        from rlkit.engine.rollout import cpu_engine_env
 
         tp = rollout.tensor_parallel_size
         cpus = engine_cpus(device, ray_cfg, tp)
@@ -167,7 +167,7 @@ class SeparateEngines:
         self.model = model.path
         self.options = [{**worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31), adapter),
                          "tensor_parallel_size": tp, "index": i} for i in range(rollout.num_engines)]
-        own = {} if device.is_accelerator else cpu_engine_env(rollout.kv_cache_gib or DEFAULT_CPU_KV_CACHE_GIB)
+        own = {} if device.is_accelerator else cpu_engine_env(rollout.kv_cache_gib)
         self.role = Role.of(RolloutWorker, "engine", device, ray_cfg, devices=tp, cpus=cpus, env=own)
         self.handles = [self._create(i) for i in range(rollout.num_engines)]
         watch_nodes(self.pg, self.names)

@@ -18,7 +18,7 @@ class LocalEngine:
         device = detect(cfg.device)
         options = worker_options(cfg.rollout, cfg.model, device, cfg.seed)
         if not device.is_accelerator:  # before vLLM is imported: it reads them then
-            for key, value in cpu_engine_env(options["kv_cache_gib"] or 1.0).items():
+            for key, value in cpu_engine_env(options["kv_cache_gib"]).items():
                 os.environ.setdefault(key, value)
         from rlkit.engine.rollout import RolloutWorker
 

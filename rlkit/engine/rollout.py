@@ -77,14 +77,15 @@ class Sampling:
                     stop=list(self.stop) or None, stop_token_ids=list(self.stop_token_ids) or None)
 
 
-def cpu_engine_env(kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB, omp_threads: int = 1) -> dict[str, str]:
+def cpu_engine_env(kv_cache_gib: float | None = None, omp_threads: int = 1) -> dict[str, str]:
     """Environment for a vLLM-CPU engine process: in-process engine core (fastest on few
-    cores), capped KV cache, no OpenMP thread binding, `omp_threads` threads, and TorchDynamo
-    off: the engine runs eager on CPU, and vLLM's one `torch.compile`d sampler op (logprob
-    ranks) would otherwise cost ~6 s of inductor compile on the first generate."""
+    cores), a KV cache of `kv_cache_gib` (None: `DEFAULT_CPU_KV_CACHE_GIB`), no OpenMP thread
+    binding, `omp_threads` threads, and TorchDynamo off: the engine runs eager on CPU, and vLLM's
+    one `torch.compile`d sampler op (logprob ranks) would otherwise cost ~6 s of inductor compile
+    on the first generate."""
     return {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib))),
+        "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_cache_gib or DEFAULT_CPU_KV_CACHE_GIB))),
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(omp_threads),
         "TOKENIZERS_PARALLELISM": "false",
@@ -341,6 +342,6 @@ def create_rollout_actor(model: str, *, num_cpus: float = 1, resources: dict[str
     num_cpus = resources.pop("CPU", num_cpus)
     if accelerator is None:
         accelerator = bool(num_gpus or resources)
-    env = {} if accelerator else cpu_engine_env(worker_kwargs.get("kv_cache_gib") or DEFAULT_CPU_KV_CACHE_GIB)
+    env = {} if accelerator else cpu_engine_env(worker_kwargs.get("kv_cache_gib"))
     options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources)
     return Role(RolloutWorker, options, {**env, **(env_vars or {})}).start(model, name=name, **worker_kwargs)
