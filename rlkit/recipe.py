@@ -298,9 +298,11 @@ def changed(obj: Any, values: Mapping[str, Any]) -> Any:
         section, _, name = key.rpartition(".")
         sections.setdefault(section, {})[name] = value
     for section, fields in sections.items():
-        inner = functools.reduce(getattr, section.split("."), obj) if section else obj
-        obj = replaced(obj, section, dataclasses.replace(inner, **fields)) if section else \
-            dataclasses.replace(obj, **fields)
+        if not section:  # keys of `obj` itself
+            obj = dataclasses.replace(obj, **fields)
+            continue
+        inner = functools.reduce(getattr, section.split("."), obj)
+        obj = replaced(obj, section, dataclasses.replace(inner, **fields))
     return obj
 
 
