@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 from rlkit.accel import Kind
 from rlkit.data.curriculum import DEFAULT_LEVELS, DEFAULT_PHASES, validate_phases
-from rlkit.data.formats import ROW_FORMATS
+from rlkit.data.schema import ROW_FORMATS
 from rlkit.data.templates import TEMPLATES
 from rlkit.recipe import check, replaced
 from rlkit.tiny import SIZES, VLM

@@ -75,7 +75,8 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="keep the SFT models of an earlier run in --work")
     args = ap.parse_args()
 
-    from rlkit.tiny import build_tiny_model, write_tool_task
+    from rlkit.tiny import build_tiny_model
+    from rlkit.tiny_tools import write_tool_task
 
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)

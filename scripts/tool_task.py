@@ -4,8 +4,8 @@
         [--mix-steps 120] [--grpo-steps 16] [--lr 1e-4] [--shaped 0.5] [--distill-student 320] [--distill-steps 120]
         [--reuse] [grpo.beta=0 ...]
 
-On the tiny tool-calling model (rlkit/tiny.py, `write_tool_task`: sums of two 2-digit numbers,
-held-out pairs never seen in training):
+On the tiny tool-calling model (rlkit/tiny.py; the task is rlkit/tiny_tools.py's `write_tool_task`:
+sums of two 2-digit numbers, held-out pairs never seen in training):
 1. SFT without the tool (`sft_direct.jsonl`: question -> answer: the no-tool baseline) and SFT on
    tool-use transcripts (`sft_tools.jsonl`: question -> a call of `add` -> its result -> the
    answer), `--sft-steps` and `--tool-steps`; then `--mix-steps` more SFT steps on
@@ -13,8 +13,8 @@ held-out pairs never seen in training):
    directly): a model that can use the tool but seldom calls it, like a tool-trained model
    fine-tuned on plain chat data (`--mix-steps 0`: GRPO starts from the transcripts' model, which
    always calls);
-2. GRPO from that model with `rollout.tools: [rlkit.tiny:add]` and an exact-answer reward (with
-   `--shaped W`, also `rlkit.tiny:calculator_steps` at weight W: credit for the call's arguments
+2. GRPO from that model with `rollout.tools: [rlkit.tiny_tools:add]` and an exact-answer reward (with
+   `--shaped W`, also `rlkit.tiny_tools:calculator_steps` at weight W: credit for the call's arguments
    and for repeating the tool's result);
 3. held-out exact accuracy (greedy, the final assistant message) of each: the no-tool SFT model
    (`rlkit eval`), the tool SFT model (GRPO's step-0 eval), the GRPO policy every quarter of the
@@ -43,7 +43,7 @@ SFT_STEPS = 400  # on the direct answers: the no-tool baseline
 # On the transcripts. Copying the tool's result into the answer comes late, at a step that moves with
 # the host's float rounding: at 400 an AVX2 host's model calls `add` and answers its own guess.
 TOOL_STEPS = 800
-TOOL_ROLLOUT = ("rollout.tools=['rlkit.tiny:add']", "rollout.max_tool_calls=2", "rollout.max_tokens=200",
+TOOL_ROLLOUT = ("rollout.tools=['rlkit.tiny_tools:add']", "rollout.max_tool_calls=2", "rollout.max_tokens=200",
                 "rollout.max_model_len=512")
 
 
@@ -88,7 +88,7 @@ def grpo(model: Path, data: dict[str, Path], run: Path, steps: int, lr: float, s
     reward (+ `calculator_steps` at weight `shaped`), held-out eval every quarter; its metrics."""
     shutil.rmtree(run, ignore_errors=True)
     rewards = "rewards=[{fn: 'rewards.exact:exact_match'}" + (
-        f", {{fn: 'rlkit.tiny:calculator_steps', weight: {shaped}}}]" if shaped else "]")
+        f", {{fn: 'rlkit.tiny_tools:calculator_steps', weight: {shaped}}}]" if shaped else "]")
     rlkit("grpo", str(ROOT / "recipes" / "tiny-grpo.yaml"), f"model.path={model}", f"data.train={data['grpo_train']}",
           f"data.eval={data['grpo_eval']}", "data.build_synthetic_if_missing=null", "data.template=chat",
           "curriculum.enabled=false", rewards, *TOOL_ROLLOUT, f"grpo.steps={steps}", f"optim.lr={lr}",
@@ -113,8 +113,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4, help="GRPO learning rate")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shaped", type=float, default=0.0,
-                    help="weight of rlkit.tiny:calculator_steps (credit for copying the numbers into the call and "
-                         "the tool's result into the answer) beside the exact-answer reward; 0: exact answer only")
+                    help="weight of rlkit.tiny_tools:calculator_steps (credit for copying the numbers into the call "
+                         "and the tool's result into the answer) beside the exact-answer reward; 0: exact answer only")
     ap.add_argument("--reuse", action="store_true", help="keep the SFT models of an earlier run in --work")
     ap.add_argument("--distill-student", type=int, default=0, metavar="STEPS",
                     help="also: a student with STEPS tool SFT steps distils from the tool SFT model (rlkit distill, "
@@ -123,7 +123,8 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="more GRPO recipe overrides (key.sub=value)")
     args = ap.parse_args()
 
-    from rlkit.tiny import build_tiny_model, write_tool_task
+    from rlkit.tiny import build_tiny_model
+    from rlkit.tiny_tools import write_tool_task
 
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -149,7 +149,7 @@ def test_engines_load_the_models_own_tokenizer_and_code(tiny_model):
     """vLLM got neither model.tokenizer nor model.trust_remote_code: an engine read another
     tokenizer than the learners, or refused a remote-code model the learners load."""
     from rlkit.config import ModelConfig
-    from rlkit.engine.engines import worker_options
+    from rlkit.engine.generation import worker_options
     from rlkit.engine.rollout_config import RolloutConfig
 
     options = worker_options(RolloutConfig(), ModelConfig(path=str(tiny_model), tokenizer="/tok",

@@ -109,7 +109,7 @@ def test_tiny_model_and_task_are_built_only_when_asked_and_said(tmp_path, caplog
 def test_calculator_steps_credits_each_step_of_the_procedure():
     """A third for each argument copied from the question (in order), a third for repeating the
     tool's result; a direct answer or a malformed call earns nothing here."""
-    from rlkit.tiny import calculator_steps
+    from rlkit.tiny_tools import calculator_steps
 
     prompt = [{"role": "user", "content": "87+85=?"}]
 

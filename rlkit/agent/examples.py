@@ -1,5 +1,5 @@
 """An agent program as a user writes one for `rollout.program.fn`: plain ``openai`` code that owns
-its conversation and runs its tools itself. The calculator task (rlkit/tiny.py,
+its conversation and runs its tools itself. The calculator task (rlkit/tiny_tools.py,
 ``write_tool_task``) trains it: ``rollout.program.fn: rlkit.agent.examples:calculator``."""
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlkit.agent.endpoint import Batcher, Endpoint, Segment, Session
+from rlkit.agent.endpoint import Endpoint
 from rlkit.agent.loop import Agent, AgentBatch, counted
+from rlkit.agent.session import Batcher, Segment, Session
 from rlkit.engine.rollout import Sample, Sampling
 from rlkit.program_config import ProgramConfig
 from rlkit.seeding import derive_seed

@@ -4,9 +4,8 @@ Where the records come from (JSON/JSONL, parquet, CSV, Arrow files and shards of
 dataset_info.json, save_to_disk folders) is `sources.py`; every error names the file and the
 row, or, for a table file without a column the format needs, the file and the column.
 
-Row schemas (``fmt``): ``alpaca`` (instruction/input/output/system/history), ``messages``
-(list of {role, content}), ``sharegpt`` (``conversations`` of {from, value}); ``auto`` picks
-from the first row. Rows are normalised; columns the schema does not name are kept.
+How a file's rows are read (the row schema: ``alpaca``, ``messages``, ``sharegpt``, or ``auto``
+from the first row) is `schema.py`'s. Rows are normalised; columns the schema does not name are kept.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rlkit.data.containers import check_columns
@@ -26,24 +25,14 @@ from rlkit.data.images import (
     count_placeholders,
     row_images,
 )
-from rlkit.data.sources import MEDIA_COLUMNS, DatasetEntry, Peeked, Record, drop_kto_false, read_records
+from rlkit.data.schema import ROLES, Schema, detect_schema, open_records, schema_columns
+from rlkit.data.sources import MEDIA_COLUMNS, Record
 from rlkit.data.store import PackedRows
 from rlkit.data.templates import render_alpaca, row_turns
 from rlkit.errors import DataError
 
 log = logging.getLogger("rlkit")
 
-ROLES = ("system", "user", "assistant")
-ROW_FORMATS = ("auto", "alpaca", "messages", "sharegpt")
-ALPACA_COLUMNS = {"instruction": "instruction", "input": "input", "output": "output",
-                  "system": "system", "history": "history"}
-# LLaMA-Factory `columns` keys -> our alpaca field names.
-_LF_ALPACA_KEYS = {"prompt": "instruction", "query": "input", "response": "output",
-                   "system": "system", "history": "history"}
-_SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human",
-                  "assistant_tag": "gpt", "system_tag": "system"}
-_OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user",
-                "assistant_tag": "assistant", "system_tag": "system"}
 # turns of function-calling data (LLaMA-Factory's observation/function_call, OpenAI's tool)
 _TOOL_ROLES = ("tool", "function", "function_call", "observation", "ipython")
 
@@ -64,92 +53,6 @@ class LoadedRows:
 
 class _RowError(Exception):
     """A problem with one row; the caller adds file and row number."""
-
-
-@dataclass(frozen=True)
-class _Schema:
-    """How to read one row: alpaca column names, or messages column + role tags."""
-
-    kind: str  # "alpaca" | "messages"
-    columns: dict[str, str]  # our field -> source column
-    tags: dict[str, str] | None = None  # role_tag, content_tag, source role -> our role
-    kto_tag: str | None = None  # column of LLaMA-Factory's KTO tag: rows tagged false are dropped
-    images: str | None = None  # column of image paths a dataset_info entry names (None: images or image)
-
-
-def _messages_schema(fmt: str, columns: dict[str, str] | None = None,
-                     tags: dict[str, str] | None = None, kto_tag: str | None = None) -> _Schema:
-    if fmt == "messages":
-        return _Schema("messages", {"messages": "messages", "system": "system"},
-                       {"role_tag": "role", "content_tag": "content",
-                        **{r: r for r in ROLES}, "tool": "tool"})
-    t = {**(_OPENAI_TAGS if fmt == "openai" else _SHAREGPT_TAGS), **(tags or {})}
-    cols = {"messages": "messages" if fmt == "openai" else "conversations", "system": "system", **(columns or {})}
-    return _Schema("messages", cols, {
-        "role_tag": t["role_tag"], "content_tag": t["content_tag"],
-        t["user_tag"]: "user", t["assistant_tag"]: "assistant", t["system_tag"]: "system"}, kto_tag)
-
-
-def _entry_schema(entry: DatasetEntry, fmt: str) -> _Schema:
-    """The row schema a dataset_info.json entry declares (its `columns` renames our fields)."""
-    columns = dict(entry.columns)
-    kto = columns.pop("kto_tag", None)
-    images = columns.pop("images", None)
-    asked = {"sharegpt": "sharegpt", "openai": "sharegpt"}.get(entry.formatting, "alpaca")
-    if fmt not in ("auto", asked):
-        raise DataError(f"{entry.where}: formatting is {entry.formatting!r} but format {fmt!r} was asked for")
-    if entry.formatting in ("sharegpt", "openai"):
-        if "tools" in columns:
-            raise DataError(f"{entry.where}: has tools (column {columns['tools']!r}); function-calling "
-                            "data is not supported yet: use a dataset without tool turns")
-        return replace(_messages_schema(entry.formatting, {k: v for k, v in columns.items()
-                                                           if k in ("messages", "system")}, entry.tags, kto),
-                       images=images)
-    bad = sorted(set(columns) - set(_LF_ALPACA_KEYS))
-    if bad:
-        raise DataError(f"{entry.where}: unknown column key {bad[0]!r} "
-                        f"(expected {', '.join(_LF_ALPACA_KEYS)}, kto_tag, images)")
-    return _Schema("alpaca", {**ALPACA_COLUMNS, **{_LF_ALPACA_KEYS[k]: v for k, v in columns.items()}},
-                   kto_tag=kto, images=images)
-
-
-def _open(path: str, fmt: str, dataset: str | None, split: str | None,
-          seed: int = 0) -> tuple[Peeked, str, _Schema | None, dict[str, tuple[str, ...]]]:
-    """The records, to be read once; the schema is known for dataset_info entries, else None; each
-    table file's columns. Rows a KTO tag marks false are dropped (a count goes to the log)."""
-    if fmt not in ROW_FORMATS:
-        raise DataError(f"{path}: unknown format {fmt!r} (expected one of {', '.join(ROW_FORMATS)})")
-    got = read_records(path, dataset, split, seed)
-    schema = _entry_schema(got.entry, fmt) if got.entry else None
-    records = got.records
-    if schema is not None and schema.kto_tag:
-        records = drop_kto_false(records, schema.kto_tag, got.source)
-    return Peeked(records), got.source, schema, got.columns
-
-
-def _schema_columns(schema: _Schema) -> tuple[list[str], str]:
-    """The columns a schema cannot do without, and what to call its rows in a message."""
-    if schema.kind == "alpaca":
-        return [schema.columns["instruction"], schema.columns["output"]], "alpaca rows (instruction, output)"
-    return [schema.columns["messages"]], f"chat rows ({schema.columns['messages']!r} messages)"
-
-
-def _detect_schema(records: Peeked, fmt: str, source: str) -> _Schema:
-    if fmt == "alpaca":
-        return _Schema("alpaca", dict(ALPACA_COLUMNS))
-    if fmt in ("messages", "sharegpt"):
-        return _messages_schema(fmt)
-    first = records.first
-    if first is None:
-        raise DataError(f"{source}: no rows")
-    if "messages" in first:
-        return _messages_schema("messages")
-    if "conversations" in first:
-        return _messages_schema("sharegpt")
-    if "instruction" in first or "output" in first:
-        return _Schema("alpaca", dict(ALPACA_COLUMNS))
-    raise DataError(f"{source}: row {records.head[0][0]}: cannot tell the format (expected "
-                    "'instruction'/'output', 'messages' or 'conversations'; set fmt)")
 
 
 # ---------------------------------------------------------------- row validation
@@ -196,7 +99,7 @@ def _with_images(out: dict[str, Any], rec: dict, column: str | None, base_dir: s
     return out
 
 
-def _alpaca_row(row: dict, schema: _Schema) -> dict[str, Any]:
+def _alpaca_row(row: dict, schema: Schema) -> dict[str, Any]:
     c = schema.columns
     history = row.get(c["history"]) or []
     if not isinstance(history, list) or not all(
@@ -260,7 +163,7 @@ def _tool_turn(m: dict, col: str, i: int) -> dict[str, Any]:
     return {"role": "assistant", "content": m.get("content") or "", "tool_calls": calls}
 
 
-def _messages_row(row: dict, schema: _Schema) -> dict[str, Any]:
+def _messages_row(row: dict, schema: Schema) -> dict[str, Any]:
     col, scol = schema.columns["messages"], schema.columns["system"]
     if col not in row:
         raise _RowError(f"field {col!r} is missing (expected a list of messages)")
@@ -312,9 +215,9 @@ def load_rows(path: str, fmt: str = "auto", dataset: str | None = None,
     Raises DataError (one line: file, row, field) on the first bad row, unless
     ``skip_bad_rows`` (then counted in ``skipped``).
     """
-    records, source, schema, columns = _open(path, fmt, dataset, split, seed)
-    schema = schema or _detect_schema(records, fmt, source)
-    check_columns(columns, *_schema_columns(schema))
+    records, source, schema, columns = open_records(path, fmt, dataset, split, seed)
+    schema = schema or detect_schema(records, fmt, source)
+    check_columns(columns, *schema_columns(schema))
     convert = (lambda r: _alpaca_row(r, schema)) if schema.kind == "alpaca" else (
         lambda r: _messages_row(r, schema))
     rows, skipped = _validate(records, source, skip_bad_rows, convert, schema.images)
@@ -356,14 +259,14 @@ def load_prompts(path: str, fmt: str = "auto", dataset: str | None = None,
     with the chat template) and messages rows (prompt = all turns before the last
     assistant turn, answer = its content).
     """
-    records, source, schema, columns = _open(path, fmt, dataset, split, seed)
+    records, source, schema, columns = open_records(path, fmt, dataset, split, seed)
     first = records.first or {}
     if schema is None and fmt == "auto" and "prompt" in first:
         check_columns(columns, ["prompt"], "GRPO prompt rows")
         convert = lambda r: _prompt_row(r, "answer" in first)  # noqa: E731
     else:
-        schema = schema or _detect_schema(records, fmt, source)
-        check_columns(columns, *_schema_columns(schema))
+        schema = schema or detect_schema(records, fmt, source)
+        check_columns(columns, *schema_columns(schema))
         convert = (lambda r: _alpaca_prompt(_alpaca_row(r, schema))) if schema.kind == "alpaca" \
             else (lambda r: _messages_prompt(_messages_row(r, schema)))
     rows, skipped = _validate(records, source, skip_bad_rows, convert, schema.images if schema else None)

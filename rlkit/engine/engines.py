@@ -1,42 +1,31 @@
 """Rollout engines as a group: where they run, how prompts are split, how weights reach them.
 
 Two placements behind one interface (`RolloutEngines`):
-- `SeparateEngines` (default): each vLLM engine in its own Ray actor and placement-group bundle
-  (with its tensor-parallel devices), weights (or a LoRA adapter) pushed by learner rank 0
+- `SeparateEngines` (default, `separate.py`): each vLLM engine in its own Ray actor and
+  placement-group bundle (with its tensor-parallel devices), weights (or a LoRA adapter) pushed by learner rank 0
   through the Ray object store or an NCCL/HCCL broadcast.
 - `ColocatedEngines` (`rollout.colocate`): one engine inside each learner process, weights
   handed over in-process; on accelerators the engines sleep while the learners train.
 
 Both push through the transport row resolved once before launch (`sync_transport`), handed to
 the learners inside each `SyncRequest`. Prompts are split contiguously over the engines; samples
-come back prompt-major.
+come back prompt-major (`generation.py`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import ModelConfig, RayConfig
-from rlkit.engine.calls import ActorFault, unwatch_nodes, wait_all, watch_nodes
+from rlkit.engine.calls import wait_all
+from rlkit.engine.generation import AdapterServing, Prompt, gathered_samples, start_generation, worker_options
 from rlkit.engine.group import LearnerGroup
-from rlkit.engine.roles import call
-from rlkit.engine.rollout import RolloutWorker, Sample, Sampling
+from rlkit.engine.rollout import Sample, Sampling
 from rlkit.engine.rollout_config import RolloutConfig
-from rlkit.engine.weight_sync import PendingLoads
-from rlkit.errors import FaultError
+from rlkit.engine.separate import SeparateEngines
 from rlkit.seeding import derive_seed
-from rlkit.transports import SyncRequest, Transport, names, resolve
-
-log = logging.getLogger("rlkit.engines")
-_SHUTDOWN_S = 10.0  # what a separate engine is given to free itself before its actor is killed
-
-Prompt = str | dict  # a text, or vLLM's prompt dict: a text and its images (`multi_modal_data`)
+from rlkit.transports import SyncRequest, Transport, resolve
 
 
 class RolloutEngines(Protocol):
@@ -58,38 +47,10 @@ class RolloutEngines(Protocol):
     def shutdown(self) -> None: ...
 
 
-def sampling(rollout: RolloutConfig) -> Sampling:
-    """The recipe's sampling settings."""
-    return Sampling(rollout.temperature, rollout.top_p, rollout.max_tokens, tuple(rollout.stop))
-
-
 def sync_transport(rollout: RolloutConfig, device: DeviceInfo) -> Transport:
     """The weight-sync transport `rollout.sync` means on `device` for `rollout.lora_sync`'s payload;
     a user error if it cannot run there. The driver resolves it once, before launch."""
     return resolve(rollout.sync, rollout.colocate, device.kind, device.weight_sync_backend, rollout.lora_sync)
-
-
-def worker_options(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, seed: int,
-                   adapter: AdapterServing | None = None) -> dict[str, Any]:
-    """`RolloutWorker` keyword arguments of one engine, separate or colocated alike (the model's
-    own tokenizer and remote code as the learners load them)."""
-    llm = {"trust_remote_code": model.trust_remote_code, **({"tokenizer": model.tokenizer} if model.tokenizer else {})}
-    return dict(dtype="float32" if model.dtype == "fp32" else "auto", seed=seed,
-                max_model_len=rollout.max_model_len, gpu_memory_utilization=rollout.gpu_memory_utilization,
-                kv_cache_gib=None if device.is_accelerator else rollout.kv_cache_gib, llm_kwargs=llm,
-                cut_off_s=rollout.sync_timeout_s or None,
-                **({} if adapter is None else {"lora_rank": adapter.rank, "max_loras": adapter.versions}))
-
-
-@dataclass(frozen=True)
-class AdapterServing:
-    """`rollout.lora_sync: adapter`: engines serve the base weights plus a LoRA adapter of rank up
-    to `rank`. An engine runs its calls in order, so a generation queued before a sync finishes
-    with the old adapter before the new one loads; `versions` = 2 keeps the old one registered
-    until the new one is in."""
-
-    rank: int
-    versions: int = 2
 
 
 def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
@@ -101,242 +62,6 @@ def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo
         return ColocatedEngines(learners, rollout, model, device, seed, transport)
     adapter = AdapterServing(lora_rank) if transport.payload == "adapter" else None
     return SeparateEngines(rollout, model, device, ray_cfg, seed, learners, transport, adapter)
-
-
-def _shards(prompts: list[Prompt], k: int) -> list[list[Prompt]]:
-    size = -(-len(prompts) // k)
-    return [prompts[i * size:(i + 1) * size] for i in range(k)]
-
-
-@dataclass
-class _Call:
-    """A call to engine `index`, kept so that it can be sent again to a restarted engine."""
-
-    index: int
-    method: Callable[..., Any]  # a `RolloutWorker` method (a colocated engine's learner has the same)
-    args: tuple
-    kwargs: dict[str, Any]
-    handle: Any = None  # the engine it was last sent to
-    ref: Any = None  # its Ray future
-    seconds: float | None = None  # a generation's time in the engine, once gathered
-
-    def send(self, handle: Any) -> _Call:
-        self.handle, self.ref = handle, call(handle, self.method, *self.args, **self.kwargs)
-        return self
-
-
-def _generate_async(handles: list[Any], prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[_Call]:
-    """Start `n` samples per prompt on the engines behind `handles` (actor handles with a
-    `generate_timed` method); one call per engine with prompts, in prompt order."""
-    return [_Call(i, RolloutWorker.generate_timed, (shard,), dict(n=n, seed=derive_seed(seed, i), **sampling.kwargs()))
-            .send(h) for i, (h, shard) in enumerate(zip(handles, _shards(prompts, len(handles)))) if shard]
-
-
-def _samples(calls: list[_Call], parts: list[tuple[list[Sample], float]]) -> list[Sample]:
-    """The samples of gathered generate calls, prompt-major; each call keeps its engine seconds."""
-    for sent, (_, seconds) in zip(calls, parts):
-        sent.seconds = seconds
-    return [s for samples, _ in parts for s in samples]
-
-
-class SeparateEngines:
-    """`rollout.num_engines` engines, each its own actor in its own bundle of `tp` devices (or `tp`
-    CPUs: vLLM runs one process per TP rank inside the actor), apart from the learners' bundles.
-
-    Fault tolerance: an engine that dies or does not answer a call within `rollout.sync_timeout_s`
-    is killed, started again in its bundle, given the learners' current policy (none before the
-    first sync: it loads the same `model.path`) and sent again the calls it lost; the same seeds
-    give the same samples. One warning line says so, `rollout/restarts` counts restarts. After
-    `rollout.max_restarts` restarts of one engine, the next fault stops the run."""
-
-    def __init__(self, rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo, ray_cfg: RayConfig,
-                 seed: int, learners: LearnerGroup, transport: Transport, adapter: AdapterServing | None = None):
-        from rlkit.engine.cluster import check_nodes_see, pg_nodes
-        from rlkit.engine.placement import engine_cpus, placement_group
-        from rlkit.engine.roles import Role
-        from rlkit.engine.rollout import cpu_engine_env
-
-        tp = rollout.tensor_parallel_size
-        cpus = engine_cpus(device, ray_cfg, tp)
-        custom = ray_cfg.resources.engine
-        self.rollout, self.transport = rollout, transport
-        self.timeout, self.learners = rollout.sync_timeout_s or None, learners
-        self.names = [f"engine {i}" for i in range(rollout.num_engines)]
-        self.pg = placement_group(device, rollout.num_engines, cpus, ray_cfg.placement, devices=tp, custom=custom)
-        check_nodes_see(pg_nodes(self.pg), "rollout engines", model_path=model.path)
-        self.model = model.path
-        self.options = [{**worker_options(rollout, model, device, derive_seed(seed, "engine", i, bits=31), adapter),
-                         "tensor_parallel_size": tp, "index": i} for i in range(rollout.num_engines)]
-        own = {} if device.is_accelerator else cpu_engine_env(rollout.kv_cache_gib)
-        self.role = Role.of(RolloutWorker, "engine", device, ray_cfg, devices=tp, cpus=cpus, env=own)
-        self.handles = [self._create(i) for i in range(rollout.num_engines)]
-        watch_nodes(self.pg, self.names)
-        self._started(range(rollout.num_engines), "its start")
-        self.synced = False  # whether the engines hold a pushed policy (else model.path's)
-        self.restarts, self.recovery_s = [0] * rollout.num_engines, 0.0
-        self._pending: PendingLoads | None = None  # a deferred sync's loads (`sync_from`)
-        self._settling = threading.Lock()  # multi-turn rollouts start generations from several threads
-
-    def _create(self, i: int) -> Any:
-        """Engine `i`'s actor, in bundle `i` (starting; see `_started`)."""
-        return self.role.start(self.model, name=self.names[i], group=self.pg, bundle=i, **self.options[i])
-
-    def _started(self, indices: Any, phase: str) -> None:
-        """Wait for engines `indices` to be up; their pid and node go to the run log."""
-        indices = list(indices)
-        where = wait_all([call(self.handles[i], RolloutWorker.where) for i in indices],
-                         [self.names[i] for i in indices], phase, self.rollout.start_timeout_s or None,
-                         knob="rollout.start_timeout_s")
-        for i, (pid, node) in zip(indices, where):
-            log.info("%s: pid %d on node %s", self.names[i], pid, node)
-
-    def generate_async(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Any]:
-        """Start generating; returns at once (calls for `gather`)."""
-        self._settle()
-        return _generate_async(self.handles, prompts, n, sampling, seed)
-
-    def gather(self, futures: list[Any]) -> list[Sample]:
-        """The samples of `generate_async`, prompt-major; the calls of an engine that died or hung
-        go again to its restarted self."""
-        return _samples(futures, self._results(futures, "the generation"))
-
-    def generate(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Sample]:
-        """`n` samples per prompt, prompt-major, reproducible for `seed`."""
-        return self.gather(self.generate_async(prompts, n, sampling, seed))
-
-    def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]:
-        """The learners' current policy into every engine, in place (no restart). An engine that
-        dies or hangs meanwhile is restarted, and the sync starts over (the others may hold part
-        of it). With `defer` (object store, a policy within its in-flight buckets) this returns
-        once the learner has put the policy in the store: the engines load it while the learners
-        go on, and the next call that uses the engines waits for the loads first (`_settle`)."""
-        self._settle()
-        self.learners = learners
-        while True:
-            try:
-                stats = self._push(range(len(self.handles)), defer)
-                self.synced = True
-                self._pending = stats.pop("pending", None)
-                return stats
-            except ActorFault as fault:
-                self._recover(fault, push=False)
-
-    def _settle(self) -> None:
-        """Wait for the loads of a deferred sync. An engine that died or hung in them is restarted
-        and loads the same buckets (the learners may have trained on since)."""
-        with self._settling:
-            pending, self._pending = self._pending, None
-            if pending is None:
-                return
-            while True:
-                try:
-                    wait_all(pending.futures, pending.owners, "the weight sync", self.timeout)
-                    return
-                except ActorFault as fault:
-                    self._recover(fault, push=False)
-                    pending.without(fault.who)
-                    for handle, name in zip(self.handles, self.names):
-                        if name in fault.who:
-                            pending.load_into(handle, name)
-
-    def _push(self, indices: Any, defer: bool = False) -> dict[str, Any]:
-        """The current policy (or adapter: the row's payload) into engines `indices`; the push's
-        stats (with `defer`, maybe the loads left running: `pending`)."""
-        indices = list(indices)
-        request = SyncRequest(self.transport, [self.handles[i] for i in indices], [self.names[i] for i in indices],
-                              self.rollout.sync_bucket_mib, self.timeout, defer)
-        return self.learners.push_weights(request)[0]
-
-    def sequence_logprobs(self, sequences: list[Any]) -> list[list[list[float]]]:
-        """Each engine's `RolloutWorker.sequence_logprobs` (the sync check)."""
-        self._settle()
-        calls = [_Call(i, RolloutWorker.sequence_logprobs, (sequences,), {}).send(h)
-                 for i, h in enumerate(self.handles)]
-        return self._results(calls, "the sync check")
-
-    def _results(self, calls: list[_Call], phase: str) -> list[Any]:
-        """The results of `calls`, in order. A call lost with an engine that was restarted since
-        (by this wait or another) is sent again to the new one."""
-        while True:
-            for c in calls:
-                if c.handle is not self.handles[c.index]:
-                    c.send(self.handles[c.index])
-            try:
-                return wait_all([c.ref for c in calls], [self.names[c.index] for c in calls], phase, self.timeout)
-            except ActorFault as fault:
-                self._recover(fault, push=True)
-
-    def _recover(self, fault: ActorFault, push: bool) -> None:
-        """Restart the engines `fault` is about; with `push`, give them the current policy. A fault
-        about no engine of this group, under a transport an engine cannot rejoin, or about an engine out of restarts
-        is raised (it ends the run)."""
-        import time
-
-        import ray
-
-        t0 = time.perf_counter()
-        while True:
-            bad = [self.names.index(w) for w in fault.who if w in self.names]
-            if not bad:
-                raise fault
-            for i in bad:
-                if self.restarts[i] >= self.rollout.max_restarts:
-                    n = self.restarts[i]
-                    raise FaultError(f"{fault}; it was restarted {n} time{'s' * (n != 1)} already "
-                                     f"(rollout.max_restarts {self.rollout.max_restarts})") from fault
-                if not self.transport.rejoinable:
-                    raise FaultError(f"{fault}; a restarted engine cannot rejoin the weight sync, so engines are "
-                                     f"not restarted with rollout.sync: {self.transport.name} "
-                                     f"({names(rejoinable=True, colocated=False, payload='weights')} restarts "
-                                     "them)") from fault
-            try:
-                for i in bad:
-                    ray.kill(self.handles[i], no_restart=True)
-                    self.handles[i] = self._create(i)
-                    self.restarts[i] += 1
-                self._started(bad, "its restart")
-                if push and self.synced:
-                    self._push(bad)
-                    if self._pending is not None:  # a deferred sync's loads into the replaced engines: superseded
-                        self._pending.without(self.names[i] for i in bad)
-                break
-            except ActorFault as again:  # it died or hung again before it was back
-                fault = again
-        seconds = time.perf_counter() - t0
-        self.recovery_s += seconds
-        done = ("restarted and re-synced in {:.1f} s" if push and self.synced else
-                "restarted in {:.1f} s (no sync yet: it loads model.path, the policy so far)" if push else
-                "restarted in {:.1f} s; the weight sync starts over").format(seconds)
-        log.warning("%s; %s (restart %s of rollout.max_restarts %d)", fault, done,
-                    ", ".join(str(self.restarts[i]) for i in bad), self.rollout.max_restarts)
-
-    def recovery(self) -> dict[str, float]:
-        """`rollout/restarts` (engine restarts so far in this process) and `time/engine_recovery`
-        (seconds they took)."""
-        return {"rollout/restarts": float(sum(self.restarts)), "time/engine_recovery": self.recovery_s}
-
-    def memory(self) -> list[dict[str, dict[str, int]]]:
-        """Each engine's process memory before its engine was built and now."""
-        import ray
-
-        self._settle()
-        return ray.get([call(h, RolloutWorker.memory) for h in self.handles], timeout=60)
-
-    def idle(self) -> None:
-        """Nothing to free: separate engines keep their memory."""
-
-    def shutdown(self) -> None:
-        """Each engine frees itself first (its LoRA adapters' files: before, every adapter-synced run
-        left its last `max_loras` of them in the engines' temporary folder), then its actor goes."""
-        import ray
-
-        unwatch_nodes(self.names)
-        freed = [call(h, RolloutWorker.shutdown) for h in self.handles]
-        with contextlib.suppress(Exception):  # a dead or hung engine is killed below all the same
-            ray.wait(freed, num_returns=len(freed), timeout=_SHUTDOWN_S)
-        for h in self.handles:
-            ray.kill(h)
-        ray.util.remove_placement_group(self.pg)
 
 
 class ColocatedEngines:
@@ -353,12 +78,12 @@ class ColocatedEngines:
                                rollout.start_timeout_s or None)
 
     def generate_async(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Any]:
-        return _generate_async(self.learners.actors, prompts, n, sampling, seed)
+        return start_generation(self.learners.actors, prompts, n, sampling, seed)
 
     def gather(self, futures: list[Any]) -> list[Sample]:
         parts = wait_all([c.ref for c in futures], [self.names[c.index] for c in futures], "the generation",
                          self.timeout)
-        return _samples(futures, parts)
+        return gathered_samples(futures, parts)
 
     def generate(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         return self.gather(self.generate_async(prompts, n, sampling, seed))

@@ -12,7 +12,7 @@ class LocalEngine:
 
     def __init__(self, cfg: Any):
         from rlkit.accel import detect
-        from rlkit.engine.engines import worker_options
+        from rlkit.engine.generation import worker_options
         from rlkit.engine.rollout import cpu_engine_env
 
         device = detect(cfg.device)

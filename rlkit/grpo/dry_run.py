@@ -27,7 +27,7 @@ def dry_run(cfg: Any, base_dir: str | None, engine: Any = None) -> list[str]:
     `rlkit eval` starts); the lines `--print-config` adds."""
     from rlkit.accel import detect
     from rlkit.agent.program import FAILURES
-    from rlkit.engine.engines import sampling
+    from rlkit.engine.generation import sampling
     from rlkit.engine.local import LocalEngine
     from rlkit.grpo.task import load_task
 

@@ -171,7 +171,7 @@ def sampling_line(cfg: GRPOConfig, tokenizer: Any) -> str:
 
 def eval_sampling(cfg: GRPOConfig) -> Any:
     """How held-out completions are sampled: the rollout's settings, at eval.temperature when set."""
-    from rlkit.engine.engines import sampling
+    from rlkit.engine.generation import sampling
 
     sample = sampling(cfg.rollout)
     return sample if cfg.eval.temperature is None else dataclasses.replace(sample, temperature=cfg.eval.temperature)
@@ -182,7 +182,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir,
            teacher: TeacherActor | None = None) -> None:
     """The loop, from `step` to `grpo.steps`; `saved`: the generations a checkpoint held in flight;
     `teacher`: a distillation teacher's own actor (`TeacherActor`), which scores each batch."""
-    from rlkit.engine.engines import sampling
+    from rlkit.engine.generation import sampling
 
     g, total, objective = cfg.grpo, cfg.grpo.steps, GRPOObjective.from_config(cfg.grpo, cfg.rollout, cfg.distill)
     sample = sampling(cfg.rollout)

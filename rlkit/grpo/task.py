@@ -182,7 +182,7 @@ def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: st
                           "format become chat messages)", key)
     if rollout.program.on:
         from rlkit.agent.program import ProgramAgent, load_program
-        from rlkit.engine.engines import sampling
+        from rlkit.engine.generation import sampling
 
         sample = sampling(rollout)  # what the engines sample with: the programs' requests are held to it
         recipe = {"temperature": sample.temperature, "top_p": sample.top_p}

@@ -138,7 +138,8 @@ def breaks(row, client):
 
 def grpo_cfg(tmp_path, program):
     from rlkit.stages import load
-    from rlkit.tiny import build_tiny_model, write_tool_task
+    from rlkit.tiny import build_tiny_model
+    from rlkit.tiny_tools import write_tool_task
     from tests.helpers import ROOT
 
     data = write_tool_task(tmp_path / "data")

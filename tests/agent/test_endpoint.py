@@ -248,7 +248,7 @@ def test_what_cannot_run_is_one_line_before_launch(tok, tmp_path):
     from rlkit.errors import ConfigError
 
     with pytest.raises(ConfigError, match="program.*not with tools"):
-        RolloutConfig(tools=("rlkit.tiny:add",), program=ProgramConfig(fn="rlkit.agent.examples:calculator"))
+        RolloutConfig(tools=("rlkit.tiny_tools:add",), program=ProgramConfig(fn="rlkit.agent.examples:calculator"))
     (tmp_path / "agents.py").write_text("def one(row):\n    return 1.0\n\nNOT = 3\n")
     with pytest.raises(ConfigError, match=r"rollout.program.fn.*cannot be called as run\(row, client\)"):
         load_program("agents.py:one", str(tmp_path))

@@ -15,7 +15,8 @@ def tool_task(tmp_path_factory) -> dict[str, Path]:
     """The tiny tool-calling model, the calculator task's data (`write_tool_task`) and the model
     after the script's TOOL_STEPS SFT steps on its tool-use transcripts (it calls `add` with the
     question's numbers and copies the result into its answer)."""
-    from rlkit.tiny import build_tiny_model, write_tool_task
+    from rlkit.tiny import build_tiny_model
+    from rlkit.tiny_tools import write_tool_task
 
     root = tmp_path_factory.mktemp("tool-task")
     model = build_tiny_model(root / "model", "tiny", tools=True)

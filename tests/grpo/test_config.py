@@ -25,7 +25,7 @@ def test_grpo_cross_field_rules(tmp_path):
 def test_accepted_values_come_from_the_code_that_reads_them(tmp_path):
     """data.format from the loader, data.template from the templates, loss/KL from the loss, the
     advantage from its registry (a newly registered estimator is accepted at once)."""
-    from rlkit.data.formats import ROW_FORMATS
+    from rlkit.data.schema import ROW_FORMATS
     from rlkit.data.templates import TEMPLATES
     from rlkit.grpo.advantages import ADVANTAGES, register_advantage
     from rlkit.grpo.loss import KL_KINDS, LOSS_TYPES
