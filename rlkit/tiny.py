@@ -199,12 +199,27 @@ def _corpus(seed: int, n: int = 4000) -> list[str]:
     return lines
 
 
+def _tool_corpus(seed: int, n: int = 400) -> list[str]:
+    """Calculator-task transcripts rendered with `TOOL_CHAT_TEMPLATE` (pairs of their own): the
+    tool-calling tokenizer learns the template's words (`assistant`, `tool_call`, `arguments`) as
+    a tool-calling model's has them, not letter by letter; a transcript is about 98 tokens, not 190."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from rlkit.tiny_tools import tool_rows
+
+    rng = random.Random(f"{seed}-tokenizer")
+    template = ImmutableSandboxedEnvironment().from_string(TOOL_CHAT_TEMPLATE)
+    rows = tool_rows(rng, [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(n)])
+    return [template.render(messages=r["messages"], tools=r["tools"], add_generation_prompt=False) for r in rows]
+
+
 # ---------------------------------------------------------------- tokenizer + model
 
 
 def build_tokenizer(vocab_size: int, seed: int = 0, tools: bool = False):
     """A byte-level BPE `PreTrainedTokenizerFast` with eos/pad and a ChatML template (with
-    `tools`: `TOOL_CHAT_TEMPLATE`, EOS <|im_end|> and TRL's Qwen response template)."""
+    `tools`: trained on the calculator task's transcripts too, `TOOL_CHAT_TEMPLATE`, EOS <|im_end|>
+    and TRL's Qwen response template)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -215,7 +230,7 @@ def build_tokenizer(vocab_size: int, seed: int = 0, tools: bool = False):
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(_corpus(seed) + (_tool_corpus(seed) if tools else []), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>",
         bos_token=None, unk_token=None, additional_special_tokens=["<|im_start|>", "<|im_end|>"],

@@ -66,7 +66,7 @@ def calculator_steps(completions: list, prompts: list, **kwargs: Any) -> list[fl
     return out
 
 
-def _tool_rows(rng: random.Random, pairs: list[tuple[int, int]]) -> list[dict]:
+def tool_rows(rng: random.Random, pairs: list[tuple[int, int]]) -> list[dict]:
     """A transcript per pair: the question, a call of `add`, its result, the bare answer. Each
     offers `add` among a random choice of other tools, in random order (the model picks by name)."""
     from transformers.utils import get_json_schema
@@ -106,7 +106,7 @@ def write_tool_task(out_dir: str | Path, seed: int = 0, n_sft: int = 512, n_trai
                           for a, b in ps]
     direct = [{"messages": [{"role": "user", "content": f"{a}+{b}=?"}, {"role": "assistant", "content": str(a + b)}]}
               for a, b in sft]
-    transcripts = _tool_rows(rng, sft)
+    transcripts = tool_rows(rng, sft)
     pick = random.Random(f"{seed}-mixed")  # its own stream: the other files stay as they were
     mixed = [row if pick.random() < tool_share else
              {"messages": [row["messages"][0], row["messages"][-1]], "tools": row["tools"]} for row in transcripts]
