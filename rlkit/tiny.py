@@ -200,17 +200,18 @@ def _corpus(seed: int, n: int = 4000) -> list[str]:
 
 
 def _tool_corpus(seed: int, n: int = 400) -> list[str]:
-    """Calculator-task transcripts rendered with `TOOL_CHAT_TEMPLATE` (pairs of their own): the
+    """Calculator-task transcripts rendered with `TOOL_CHAT_TEMPLATE` as `apply_chat_template`
+    renders it (transformers' renderer, its `tojson` included; pairs of their own): the
     tool-calling tokenizer learns the template's words (`assistant`, `tool_call`, `arguments`) as
     a tool-calling model's has them, not letter by letter; a transcript is about 98 tokens, not 190."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from transformers.utils.chat_template_utils import render_jinja_template
 
     from rlkit.tiny_tools import tool_rows
 
     rng = random.Random(f"{seed}-tokenizer")
-    template = ImmutableSandboxedEnvironment().from_string(TOOL_CHAT_TEMPLATE)
     rows = tool_rows(rng, [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(n)])
-    return [template.render(messages=r["messages"], tools=r["tools"], add_generation_prompt=False) for r in rows]
+    return [render_jinja_template([r["messages"]], tools=r["tools"], chat_template=TOOL_CHAT_TEMPLATE)[0][0]
+            for r in rows]
 
 
 # ---------------------------------------------------------------- tokenizer + model
