@@ -27,7 +27,8 @@ Method = Callable[Concatenate[Learner, P], R]
 
 class LearnerGroup:
     """Start `num` learners in a placement group (one bundle per rank), join their process group
-    and build their engines; `info` is rank 0's summary."""
+    and build their engines. The start goes on in the actors while the caller starts other roles
+    (the rollout engines): `ready` waits for it, and every call to the learners waits for it first."""
 
     def __init__(self, spec: LearnerSpec, num: int, device: DeviceInfo, ray_cfg: RayConfig,
                  output_dir: Path | None = None):
@@ -40,9 +41,22 @@ class LearnerGroup:
         self.actors = [role.start(spec, rank, num, name=f"learner {rank}", group=self.pg, bundle=rank)
                        for rank in range(num)]
         watch_nodes(self.pg, self.owners)
-        addr, port = wait_all([call(self.actors[0], Learner.address)], self.owners[:1], "its start")[0]
-        self._all(Learner.init_process_group, addr, port)
-        self.info: dict[str, Any] = self._all(Learner.build)[0]
+        where = call(self.actors[0], Learner.address)  # each rank joins once rank 0 has said where
+        self._starting: tuple[Any, list[Any], list[Any]] | None = (
+            where, [call(a, Learner.init_process_group, where) for a in self.actors],
+            [call(a, Learner.build) for a in self.actors])
+        self._info: dict[str, Any] = {}
+
+    def ready(self) -> dict[str, Any]:
+        """Wait for the learners' start (rank 0's address, the process group, each rank's build);
+        rank 0's summary of its build."""
+        if self._starting is not None:
+            where, joined, built = self._starting
+            wait_all([where], self.owners[:1], "its start")
+            wait_all(joined, self.owners, Learner.init_process_group.__name__)
+            self._info = wait_all(built, self.owners, Learner.build.__name__)[0]
+            self._starting = None
+        return self._info
 
     @property
     def size(self) -> int:
@@ -138,6 +152,7 @@ class LearnerGroup:
     def _timed(self, method: Method[P, R], phase: str, timeout_s: float | None, *args: P.args,
                **kwargs: P.kwargs) -> list[R]:
         """`method(*args)` on every rank; the first rank to fail ends the wait (see `wait_all`)."""
+        self.ready()
         futures = [call(a, method, *args, **kwargs) for a in self.actors]
         return wait_all(futures, self.owners, phase, timeout_s)
 
@@ -149,6 +164,7 @@ class LearnerGroup:
         """`method` on each rank with that rank's arguments (`per_rank_args[rank]`): the futures."""
         if len(per_rank_args) != len(self.actors):
             raise ValueError(f"{method.__name__}: {len(per_rank_args)} shards for {len(self.actors)} learners")
+        self.ready()
         return [call(a, method, *args) for a, args in zip(self.actors, per_rank_args)]
 
     @property

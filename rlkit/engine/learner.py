@@ -78,14 +78,15 @@ class Learner(EngineHost, Saving):
 
         return rendezvous()
 
-    def init_process_group(self, master_addr: str, master_port: int) -> None:
-        """Join the learners' process group that rank 0 hosts at `master_addr:master_port`."""
+    def init_process_group(self, master: tuple[str, int]) -> None:
+        """Join the learners' process group that rank 0 hosts at `master` (its `address`)."""
         import deepspeed
         import ray
 
         from rlkit.engine.cluster import gloo_interface_env
 
         backend = self.device_info.dist_backend
+        master_addr, master_port = master
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
                           **(gloo_interface_env() if backend == "gloo" else {}))
