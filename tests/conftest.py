@@ -12,6 +12,8 @@ import pytest  # noqa: E402
 
 from tests.helpers import ROOT
 
+pytest_plugins = ["tests.workers"]  # the two workers of pytest-xdist: which tests run beside which
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):

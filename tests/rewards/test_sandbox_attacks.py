@@ -17,7 +17,9 @@ import pytest
 from rlkit.reward.sandbox import namespaces_problem
 from tests.rewards.attacks import ATTACKS, CHECKOUT, scenario
 
-pytestmark = pytest.mark.skipif(namespaces_problem() is not None, reason=f"no sandbox here: {namespaces_problem()}")
+# alone: a scenario lists the shared temporary folders before and after its run, and removes what is new
+pytestmark = [pytest.mark.alone,
+              pytest.mark.skipif(namespaces_problem() is not None, reason=f"no sandbox here: {namespaces_problem()}")]
 USER = "rlkit-sandbox-test"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
