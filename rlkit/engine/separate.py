@@ -67,6 +67,7 @@ class SeparateEngines:
         self._started(range(rollout.num_engines), "its start")
         self.synced = False  # whether the engines hold a pushed policy (else model.path's)
         self.restarts, self.recovery_s = [0] * rollout.num_engines, 0.0
+        self.lost: set[int] = set()  # engines whose fault ended the run (hung or dead: killed at shutdown, not asked)
         self._pending: PendingLoads | None = None  # a deferred sync's loads (`sync_from`)
         self._settling = threading.Lock()  # multi-turn rollouts start generations from several threads
 
@@ -172,16 +173,18 @@ class SeparateEngines:
             bad = [self.names.index(w) for w in fault.who if w in self.names]
             if not bad:
                 raise fault
-            for i in bad:
-                if self.restarts[i] >= self.rollout.max_restarts:
-                    n = self.restarts[i]
-                    raise FaultError(f"{fault}; it was restarted {n} time{'s' * (n != 1)} already "
-                                     f"(rollout.max_restarts {self.rollout.max_restarts})") from fault
-                if not self.transport.rejoinable:
-                    raise FaultError(f"{fault}; a restarted engine cannot rejoin the weight sync, so engines are "
-                                     f"not restarted with rollout.sync: {self.transport.name} "
-                                     f"({names(rejoinable=True, colocated=False, payload='weights')} restarts "
-                                     "them)") from fault
+            spent = [i for i in bad if self.restarts[i] >= self.rollout.max_restarts]
+            if spent or not self.transport.rejoinable:
+                self.lost.update(bad)  # the run ends here: not asked to free itself at shutdown
+            if spent:
+                n = self.restarts[spent[0]]
+                raise FaultError(f"{fault}; it was restarted {n} time{'s' * (n != 1)} already "
+                                 f"(rollout.max_restarts {self.rollout.max_restarts})") from fault
+            if not self.transport.rejoinable:
+                raise FaultError(f"{fault}; a restarted engine cannot rejoin the weight sync, so engines are "
+                                 f"not restarted with rollout.sync: {self.transport.name} "
+                                 f"({names(rejoinable=True, colocated=False, payload='weights')} restarts "
+                                 "them)") from fault
             try:
                 for i in bad:
                     ray.kill(self.handles[i], no_restart=True)
@@ -220,11 +223,12 @@ class SeparateEngines:
 
     def shutdown(self) -> None:
         """Each engine frees itself first (its LoRA adapters' files: before, every adapter-synced run
-        left its last `max_loras` of them in the engines' temporary folder), then its actor goes."""
+        left its last `max_loras` of them in the engines' temporary folder), then its actor goes. An
+        engine whose fault ended the run is not asked: a hung one would only answer after its bound."""
         import ray
 
         unwatch_nodes(self.names)
-        freed = [call(h, RolloutWorker.shutdown) for h in self.handles]
+        freed = [call(h, RolloutWorker.shutdown, True) for i, h in enumerate(self.handles) if i not in self.lost]
         with contextlib.suppress(Exception):  # a dead or hung engine is killed below all the same
             ray.wait(freed, num_returns=len(freed), timeout=_SHUTDOWN_S)
         for h in self.handles:

@@ -38,7 +38,7 @@ def _code_task(task_data, out):
     return paths
 
 
-def test_grpo_with_the_sandboxed_code_reward_learns(tiny_model, task_data, tmp_path):
+def test_grpo_with_the_sandboxed_code_reward_learns(ray_module, tiny_model, task_data, tmp_path):
     from rlkit.grpo.run import run_grpo
     from rlkit.sft.run import run_sft
 

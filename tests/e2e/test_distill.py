@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def student(tiny_model, task_data, tmp_path_factory):
+def student(ray_module, tiny_model, task_data, tmp_path_factory):
     from rlkit import stages
     from rlkit.sft.run import run_sft
 
@@ -34,7 +34,7 @@ def distill(student, teacher, task_data, out, *extra: str):
         "logging.tensorboard=false", "checkpoint.every=0", *extra]), recipe)
 
 
-def test_the_student_moves_toward_the_teacher(sft_model, student, task_data, tmp_path):
+def test_the_student_moves_toward_the_teacher(ray_module, sft_model, student, task_data, tmp_path):
     out = tmp_path / "distill"
     final = distill(student, sft_model, task_data, out)
     rows = run_metrics(out)

@@ -28,7 +28,7 @@ def _generate(model_dir, prompt="### 指令:\n计算\n\n### 输入:\n3+4=\n\n###
     return tok.decode(out[0, ids.input_ids.shape[1]:])
 
 
-def test_full_sft_learns_and_output_loads(ray_local, tiny_model, task_data, task_containers, tmp_path):
+def test_full_sft_learns_and_output_loads(ray_module, tiny_model, task_data, task_containers, tmp_path):
     """Trained from the CSV copy of the task, evaluated on its Arrow copy (the same rows as the JSONL:
     tests/data/test_containers.py)."""
     final, out = _run(tiny_model, task_data, tmp_path / "full", "train.max_steps=60", "eval.every=30",
@@ -59,7 +59,7 @@ def test_full_sft_learns_and_output_loads(ray_local, tiny_model, task_data, task
 
 
 @pytest.mark.parametrize("mode", ["lora", "qlora"])
-def test_adapter_sft_learns_and_merges(ray_local, tiny_model, task_data, tmp_path, mode):
+def test_adapter_sft_learns_and_merges(ray_module, tiny_model, task_data, tmp_path, mode):
     extra = [f"finetuning={mode}", "lora.r=16", "lora.alpha=32", "lora.dropout=0.0",
              "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
              "train.max_steps=40", "eval.every=20", "optim.lr=1e-2", "checkpoint.every=40"]
@@ -143,7 +143,7 @@ def _merge_against_float64(base_dir, final):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_two_learners_zero(ray_local, tiny_model, task_data, tmp_path, stage):
+def test_two_learners_zero(ray_module, tiny_model, task_data, tmp_path, stage):
     """ZeRO-2 from the recipe; ZeRO-3 from a user's ds_config.json in seed 002's shape ("auto"
     batch sizes, precision and clipping; the stage and its tuning keys from the file)."""
     zero = [f"deepspeed.zero_stage={stage}"]

@@ -122,7 +122,7 @@ def test_an_empty_micro_batch_gives_a_zero_gradient(models, name, packed):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", [0, 3])
-def test_learners_step_over_an_empty_micro_batch(ray_local, tiny_models, zero):
+def test_learners_step_over_an_empty_micro_batch(ray_module, tiny_models, zero):
     """Two ZeRO learners, three micro-batches each per step (the middle one empty on one rank, or on
     both): every objective's step completes, counts the three micro-batches and moves the policy."""
     from rlkit.accel import detect

@@ -25,7 +25,7 @@ def _train_one_step(group, model_dir) -> torch.Generator:
 
 
 @pytest.mark.parametrize("size", ["tiny", "tiny-untied"])
-def test_zero3_learners_sync_into_vllm(ray_local, tiny_models, size):
+def test_zero3_learners_sync_into_vllm(ray_module, tiny_models, size):
     import ray
 
     from rlkit.accel import detect
@@ -62,7 +62,7 @@ def test_zero3_learners_sync_into_vllm(ray_local, tiny_models, size):
         group.shutdown()
 
 
-def test_colocated_engines_take_weights_in_process(ray_local, tiny_models):
+def test_colocated_engines_take_weights_in_process(ray_module, tiny_models):
     """Two ZeRO-3 learners each host a vLLM engine (external launcher in their torch.distributed
     world); after a training step, every rank's engine holds the gathered policy."""
     import ray
@@ -101,7 +101,7 @@ def test_colocated_engines_take_weights_in_process(ray_local, tiny_models):
         group.shutdown()
 
 
-def test_zero3_learner_holds_whole_frozen_copies(ray_local, tiny_models):
+def test_zero3_learner_holds_whole_frozen_copies(ray_module, tiny_models):
     """Under ZeRO-3 the policy loads partitioned (transformers' process-wide DeepSpeed hook); the
     reference and the distillation teacher are frozen copies nothing gathers, so each rank must
     hold them whole: their logprobs equal a plain HF forward of their weights."""

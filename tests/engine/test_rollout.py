@@ -144,5 +144,33 @@ def test_tensor_parallel_engine_generates_and_syncs(actor, tiny_models):
         torch.testing.assert_close(torch.tensor(ray.get(tp.sequence_logprobs.remote([SEQ]))[0]),
                                    hf_logprobs(hf, SEQ), atol=1e-4, rtol=0)
         assert len(ray.get(tp.generate.remote(PROMPTS, n=2, max_tokens=4, seed=1))) == 4
+        # A run's last call before it kills the actor: the TP ranks' processes end with the engine
+        # (the in-process engine of tp 1 is left to go with its actor's process)
+        import psutil
+
+        ranks = [p for p in psutil.Process(ray.get(tp.where.remote())[0]).children(recursive=True)
+                 if "multiprocessing.resource_tracker" not in " ".join(p.cmdline())]  # it goes with the actor
+        assert len(ranks) >= 2, ranks
+        ray.get(tp.shutdown.remote(True))
+        assert not _running(ranks, wait_s=20)
     finally:
         ray.kill(tp)
+
+
+def _running(processes: list, wait_s: float) -> list:
+    """Those of `processes` still running `wait_s` seconds from now (a zombie its parent has not
+    reaped yet has ended)."""
+    import time
+
+    import psutil
+
+    def running(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + wait_s
+    while any(map(running, processes)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [p for p in processes if running(p)]
