@@ -32,6 +32,8 @@ from rlkit.engine.reaper import carrying
 NODE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cluster" / "ray-node.sh"
 SUBNET = "10.213.7"  # private addresses of the test hosts: 10.213.7.1, .2, ...
 PORT = 6379
+HEALTH_CHECKS = {"RAY_health_check_period_ms": "2000", "RAY_health_check_timeout_ms": "3000",
+                 "RAY_health_check_failure_threshold": "3"}
 MARKER = "RLKIT_TEST_RUN"  # the variable every process started in the hosts carries (its value: the cluster's tag)
 
 
@@ -57,7 +59,11 @@ class NetnsCluster:
         self.env = {**os.environ, MARKER: self.tag, "RAY": str(Path(sys.executable).parent / "ray"),
                     "RLKIT_RAY_PORT": str(PORT), "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0",
                     # token authentication on, as `ray start` turns it on where a token exists; this cluster's own token
-                    "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex * 2, **(env or {})}
+                    "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex * 2,
+                    # the head gives a node up after 3 missed health checks 2 s apart, each waited on for 3 s
+                    # (Ray's defaults: 5, 3 s, 10 s), as an operator may set it: a lost or cut-off host is
+                    # found in about 6 or 15 s instead of 15 or 65, and a node must be silent 9 s to be lost
+                    **HEALTH_CHECKS, **(env or {})}
         self.nodes: dict[int, subprocess.Popen] = {}
 
     @staticmethod

@@ -14,12 +14,17 @@ pytestmark = pytest.mark.slow
 
 
 def test_grpo_with_the_tool_beats_the_no_tool_baseline(tool_task, mixed_tool_model, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
     script = tool_task_script()
-    direct = script.sft(tool_task["model"], tool_task["sft_direct"], tmp_path / "sft-direct", script.SFT_STEPS,
-                        tmp_path)
-    baseline = script.no_tool_baseline(direct, tool_task, tmp_path)
-    rows = script.grpo(mixed_tool_model, tool_task, tmp_path / "grpo", 8, 1e-4, 0, tmp_path, overrides=(
-        "rollout.num_engines=1", "grpo.num_learners=1", "deepspeed.zero_stage=0", "grpo.beta=0", "eval.every=4"))
+    with ThreadPoolExecutor(1) as pool:  # the GRPO run beside the baseline's SFT and eval: they share nothing
+        grpo = pool.submit(script.grpo, mixed_tool_model, tool_task, tmp_path / "grpo", 8, 1e-4, 0, tmp_path,
+                           overrides=("rollout.num_engines=1", "grpo.num_learners=1", "deepspeed.zero_stage=0",
+                                      "grpo.beta=0", "eval.every=4"))
+        direct = script.sft(tool_task["model"], tool_task["sft_direct"], tmp_path / "sft-direct", script.SFT_STEPS,
+                            tmp_path)
+        baseline = script.no_tool_baseline(direct, tool_task, tmp_path)
+        rows = grpo.result()
     evals = [r["eval/exact_match"] for r in rows if "eval/exact_match" in r]
     calls = [r["tools/call_frequency"] for r in rows if "tools/call_frequency" in r]
     print(f"\nheld-out exact: no tool {baseline:.3f}; tool offered, SFT {evals[0]:.3f}, GRPO "
