@@ -4,7 +4,8 @@
 
 For SFT (`recipes/tiny-sft.yaml`, 16 steps from the tiny model, checkpoint every 4) and for
 synchronous GRPO (`recipes/tiny-grpo.yaml` from `--model`, 8 steps, one engine, one ZeRO-2
-learner, checkpoint every 2), it runs each once undisturbed, then `--points` times more
+learner, checkpoint every 2), it runs each once undisturbed (beside the first killed run: they
+share nothing but the machine, and both are seeded), and `--points` times more
 (shared out over the stages) with a kill -9 of the driver's process group, which holds Ray's
 local services, so every process of the run goes at once, as when a node is lost. The kill
 points cycle through the phases below, with the step drawn at random (`--seed`):
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +90,17 @@ def _processes(tag: str) -> list[int]:
     return found
 
 
+def reference(stage: str, cmd: list[str], out: Path, key: str, work: Path) -> tuple[float, dict[int, float]]:
+    """The undisturbed run (its seconds, `key` per step); it says so in one line."""
+    t0 = time.monotonic()
+    if run(cmd, f"{stage}-ref", work / f"{stage}-ref.err") != 0:
+        raise SystemExit(f"the undisturbed {stage} run failed: see {work / f'{stage}-ref.err'}")
+    seconds, want = time.monotonic() - t0, per_step(out, key)
+    print(f"{stage}: undisturbed run {seconds:.0f} s, {key} per step {[round(v, 4) for v in want.values()]}",
+          flush=True)
+    return seconds, want
+
+
 def per_step(out: Path, key: str) -> dict[int, float]:
     """`key` of each step in `metrics.jsonl` (the last record of a step logged twice)."""
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -126,20 +139,18 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     shares = [args.points // len(args.stages) + (i < args.points % len(args.stages)) for i in range(len(args.stages))]
     results = []
+    pool = ThreadPoolExecutor(1)
     for stage, share in zip(args.stages, shares):
         key = "train/loss" if stage == "sft" else "reward/mean"
         ref = work / f"{stage}-ref"
-        t0 = time.monotonic()
-        if run(command(stage, ref, args.model, data, work), f"{stage}-ref", work / f"{stage}-ref.err") != 0:
-            raise SystemExit(f"the undisturbed {stage} run failed: see {work / f'{stage}-ref.err'}")
-        seconds, want = time.monotonic() - t0, per_step(ref, key)
-        print(f"{stage}: undisturbed run {seconds:.0f} s, {key} per step {[round(v, 4) for v in want.values()]}",
-              flush=True)
+        # the undisturbed run goes on beside the first killed one (they share nothing but the machine)
+        undisturbed = pool.submit(reference, stage, command(stage, ref, args.model, data, work), ref, key, work)
         for n in range(share):
             phase, actor, calls = PHASES[stage][n % len(PHASES[stage])]
             out, tag = work / f"{stage}-{n}", f"{stage}-{n}"
             cmd = command(stage, out, args.model, data, work)
             if phase == "time":
+                seconds, _ = undisturbed.result()  # a moment of the run: its length first
                 at = rng.uniform(0.2, 0.9) * seconds
                 point, code = f"at {at:.1f} s", run(cmd, tag, work / f"{tag}.err", kill_after=at)
             else:
@@ -153,11 +164,13 @@ def main() -> None:
             rerun = run(cmd, f"{tag}-resume", work / f"{tag}-resume.err")
             text = (work / f"{tag}-resume.err").read_text()
             resumed = re.search(r"resumed from \S+ \(step (\d+)\)", text)
+            _, want = undisturbed.result()
             ok = rerun == 0 and per_step(out, key) == want and same_weights(ref, out)
             results.append((stage, ok))
             again = f"resumed at step {resumed[1]}" if resumed else "started over"
             print(f"{stage} {point}: killed (exit {code}) {where}; the rerun {again}, exit {rerun}: "
                   f"{'bit-identical' if ok else 'DIFFERENT'}", flush=True)
+        undisturbed.result()  # printed, and failed loudly if it failed, even when no kill point used it
     same = sum(ok for _, ok in results)
     by_stage = ", ".join(f"{s} {sum(ok for t, ok in results if t == s)}/{sum(t == s for t, _ in results)}"
                          for s in args.stages)
