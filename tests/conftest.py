@@ -10,7 +10,8 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import pytest  # noqa: E402
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, sft_overrides
+from tests.workers import once
 
 pytest_plugins = ["tests.workers"]  # the two workers of pytest-xdist: which tests run beside which
 
@@ -63,21 +64,23 @@ def task_containers(task_data, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sft_model(tiny_model, task_data, tmp_path_factory):
-    """The tiny model after 600 SFT steps (~70 s): it knows some facts and the teacher's three
-    answer styles, so an exact-answer reward has signal."""
-    import ray
+    """The tiny model after 600 SFT steps (~40 s): it knows some facts and the teacher's three
+    answer styles, so an exact-answer reward has signal. Built once for both workers."""
 
-    from rlkit import stages
-    from rlkit.sft.run import run_sft
-    from tests.helpers import ROOT, sft_overrides
+    def build(out):
+        import ray
 
-    out = tmp_path_factory.mktemp("sft-start")
-    cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml",
-                      sft_overrides(tiny_model, task_data, out, "train.max_steps=600", "eval.every=0",
-                                    "checkpoint.every=0"))
-    final = run_sft(cfg)
-    assert not ray.is_initialized()
-    return final
+        from rlkit import stages
+        from rlkit.sft.run import run_sft
+
+        cfg = stages.load("sft", ROOT / "recipes" / "tiny-sft.yaml",
+                          sft_overrides(tiny_model, task_data, out, "train.max_steps=600", "eval.every=0",
+                                        "checkpoint.every=0"))
+        final = run_sft(cfg)
+        assert not ray.is_initialized()
+        return final
+
+    return once(tmp_path_factory, "sft-start", build)
 
 
 def _local_ray() -> None:

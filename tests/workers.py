@@ -1,40 +1,41 @@
 """The suite on two workers (pytest-xdist, `-n 2` in pyproject's addopts): which tests run beside which.
 
-- The tests that start Ray, vLLM, DeepSpeed or a whole run (`slow`) and those that must run `alone` go
-  to one worker, one after another in the suite's order: two of them never run at once.
-- The other worker takes every other test, a module at a time (a module's fixtures are built once).
+- Each module is one unit of work, run on one worker (its module fixtures are built once), the
+  modules with tests that start Ray, vLLM, DeepSpeed or a whole run (`slow`) first, in the suite's
+  order, then the others, which are short and even out the two workers' ends. So two runs go at once:
+  a run keeps about 1.4 of the two cores busy (it waits on its start-up, its actors and the network).
 - A test marked `alone` reads or changes what the whole machine holds (the shared temporary folders,
   its processes): while it runs, from its fixtures' set-up to their tear-down, no other test does.
+- A session fixture that takes a run to build (`once`) is built by the first worker that needs it,
+  in a folder both share; the other one waits for it, then reads it.
 
-The controller learns which tests are heavy from the workers' collection (markers are a worker's to
-read): each worker writes the node ids of its `slow` and `alone` tests to a folder the controller made,
-which also holds the lock files. Without xdist (`-n 0`, or `-p no:xdist`) nothing here acts.
+Without xdist (`-n 0`, or `-p no:xdist`) nothing here acts: the suite runs in its own order.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-HEAVY = "heavy"  # the scheduling unit of the tests that run one after another
-SHARED = "rlkit_workers"  # the workers' input: the folder shared with the controller
+SHARED = "rlkit_workers"  # the workers' input: the folder of the lock files, which the controller made
 FOLDER = pytest.StashKey[Path]()  # the controller's: that folder
+Paths = Path | dict[str, Path]
 
 
-def _folder(config: pytest.Config) -> Path | None:
-    """The shared folder: the controller's own, or the one a worker was given (None without xdist)."""
-    given = getattr(config, "workerinput", {}).get(SHARED)
-    return Path(given) if given else config.stash.get(FOLDER, None)
+def _worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput") and (config.getoption("numprocesses", None) or 0):
+    if not _worker(config) and (config.getoption("numprocesses", None) or 0):
         config.stash[FOLDER] = Path(tempfile.mkdtemp(prefix="rlkit-test-workers-"))
 
 
@@ -52,18 +53,8 @@ def pytest_configure_node(node) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class HeavyApart(LoadScopeScheduling):
-        """LoadScopeScheduling whose scopes are the heavy tests (one unit: one worker, in order) and each
-        other module."""
-
-        heavy: set[str] | None = None
-
-        def _split_scope(self, nodeid: str) -> str:
-            if self.heavy is None:  # the workers have collected by now: scheduling starts after
-                self.heavy = {line for f in _folder(config).glob("heavy-*.txt") for line in f.read_text().splitlines()}
-            return HEAVY if nodeid in self.heavy else nodeid.split("::", 1)[0]
-
-    return HeavyApart(config, log)
+    config.option.loadscopereorder = False  # the units in the order the workers collected them (below)
+    return LoadScopeScheduling(config, log)
 
 
 def _heavy(item: pytest.Item) -> bool:
@@ -72,20 +63,20 @@ def _heavy(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    folder = _folder(config)
-    if folder is not None and hasattr(config, "workerinput"):
-        worker = config.workerinput["workerid"]
-        (folder / f"heavy-{worker}.txt").write_text("".join(f"{item.nodeid}\n" for item in items if _heavy(item)))
+    """On a worker, the modules with a heavy test first (both workers collect the same order)."""
+    if not _worker(config):
+        return
+    heavy = {item.nodeid.split("::", 1)[0] for item in items if _heavy(item)}
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in heavy)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Each test, its fixtures' set-up and tear-down included, holds the machine: shared, or alone."""
-    folder = _folder(item.config)
-    if folder is None or not hasattr(item.config, "workerinput"):
+    if not _worker(item.config):
         yield
         return
-    with machine(folder, alone=item.get_closest_marker("alone") is not None):
+    with machine(Path(item.config.workerinput[SHARED]), alone=item.get_closest_marker("alone") is not None):
         yield
 
 
@@ -94,7 +85,7 @@ def machine(folder: Path, alone: bool) -> Iterator[None]:
     """A readers-writer lock over the workers, through two files in `folder`: a test alone takes the
     turnstile and keeps it while it waits for the other worker's test to end (no new one starts
     meanwhile), then holds the machine exclusively; any other test passes the turnstile and shares it."""
-    with open(folder / "turnstile", "a") as gate, open(folder / "machine", "a") as held:
+    with open(folder / "turnstile.lock", "a") as gate, open(folder / "machine.lock", "a") as held:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
@@ -106,3 +97,24 @@ def machine(folder: Path, alone: bool) -> Iterator[None]:
         finally:
             fcntl.flock(held, fcntl.LOCK_UN)
             fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+def once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Paths]) -> Paths:
+    """`build(folder)`'s result, a path or a dict of paths, built once for the whole session: on two
+    workers in the folder their own ones sit in (pytest's folder of the session), by whichever worker
+    asks first while the other waits for it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(factory.mktemp(name))
+    root = factory.getbasetemp().parent
+    done = root / f"{name}.json"
+    with open(root / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():  # the first to ask (or the second, where the first one's build failed)
+            folder = root / name
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            result = build(folder)
+            done.write_text(json.dumps({"dict": result} if isinstance(result, dict) else {"path": result},
+                                       default=str))
+    saved = json.loads(done.read_text())
+    return {k: Path(v) for k, v in saved["dict"].items()} if "dict" in saved else Path(saved["path"])
