@@ -251,10 +251,9 @@ def row_sft(path: str, device: str, dtype: str, zero: int, batch: dict, steps: i
 
 def row_grpo(path: str, device: str, dtype: str, zero: int, batch: dict, steps: int, warmup: int) -> dict[str, Any]:
     torch, sync = _setup(device)
-    from rlkit.engine.objective import MicroBatch
+    from rlkit.engine.objective import MicroBatch, step_normaliser
     from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.config import GRPOAlgoConfig
-    from rlkit.grpo.loss import dapo_normaliser
     from rlkit.grpo.objective import GRPOObjective
 
     rows = len(batch["input_ids"])
@@ -263,7 +262,7 @@ def row_grpo(path: str, device: str, dtype: str, zero: int, batch: dict, steps: 
                                           RolloutConfig(temperature=1.0))
     tokens = int(batch["completion_mask"][:, 1:].sum())
     mb = MicroBatch({k: batch[k] for k in ("input_ids", "attention_mask", "completion_mask", "advantages")} |
-                    {"num_items_in_batch": torch.tensor(dapo_normaliser(tokens, 1, 1), dtype=torch.float64)})
+                    {"num_items_in_batch": torch.tensor(step_normaliser(tokens, 1, 1), dtype=torch.float64)})
     where = objective.positions
     engine = learner.logprobs([mb], 1.0, "policy", where)[0]
     mb = MicroBatch({**mb, "engine_logp": engine + 0.01 * torch.randn_like(engine) * mb["completion_mask"][:, 1:]})

@@ -236,16 +236,17 @@ def frozen_models(spec: Any, engine: Any, device: Any) -> tuple[Reference | None
     from rlkit.model.kernels import with_kernels
     from rlkit.model.load import load_frozen, resolve_dtype
 
-    def loader(model: Any, dtype: Any) -> Any:
-        return lambda: with_kernels(load_frozen(model, dtype, engine.device), model.kernels, device.kind)
+    def loader(model: Any, dtype: Any, key: str) -> Any:
+        return lambda: with_kernels(load_frozen(model, dtype, engine.device), model.kernels, device.kind, key)
 
     reference = teacher = None
     if spec.reference:
         reference = Reference(engine.module, spec.finetuning,
-                              loader(spec.model, engine.module.dtype if spec.finetuning == "full" else None))
+                              loader(spec.model, engine.module.dtype if spec.finetuning == "full" else None,
+                                     "model.kernels"))
     if spec.teacher is not None:
         teacher_dtype = resolve_dtype(spec.teacher.dtype, device.bf16 and device.is_accelerator)
-        teacher = Reference(engine.module, "full", loader(spec.teacher, teacher_dtype))
+        teacher = Reference(engine.module, "full", loader(spec.teacher, teacher_dtype, "distill.teacher.kernels"))
     return reference, teacher
 
 

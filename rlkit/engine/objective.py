@@ -102,6 +102,15 @@ class Objective(Protocol):
     def positions(self, batch: MicroBatch) -> Tensor: ...
 
 
+def step_normaliser(tokens: int, world_size: int, grad_accum: int) -> float:
+    """`num_items_in_batch` that makes a loss summed over a micro-batch's tokens a token mean over the
+    whole optimizer step (TRL's reduction: SFT's NLL, GRPO's `dapo` loss), when the learner divides
+    each micro-batch's loss by `grad_accum` and DeepSpeed averages the gradients of `world_size`
+    ranks: ``max(tokens, 1) / (world_size * grad_accum)``, `tokens` = the step's loss tokens summed
+    over all ranks."""
+    return max(tokens, 1) / (world_size * grad_accum)
+
+
 def reduction(key: str) -> str:
     """How a metric combines over micro-batches, steps and ranks: "max", "min" or "mean"."""
     return "max" if key.endswith("_max") else "min" if key.endswith("_min") else "mean"

@@ -36,7 +36,8 @@ class TeacherWorker:
         self.device = info.torch_device
         # frozen and scored as the learner's reference and teacher copies are
         self.teacher = Reference(None, "full", lambda: with_kernels(load_frozen(model, dtype, self.device),
-                                                                    model.kernels, info.kind))
+                                                                    model.kernels, info.kind,
+                                                                    "distill.teacher.kernels"))
 
     def ready(self) -> str:
         """The node this teacher runs on (its address), once its model is loaded."""

@@ -18,8 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlkit.engine.objective import MicroBatch
-from rlkit.grpo.loss import dapo_normaliser
+from rlkit.engine.objective import MicroBatch, step_normaliser
 
 
 @dataclass(frozen=True)
@@ -154,13 +153,13 @@ class GRPOBatch:
         """Micro-batches per [rank][optimizer step][micro-batch] from a `plan_micro_batches` or
         `plan_token_micro_batches` plan ([step][rank][micro-batch] row indices), padded or `packed`
         (`packed_micro_batch`). Every micro-batch also carries the step's DAPO normaliser
-        `num_items_in_batch` (the step's loss tokens over all ranks, see `dapo_normaliser`)."""
+        `num_items_in_batch` (the step's loss tokens over all ranks, see `step_normaliser`)."""
         world = len(plan[0])
         shards: list[list[list[MicroBatch]]] = [[] for _ in range(world)]
         for step in plan:
             grad_accum = len(step[0])
             tokens = self.completion_tokens([i for rank_rows in step for rows in rank_rows for i in rows])
-            norm = torch.tensor(dapo_normaliser(tokens, world, grad_accum), dtype=torch.float64)
+            norm = torch.tensor(step_normaliser(tokens, world, grad_accum), dtype=torch.float64)
             for r, rank_rows in enumerate(step):  # rank r's micro-batches (row index lists) of this step
                 make = self.packed_micro_batch if packed else self.micro_batch
                 shards[r].append([MicroBatch({**make(rows), "num_items_in_batch": norm}) for rows in rank_rows])

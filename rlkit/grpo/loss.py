@@ -257,7 +257,7 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_type: LossType, max_completi
         luspo:               sum over tokens per sequence, then mean over B (length-scaled GSPO).
 
     Token counts are clamped to >= 1 as in TRL; a ``num_items_in_batch`` given is the normaliser
-    itself (`dapo_normaliser`), used unclamped."""
+    itself (`rlkit.engine.objective.step_normaliser`), used unclamped."""
     masked = per_token * mask
     if loss_type in ("grpo", "sapo"):
         return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
@@ -270,20 +270,12 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_type: LossType, max_completi
     if num_items_in_batch is None:  # dapo, cispo, vespo
         return masked.sum() / mask.sum().clamp(min=1.0)
     # A normaliser given is used as it is, like TRL's (which clamps the token count to >= 1 before
-    # dividing it by ranks x accumulation steps, as `dapo_normaliser` does): with fewer loss tokens
+    # dividing it by ranks x accumulation steps, as `step_normaliser` does): with fewer loss tokens
     # than ranks x steps it is below 1, and a clamp here would shrink such a step's loss.
     return masked.sum() / torch.as_tensor(num_items_in_batch, dtype=per_token.dtype)
 
 
 # --- normalisers and reward shaping --------------------------------------------------
-
-
-def dapo_normaliser(tokens: int, world_size: int, grad_accum: int) -> float:
-    """``num_items_in_batch`` for ``dapo`` that makes the loss a token mean over a whole optimizer
-    step when the engine averages gradients over ``world_size`` ranks and divides each
-    micro-batch's loss by ``grad_accum`` (DeepSpeed's default): ``max(tokens, 1) / (world_size *
-    grad_accum)``, ``tokens`` = loss tokens of the optimizer step summed over all ranks."""
-    return max(tokens, 1) / (world_size * grad_accum)
 
 
 def soft_overlong_penalty(

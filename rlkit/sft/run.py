@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit.engine.objective import MicroBatch
+from rlkit.engine.objective import MicroBatch, step_normaliser
 from rlkit.engine.perf import perf_metrics
 from rlkit.run.checkpoint import dir_bytes
 from rlkit.run.driver import (
@@ -134,10 +134,16 @@ def micro_batches(samples: list[dict], per_micro: int, packing: bool, pad_id: in
 
 def shard_step(samples: list[dict], world: int, grad_accum: int, mbs: int, packing: bool,
                pad_id: int, images: ImageInputs | None = None) -> list[list[MicroBatch]]:
-    """Split one global batch into `world` lists of `grad_accum` micro-batches."""
+    """Split one global batch into `world` lists of `grad_accum` micro-batches, each carrying the
+    step's `num_items_in_batch` (TRL's reduction: `NLLObjective`)."""
+    import torch
+
     per_rank = grad_accum * mbs
-    return [micro_batches(samples[r * per_rank:(r + 1) * per_rank], mbs, packing, pad_id, images)
-            for r in range(world)]
+    shards = [micro_batches(samples[r * per_rank:(r + 1) * per_rank], mbs, packing, pad_id, images)
+              for r in range(world)]
+    tokens = sum(int(NLLObjective().positions(mb).sum()) for shard in shards for mb in shard)
+    norm = torch.tensor(step_normaliser(tokens, world, grad_accum), dtype=torch.float64)
+    return [[MicroBatch({**mb, "num_items_in_batch": norm}) for mb in shard] for shard in shards]
 
 
 def eval_loss(learners: LearnerGroup, samples: list[dict], mbs: int, pad_id: int, max_batches: int | None,

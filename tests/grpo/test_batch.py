@@ -47,7 +47,7 @@ def test_collate_places_engine_logprobs_in_shifted_space():
     assert GRPOBatch.collate([Rollout([1], [2], False)], torch.tensor([0.0]), pad_id=0).engine_logp is None
 
 
-def test_shards_give_each_rank_its_steps_and_the_dapo_normaliser():
+def test_shards_give_each_rank_its_steps_and_the_step_normaliser():
     """2 mini-batches x 2 ranks x 2 micro-batches of 1 row: rank r gets its micro-batches of each
     step, and every micro-batch of a step carries tokens(step, all ranks) / (world * grad_accum)."""
     rs = [Rollout([1], [2] * (i + 1), False) for i in range(8)]  # row i has i + 1 loss tokens

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rlkit.engine.logprobs import selective_log_softmax
-from rlkit.grpo.loss import dapo_normaliser, kl_penalty, policy_loss, soft_overlong_penalty
+from rlkit.engine.objective import step_normaliser
+from rlkit.grpo.loss import kl_penalty, policy_loss, soft_overlong_penalty
 
 D = torch.float64
 
@@ -148,15 +149,15 @@ def test_soft_overlong_penalty():
         soft_overlong_penalty(lengths, 100, 0)
 
 
-def test_dapo_normaliser_makes_a_global_token_mean():
+def test_step_normaliser_makes_a_global_token_mean():
     """DeepSpeed averages gradients over P ranks and divides each micro-batch loss by GA: with the
     normaliser tokens / (P * GA), P ranks x GA micro-batches of per-token losses l sum to
     sum(l) / tokens, the token mean of the whole optimizer step."""
-    assert dapo_normaliser(120, world_size=2, grad_accum=3) == 20.0
-    assert dapo_normaliser(0, 2, 3) == 1 / 6  # no loss token: clamped to one, no division by zero
+    assert step_normaliser(120, world_size=2, grad_accum=3) == 20.0
+    assert step_normaliser(0, 2, 3) == 1 / 6  # no loss token: clamped to one, no division by zero
     # 2 ranks x 2 micro-batches with 3, 5, 1, 7 loss tokens, each token's loss 1.0:
     tokens = [3, 5, 1, 7]
-    norm = dapo_normaliser(sum(tokens), 2, 2)
+    norm = step_normaliser(sum(tokens), 2, 2)
     per_micro = [policy_loss(torch.zeros(1, n, dtype=D), None, torch.tensor([-1.0], dtype=D),
                              torch.ones(1, n, dtype=D), loss_type="dapo", num_items_in_batch=norm).loss
                  for n in tokens]  # ratio 1, A = -1: every token's loss is exactly 1
@@ -164,7 +165,7 @@ def test_dapo_normaliser_makes_a_global_token_mean():
     assert step.item() == pytest.approx(1.0)  # the mean over all 16 tokens
     # fewer loss tokens (2) than ranks x micro-batches (4): the normaliser is 0.5, and still the mean
     tokens = [1, 0, 0, 1]
-    norm = dapo_normaliser(sum(tokens), 2, 2)
+    norm = step_normaliser(sum(tokens), 2, 2)
     per_micro = [policy_loss(torch.zeros(1, n, dtype=D), None, torch.tensor([-1.0], dtype=D),
                              torch.ones(1, n, dtype=D), loss_type="dapo", num_items_in_batch=norm).loss
                  for n in tokens]

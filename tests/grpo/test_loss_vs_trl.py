@@ -169,7 +169,7 @@ def test_bias_corrected_kl_matches_trl(loss_type, level, on_policy):
 def test_token_mean_with_fewer_tokens_than_ranks_matches_trl(procs, ga, tokens):
     """A step with fewer loss tokens than ranks: TRL clamps the token count before dividing it by the
     ranks (its normaliser may then be below 1); rlkit's loss uses the normaliser it is given (the
-    module doc's mapping; `dapo_normaliser` clamps the same way) without a second clamp."""
+    module doc's mapping; `step_normaliser` clamps the same way) without a second clamp."""
     logp, old, ref, adv, mask, ent = _inputs(seed=5)
     mask = torch.zeros_like(mask)
     mask[0, :tokens] = 1  # this micro-batch holds all of the step's loss tokens
