@@ -17,19 +17,24 @@ Rows (`--rows`, comma-separated; each runs in a fresh process, `--repeat` times 
               attached (`Learner.logprobs`, timed apart: ref, old), KL beta 0.04, the engine's
               logprobs for the rollout correction, entropy logged.
   sft-zKx2    two ranks (gloo on a CPU), each with half the batch: ZeRO's multi-rank path.
+  NAME-all    bare, liger or sft-zK with every token labelled: the like-for-like rows. Elsewhere
+              the labels are the last three quarters; rlkit's head projects only those positions
+              through the lm_head, the bare loop's `labels=` loss all of them, so those rows do
+              less work than the bare loop and their ratio to it flatters rlkit.
 
 Model (`--model`): 25m or tiny (`rlkit.tiny`), smollm2 (SmolLM2-135M-Instruct from its package,
 as `bench_grpo.py --model`), qwen2.5-1.5b (Qwen2.5-1.5B's shape, untied as R1-Distill-1.5B, with
 random weights built from its config: no download), or an HF folder. Tokens are random ids of
 the vocabulary; every row is `--seq` tokens; SFT's labels and GRPO's completion are the last
-three quarters, so both score the same positions.
+three quarters, so both score the same positions (every token in the -all rows).
 
 What is printed: per row the step's median, min and max over the timed steps of all its runs
 (after `--warmup` steps in each run), tokens/s (all input tokens), MFU (`rlkit.engine.perf`:
-3 x forward FLOPs; against the device's dense peak, or on a CPU the measured matrix-product rate
-of one process in that precision; a two-rank row against two of them), peak memory (CUDA:
-torch's peak allocation; CPU: the process's peak resident set), and the ratio to the bare loop's
-median step.
+3 x forward FLOPs, the lm_head counted on the positions the row projects; against the device's
+dense peak, or on a CPU the measured matrix-product rate of one process in that precision; a
+two-rank row against two of them), peak memory (CUDA: torch's peak allocation; CPU: the process's
+peak resident set), and the ratio to the bare loop's median step (an -all row: to bare-all's), with
+`=` after the ratio where the two rows do the same work.
 """
 
 from __future__ import annotations
@@ -70,7 +75,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def default_rows(device: str) -> list[str]:
     rows = ["bare"] + (["liger"] if device == "cuda" else []) + ["forward"]
     rows += [f"sft-z{z}" for z in range(4)] + [f"grpo-z{z}" for z in (0, 2)]
-    return rows + (["sft-z0x2", "sft-z3x2"] if device == "cpu" else [])
+    like = ["bare-all", "liger-all", "sft-z0-all", "sft-z1-all", "sft-z2-all"] if device == "cuda" else \
+        ["bare-all", "sft-z0-all"]
+    return rows + (["sft-z0x2", "sft-z3x2"] if device == "cpu" else []) + like
+
+
+def every_token(batch: dict) -> dict:
+    """`batch` with every token labelled (the -all rows)."""
+    return {**batch, "labels": batch["input_ids"].clone()}
+
+
+def head_positions(name: str, batch: dict) -> int:
+    """The positions a row projects through the lm_head: the bare loop's loss every position (its
+    logits), rlkit's head the scored ones only (the labels' or the completion's, shifted)."""
+    if name.split("-")[0] in ("bare", "liger", "forward"):  # the model's logits, then a selection
+        return batch["input_ids"].numel()
+    if name.endswith("-all"):
+        return batch["input_ids"][:, 1:].numel()
+    return int((batch["labels"][:, 1:] != -100).sum())
 
 
 # ------------------------------------------------------------------ the model and the batch
@@ -288,6 +310,8 @@ def _free_port() -> int:
 
 def run_row(name: str, path: str, device: str, dtype: str, batch: dict, steps: int, warmup: int) -> dict[str, Any]:
     """One row's timings, in fresh processes (two for a two-rank row)."""
+    if name.endswith("-all"):
+        name, batch = name[:-len("-all")], every_token(batch)
     if name in ("bare", "liger", "forward"):
         return run_spawned(row_bare, path, device, dtype, batch, steps, warmup, name == "liger", name == "forward")
     kind, zero = name.split("-z")
@@ -314,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     rows = args.rows.split(",") if args.rows else default_rows(device)
-    if "liger" in rows and device != "cuda":
+    if {"liger", "liger-all"} & set(rows) and device != "cuda":
         sys.exit("--rows liger: Liger's kernels are Triton kernels for a CUDA device")
     started = time.perf_counter()
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="bench-learner-")
@@ -330,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         info = detect(device)
         peak = peak_flops(info, args.dtype, seconds=3.0)
         lengths = [args.seq] * args.batch
-        flops = {"train": train_flops(arch, lengths), "score": forward_flops(arch, lengths)}
+        flops = {"train": train_flops(arch, lengths), "score": forward_flops(arch, lengths),
+                 "head_position": 2 * arch.hidden * arch.vocab, "tokens": args.batch * args.seq,
+                 "positions": {name: head_positions(name, batch) for name in rows}}
         report(args, path, arch, info, peak, flops, runs, time.perf_counter() - started)
         if args.json:
             Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs, "peak_flops": peak,
@@ -349,20 +375,32 @@ def report(args: argparse.Namespace, path: Path, arch: Any, info: Any, peak: flo
           f"{args.batch} x {args.seq} tokens, device {info.device_name} ({where}), {args.steps} timed steps after "
           f"{args.warmup} per run, {args.repeat} runs a row, {seconds:.0f} s")
     print(f"MFU against {what}: {peak / 1e12:.3f} TFLOP/s {args.dtype}; a step computes "
-          f"{flops['train'] / 1e12:.3f} TFLOP (3 x forward), a scoring {flops['score'] / 1e12:.3f}")
+          f"{flops['train'] / 1e12:.3f} TFLOP (3 x forward, the lm_head on every position), a scoring "
+          f"{flops['score'] / 1e12:.3f}; like for like (=): the -all rows against bare-all (every token "
+          f"labelled); the other rows label the last 3/4, which rlkit's head alone projects")
     tokens = args.batch * args.seq
-    bare = spread([t for r in runs.get("bare", []) for t in r["step"]])["median"]
-    print(f"{'row':<12}{'part':<7}{SPREAD_HEADER}{'tokens/s':>10}{'MFU':>7}{'peak GiB':>10}{'/ bare':>8}")
+    print(f"{'row':<14}{'part':<7}{SPREAD_HEADER}{'tokens/s':>10}{'MFU':>7}{'peak GiB':>10}{'/ bare':>9}")
     for name, rs in runs.items():
+        base = "bare-all" if name.endswith("-all") else "bare"
+        bare = spread([t for r in runs.get(base, []) for t in r["step"]])["median"]
         parts = ("step", "ref", "old") if name.startswith("grpo") else ("step",)
         for part in parts:
             s = spread([t for r in rs for t in r[part]])
-            work = flops["train"] if part == "step" and name != "forward" else flops["score"]
-            mfu = work / s["median"] / peak / (2 if name.endswith("x2") else 1)  # two ranks: two devices' peak
-            ratio = f"{s['median'] / bare:.2f}x" if bare == bare and part == "step" else "-"
+            mfu = row_flops(name, part, flops) / s["median"] / peak / (2 if name.endswith("x2") else 1)
+            same = "=" if name.endswith("-all") else ""
+            ratio = f"{s['median'] / bare:.2f}x{same}" if bare == bare and part == "step" else "-"
             peak_gib = f"{max(r['peak_gib'] for r in rs):.2f}" if part == "step" else "-"
-            print(f"{name:<12}{part:<7}{spread_cells(s)}{tokens / s['median']:>10.0f}{100 * mfu:>6.1f}%"
-                  f"{peak_gib:>10}{ratio:>8}")
+            print(f"{name:<14}{part:<7}{spread_cells(s)}{tokens / s['median']:>10.0f}{100 * mfu:>6.1f}%"
+                  f"{peak_gib:>10}{ratio:>9}")
+
+
+def row_flops(name: str, part: str, flops: dict[str, Any]) -> float:
+    """What a row's `part` computes: a training step 3 x its forward, a scoring 1 x, the lm_head on
+    the positions the row projects (`head_positions`) rather than on every one."""
+    times = 3 if part == "step" and name != "forward" else 1
+    full = flops["train"] if times == 3 else flops["score"]
+    skipped = flops["tokens"] - flops["positions"].get(name, flops["tokens"])
+    return full - times * flops["head_position"] * skipped
 
 
 if __name__ == "__main__":

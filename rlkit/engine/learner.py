@@ -152,7 +152,8 @@ class Learner(EngineHost, Saving):
             model=model, model_parameters=params, optimizer=optimizer, config=ds_cfg,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
         self.clips = learner_clips(spec.deepspeed, precision)
-        self.throughput = Throughput(model.config.to_dict(), self.device_info, precision)
+        adapters = sum(p.numel() for p in params if p.ndim == 2) if spec.finetuning in ("lora", "qlora") else None
+        self.throughput = Throughput(model.config.to_dict(), self.device_info, precision, adapters)
         if self.world_size == 1 and (spec.deepspeed.zero_stage == 0 or spec.deepspeed.flat_bf16(precision)):
             # One rank: nothing to reduce, but DeepSpeed would still flatten, all-reduce and copy
             # back every gradient at each step (~8% of a 25M-parameter step on CPU).

@@ -3,7 +3,8 @@
 The convention (docs/speed.md): a trained token costs 3 x the forward's matrix-product FLOPs
 (forward, and a backward of twice the forward), counting the attention projections, the MLP, the
 causal attention scores (QK^T and AV over the tokens before each) and the lm_head, not the
-embedding lookup; a scored token (no gradient) costs 1 x. MFU is those FLOPs per second over the
+embedding lookup; a scored token (no gradient) costs 1 x. A frozen base (LoRA, QLoRA) is counted
+as its step computes it: no weight gradient for its matrices (`train_flops`). MFU is those FLOPs per second over the
 device's dense peak for the training precision: the vendor's figure for an accelerator (a table
 by device name; `RLKIT_PEAK_TFLOPS` overrides it), and on a CPU the rate this process reaches on
 a large matrix product in that precision, measured once (a CPU's vendor peak assumes every core
@@ -29,19 +30,33 @@ PEAK_TFLOPS = {
 }
 
 
+def weight_flops(arch: Any) -> float:
+    """Forward FLOPs per token of the model's weight matrices: 2 x the block linears and the lm_head
+    (MoE: the experts a token uses are not known from the config, every expert is counted once as
+    one MLP)."""
+    return 2 * (arch.layers * sum(i * o for i, o in arch.linears().values()) + arch.hidden * arch.vocab)
+
+
 def forward_flops(arch: Any, lengths: Sequence[int]) -> float:
     """Forward matrix-product FLOPs of sequences of `lengths` tokens through the model `arch`
-    (`rlkit.estimate.Arch`): 2 x the block linears, lm_head per token (MoE: the experts a
-    token uses are not known from the config, every expert is counted once as one MLP), and
-    2 x 2 x heads x head_dim per (query, earlier key) pair of each layer for the scores."""
-    per_token = 2 * (arch.layers * sum(i * o for i, o in arch.linears().values()) + arch.hidden * arch.vocab)
+    (`rlkit.estimate.Arch`): `weight_flops` per token, and 2 x 2 x heads x head_dim per (query,
+    earlier key) pair of each layer for the scores."""
     pairs = sum(n * (n + 1) // 2 for n in lengths)  # causal (query, key) pairs, the diagonal included
-    return per_token * sum(lengths) + 4 * arch.layers * arch.heads * arch.head_dim * pairs
+    return weight_flops(arch) * sum(lengths) + 4 * arch.layers * arch.heads * arch.head_dim * pairs
 
 
-def train_flops(arch: Any, lengths: Sequence[int]) -> float:
-    """FLOPs of a forward and backward over sequences of `lengths` tokens (3 x the forward)."""
-    return 3 * forward_flops(arch, lengths)
+def train_flops(arch: Any, lengths: Sequence[int], adapters: int | None = None) -> float:
+    """FLOPs of a forward and backward over sequences of `lengths` tokens. Full fine-tuning: 3 x the
+    forward (a backward computes each product's input and weight gradients). A frozen base (LoRA,
+    QLoRA; `adapters`: the trained adapter matrices' parameter count): its weight matrices compute
+    the forward and the input gradient only (2 x; the first layer's input gradient is counted too),
+    the attention scores, which have no weights, 3 x, and the adapters 3 x their forward (2 FLOPs a
+    parameter a token)."""
+    if adapters is None:
+        return 3 * forward_flops(arch, lengths)
+    tokens = sum(lengths)
+    weights = weight_flops(arch) * tokens
+    return 2 * weights + 3 * (forward_flops(arch, lengths) - weights) + 3 * 2 * adapters * tokens
 
 
 def peak_flops(device: Any, dtype: str, seconds: float = 0.3) -> float:
@@ -100,8 +115,10 @@ class Throughput:
     """What one learner's optimizer steps computed: tokens, model FLOPs and the device's peak, for
     `StepMetrics` (`perf_metrics` turns them into tokens/s and MFU)."""
 
-    def __init__(self, model_config: dict[str, Any], device: Any, dtype: str):
+    def __init__(self, model_config: dict[str, Any], device: Any, dtype: str, adapters: int | None = None):
         from rlkit.estimate.arch import Arch
+
+        self.adapters = adapters  # a frozen base's trained adapter parameters (`train_flops`)
 
         try:
             self.arch: Any = Arch.from_config(model_config, "the learner's model")
@@ -117,7 +134,7 @@ class Throughput:
         get_accelerator().synchronize()
         seconds = time.perf_counter() - started
         lengths = [n for mb in micro_batches for n in sequence_lengths(mb)]
-        flops = train_flops(self.arch, lengths) if self.arch is not None else float("nan")
+        flops = train_flops(self.arch, lengths, self.adapters) if self.arch is not None else float("nan")
         return {"seconds": seconds, "tokens": float(sum(lengths)), "flops": flops, "peak_flops": self.peak}
 
 

@@ -33,6 +33,22 @@ def test_flops_of_qwen2_5_1_5b_by_hand():
     assert forward_flops(arch, [512, 512]) < forward_flops(arch, [1024])
 
 
+def test_a_frozen_base_is_credited_with_the_work_its_step_does():
+    """LoRA r=16 on the seven linears of the same shape: the base's weight matrices (and lm_head) a
+    forward and an input gradient (2 x), the scores 3 x, the adapters 3 x their forward; about 2/3
+    of a full step's FLOPs, not the full step's (the MFU of a LoRA step was credited with weight
+    gradients it never computes)."""
+    arch = Arch.from_config(PUBLISHED["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"], "r1-1.5b")
+    h, kv, i, v, r = 1536, 2 * 128, 8960, 151936, 16
+    weights = 2 * (28 * (h * h + 2 * h * kv + h * h + 3 * h * i) + h * v) * 8192
+    scores = 4 * 28 * 12 * 128 * (8 * 1024 * 1025 // 2)
+    adapters = 28 * r * sum(a + b for a, b in [(h, h), (h, kv), (h, kv), (h, h), (h, i), (h, i), (i, h)])
+    lora = train_flops(arch, [1024] * 8, adapters)
+    assert lora == 2 * weights + 3 * scores + 6 * adapters * 8192
+    assert train_flops(arch, [1024] * 8, None) == 3 * (weights + scores)
+    assert 0.66 < lora / train_flops(arch, [1024] * 8) < 0.72
+
+
 def test_sequence_lengths_of_padded_and_packed_micro_batches():
     padded = {"input_ids": torch.zeros(3, 6, dtype=torch.long),
               "attention_mask": torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4])}
