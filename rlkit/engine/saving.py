@@ -31,7 +31,28 @@ class Saving:
         torch.save(rng, Path(ckpt_dir) / f"rng_rank{self.rank}.pt")
 
     def load_checkpoint(self, ckpt_dir: str) -> None:
-        path, _ = self.engine.load_checkpoint(ckpt_dir, tag="engine", load_module_strict=self.spec.finetuning == "full")
+        """This rank's part of checkpoint `ckpt_dir`; a checkpoint whose optimizer state this learner
+        cannot read (another rank count for a partitioned state, another layout: an rlkit before the
+        bf16 optimizer change, another ZeRO stage, precision or offload) is one line saying how to
+        start from its weights alone."""
+        from rlkit.errors import UserError
+
+        weights_only = (f"start from its weights alone: rlkit export {ckpt_dir} --out DIR, then model.path=DIR "
+                        "checkpoint.resume=never")
+        written = len(list((Path(ckpt_dir) / "engine").glob("*_optim_states.pt")))
+        world = getattr(self, "world_size", 1)
+        if written and written != world:
+            raise UserError(f"{ckpt_dir} holds the optimizer state of {written} learners (DeepSpeed partitions it "
+                            f"at ZeRO 1-3, and for bf16 at ZeRO 0), this run has {world}: resume with {written}, or "
+                            f"{weights_only}", "checkpoint.resume")
+        try:
+            path, _ = self.engine.load_checkpoint(ckpt_dir, tag="engine",
+                                                  load_module_strict=self.spec.finetuning == "full")
+        except FileNotFoundError as e:
+            missing = Path(e.filename).name if e.filename else str(e)
+            raise UserError(f"{ckpt_dir} has no {missing}: its optimizer state is in another "
+                            "layout (written by an rlkit before the bf16 optimizer change, or with another ZeRO "
+                            f"stage, precision or offload); {weights_only}", "checkpoint.resume") from None
         if path is None:
             raise RuntimeError(f"{ckpt_dir}: DeepSpeed found no engine checkpoint to load")
         rng = torch.load(Path(ckpt_dir) / f"rng_rank{self.rank}.pt", weights_only=False)

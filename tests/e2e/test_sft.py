@@ -159,3 +159,27 @@ def test_two_learners_zero(ray_module, tiny_model, task_data, tmp_path, stage):
     assert losses[-1] < 0.6 * losses[0], f"zero{stage}: {losses}"
     assert isinstance(_generate(final), str)
     _exports_match_final(out, final, tmp_path / "exports")  # ZeRO shards of two ranks, gathered
+
+
+def test_a_checkpoint_whose_optimizer_state_this_run_cannot_read_is_one_line(ray_module, tiny_model, task_data,
+                                                                               tmp_path):
+    """The optimizer state of a checkpoint in another layout (ZeRO-0 fp32 keeps it in the model states,
+    ZeRO-1 one file per rank), or partitioned over another rank count, resumed anyway
+    (`checkpoint.force_resume`): one line naming the checkpoint and how to start from its weights, not
+    DeepSpeed's FileNotFoundError or a partition that does not fit."""
+    from rlkit.errors import UserError
+
+    common = ["train.max_steps=2", "checkpoint.every=2", "eval.every=0", "checkpoint.keep_last=1"]
+    _run(tiny_model, task_data, tmp_path / "z0", *common, "deepspeed.zero_stage=0")
+    assert not list((tmp_path / "z0" / "checkpoints" / "step-2" / "engine").glob("*optim_states.pt"))
+    with pytest.raises(UserError, match=r"^checkpoint.resume: \S+step-2 has no zero_pp_rank_0_mp_rank_00_optim_"
+                                        r"states.pt: its optimizer state is in another layout .* start from its "
+                                        r"weights alone: rlkit export \S+step-2 --out DIR, then model.path=DIR "
+                                        r"checkpoint.resume=never$"):
+        _run(tiny_model, task_data, tmp_path / "z0", *common, "train.max_steps=4", "deepspeed.zero_stage=1",
+             "checkpoint.force_resume=true")
+    _run(tiny_model, task_data, tmp_path / "two", *common, "deepspeed.zero_stage=1", "train.num_learners=2")
+    with pytest.raises(UserError, match=r"^checkpoint.resume: \S+step-2 holds the optimizer state of 2 learners "
+                                        r"\(.*\), this run has 1: resume with 2, or start from its weights alone"):
+        _run(tiny_model, task_data, tmp_path / "two", *common, "train.max_steps=4", "deepspeed.zero_stage=1",
+             "train.num_learners=1", "checkpoint.force_resume=true")
