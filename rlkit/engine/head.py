@@ -8,7 +8,7 @@ g (onehot - p) / T, formed in place in the probabilities' buffer, and two matrix
 the gradients of the hidden states and of the weight. Where what the backward reads fits
 `KEEP_BYTES` (fp32 probabilities, or a half-precision head's own logits, for every position),
 the forward keeps it and the lm_head is not projected again; otherwise each chunk is projected
-again in backward.
+again in backward. Under no_grad nothing is kept.
 
 At most one chunk of fp32 logits (and its probabilities) is formed at a time, never
 [tokens, vocab] (beyond what is kept).
@@ -39,7 +39,8 @@ def head_logprobs(states: Tensor, head: torch.nn.Linear, targets: Tensor, temper
     `states` [N, H], and the entropy [N] (nats, no gradient) when asked; `chunk_tokens` positions
     are projected at once (None: all), and what the backward reads is kept up to `keep_bytes`."""
     step = max(1, chunk_tokens or states.shape[0])
-    keep = states.shape[0] * head.out_features * head.weight.element_size() <= keep_bytes
+    # nothing is kept for a backward that cannot come (scoring under no_grad: the reference, the old policy)
+    keep = torch.is_grad_enabled() and states.shape[0] * head.out_features * head.weight.element_size() <= keep_bytes
     logp, entropy = _HeadLogprobs.apply(states, head.weight, head.bias, targets, 1.0 / temperature, with_entropy,
                                         step, keep)
     return logp, entropy if with_entropy else None
@@ -50,7 +51,7 @@ def upcast(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def _scaled(z: Tensor, inv_t: float) -> Tensor:
+def scaled_logits(z: Tensor, inv_t: float) -> Tensor:
     """The fp32 (fp64) logits / T of a chunk; a new buffer when `z` is half precision, else `z`."""
     z = upcast(z)
     return z.mul_(inv_t) if inv_t != 1.0 else z
@@ -68,7 +69,7 @@ class _HeadLogprobs(torch.autograd.Function):
         for a in range(0, states.shape[0], step):
             b = min(a + step, states.shape[0])
             raw = F.linear(states[a:b], weight, bias)
-            z = _scaled(raw, inv_t)
+            z = scaled_logits(raw, inv_t)
             lse = torch.logsumexp(z, dim=-1)
             logp[a:b] = z.gather(-1, targets[a:b, None]).squeeze(-1) - lse
             lses.append(lse)
@@ -101,7 +102,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 probs = kept[i]  # overwritten: the graph is not run backward twice
             else:
                 z = kept[i] if kept else F.linear(h, weight, bias)
-                probs = _scaled(z, ctx.inv_t).sub_(lse[a:b, None]).exp_()
+                probs = scaled_logits(z, ctx.inv_t).sub_(lse[a:b, None]).exp_()
             grad_z = probs.mul_(-g[a:b, None])  # g (onehot - p): the p part, in place
             grad_z.scatter_add_(-1, t[:, None], g[a:b, None].to(grad_z.dtype))
             grad_z = grad_z.to(weight.dtype)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from rlkit.engine.head import KEEP_BYTES, fusable, head_logprobs, upcast
+from rlkit.engine.head import KEEP_BYTES, fusable, head_logprobs, scaled_logits, upcast
 from rlkit.model.attention import sequence_bounds
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
             if with_entropy else None
 
     def score(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-        logits = upcast(head(h)) / temperature
+        logits = scaled_logits(head(h), 1.0 / temperature)  # in place where it can be; no copy at 1.0
         lse = torch.logsumexp(logits, dim=-1)
         logp = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - lse
         with torch.no_grad():

@@ -72,12 +72,18 @@ def test_bf16_head_matches_the_unfused_path_within_its_rounding(keep):
                                                                              .abs().max(), scale)
 
 
-def test_without_gradients_nothing_is_kept_and_the_values_are_the_same():
-    head = _head(torch.float32, False)
+def test_without_gradients_nothing_is_kept_and_the_values_are_the_same(monkeypatch):
+    import rlkit.engine.head as fused
+
+    head = _head(torch.float32, False)  # its weight requires a gradient: only grad mode says none comes
     states, targets = torch.randn(20, 32), torch.randint(0, 300, (20,))
+    kept, apply = [], fused._HeadLogprobs.apply
+    monkeypatch.setattr(fused._HeadLogprobs, "apply", lambda *a: kept.append(a[-1]) or apply(*a))
     with torch.no_grad():
         logp, entropy = head_logprobs(states, head, targets, 1.3, True)
         bare, none = head_logprobs(states, head, targets, 1.3)
+    head_logprobs(states, head, targets, 1.3)
+    assert kept == [False, False, True]  # kept (20 x 300 fp32 fits the budget) only where a backward may come
     want, want_entropy = _reference(states, head, targets, 1.3)
     torch.testing.assert_close(logp, want, atol=1e-5, rtol=0)
     torch.testing.assert_close(bare, logp, atol=0, rtol=0)
