@@ -18,7 +18,8 @@ import pytest
 from tests.docs import command_on, run_rlkit
 from tests.helpers import ROOT
 
-pytestmark = pytest.mark.slow
+# alone: the test holds `rlkit demo` to the time the README states for it, measured with nothing beside it
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 
 
