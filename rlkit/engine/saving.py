@@ -19,6 +19,7 @@ class Saving:
     engine: Any  # the DeepSpeed engine
     spec: Any  # the `LearnerSpec`
     rank: int
+    world_size: int
     _named_weights: Any  # the learner's (HF name, tensor) of the policy, LoRA merged (ZeRO-3: every rank gathers)
 
     def save_checkpoint(self, ckpt_dir: str) -> None:
@@ -40,7 +41,7 @@ class Saving:
         weights_only = (f"start from its weights alone: rlkit export {ckpt_dir} --out DIR, then model.path=DIR "
                         "checkpoint.resume=never")
         written = len(list((Path(ckpt_dir) / "engine").glob("*_optim_states.pt")))
-        world = getattr(self, "world_size", 1)
+        world = self.world_size
         if written and written != world:
             raise UserError(f"{ckpt_dir} holds the optimizer state of {written} learners (DeepSpeed partitions it "
                             f"at ZeRO 1-3, and for bf16 at ZeRO 0), this run has {world}: resume with {written}, or "
