@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import SPREAD_HEADER, machine, run_spawned, run_spawned_together, spread, spread_cells  # noqa: E402
+from benchlib import SPREAD_HEADER, free_port, machine, run_spawned, run_spawned_together, spread, spread_cells  # noqa: E402
 
 SHAPES = {"qwen2.5-1.5b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"}
 BETA = 0.04
@@ -240,7 +240,7 @@ def _learner(path: str, device: str, dtype: str, zero: int, rows: int, reference
     from rlkit.engine.learner import Learner, LearnerSpec
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port or _free_port()))
+                      MASTER_PORT=str(port or free_port()))
     spec = LearnerSpec(ModelConfig(path=path, dtype=dtype, attn_implementation="sdpa"), "full", None, None,
                        OptimConfig(lr=1e-5, scheduler="constant", max_grad_norm=1.0),
                        DeepSpeedConfig(zero_stage=zero), micro_batch_size=rows, grad_accum=1, total_steps=10**6,
@@ -300,14 +300,6 @@ def row_grpo(path: str, device: str, dtype: str, zero: int, batch: dict, steps: 
     return {"step": train, "ref": ref, "old": old, "peak_gib": _peak(device)}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_row(name: str, path: str, device: str, dtype: str, batch: dict, steps: int, warmup: int) -> dict[str, Any]:
     """One row's timings, in fresh processes (two for a two-rank row)."""
     if name.endswith("-all"):
@@ -316,7 +308,7 @@ def run_row(name: str, path: str, device: str, dtype: str, batch: dict, steps: i
         return run_spawned(row_bare, path, device, dtype, batch, steps, warmup, name == "liger", name == "forward")
     kind, zero = name.split("-z")
     if zero.endswith("x2"):
-        port, z = _free_port(), int(zero[0])
+        port, z = free_port(), int(zero[0])
         both = run_spawned_together(*[(row_sft, path, device, dtype, z, batch, steps, warmup, r, 2, port)
                                       for r in range(2)])
         return {"step": [max(a, b) for a, b in zip(both[0]["step"], both[1]["step"])],

@@ -89,6 +89,15 @@ def keep_going(barrier: str | None, step: int, steps: int, parties: int = 2, tim
     return len(list(done.iterdir())) < parties and time.monotonic() - started < timeout_s
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (a two-rank row's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def machine() -> str:
     """The CPU's vector units: AVX-512 (MKL's fp32 kernels run about twice as wide) and native bf16
     matmuls (AVX512-BF16); results differ between machines that have them and machines that don't."""

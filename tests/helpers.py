@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 GRPO_RECIPE = ROOT / "recipes" / "tiny-grpo.yaml"
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def rlkit_cli(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "rlkit.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs import all_commands, run_rlkit
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 
 MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict"]  # not --quiet: it hides the warnings strict counts
 
@@ -176,9 +175,7 @@ def test_the_command_runs_as_written(command, workspace):
 
 @pytest.mark.parametrize("command", sorted(SERVERS))
 def test_the_server_the_docs_start_serves_the_runs(command, workspace):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     exe = Path(sys.executable).parent / command.split()[0]
     proc = subprocess.Popen([str(exe), *command.split()[1:], "--port", str(port), "--host", "127.0.0.1"],
                             cwd=workspace, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from rlkit.engine.head import KEEP_BYTES, fusable, head_logprobs, scaled_logits, upcast
+from rlkit.engine.head import fusable, head_logprobs, scaled_logits, upcast
 from rlkit.model.attention import sequence_bounds
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ _HEAD_ONLY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model 
 
 def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.0, with_entropy: bool = False,
                    positions: Tensor | None = None, chunk_elements: int = CHUNK_ELEMENTS,
-                   keep_bytes: int = KEEP_BYTES) -> tuple[Tensor, Tensor | None]:
+                   keep_bytes: int | None = None) -> tuple[Tensor, Tensor | None]:
     """logp [B, L-1] of each next token under `logits / temperature`, and the per-token entropy
     [B, L-1] (nats, no grad) when asked; fp32 (fp64 for an fp64 model). Only `positions` (bool
     [B, L-1]; default: every position whose next token is not padding) are scored, the rest are 0."""
@@ -131,7 +131,8 @@ def completion_states(model: Any, batch: dict[str, Tensor], positions: Tensor) -
 
 
 def _packed_logprobs(model: Any, batch: dict[str, Tensor], temperature: float, with_entropy: bool,
-                     positions: Tensor | None, chunk_elements: int, keep_bytes: int) -> tuple[Tensor, Tensor | None]:
+                     positions: Tensor | None, chunk_elements: int,
+                     keep_bytes: int | None) -> tuple[Tensor, Tensor | None]:
     """`token_logprobs` of a padding-free micro-batch (`GRPOBatch.packed_micro_batch`): the model
     runs on the packed row, and the results come back in the padded [b, l-1] layout."""
     unpack = batch["unpack"]

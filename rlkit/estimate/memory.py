@@ -54,7 +54,7 @@ VLLM_MAX_SEQS = 256  # vLLM's max_num_seqs: the sampler's logits rows
 VLLM_CPU_TOKENIZERS = 4
 TOKENIZER_BYTES_PER_ENTRY = 1024
 LOGITS_CHUNK = 2**26  # logits elements the learner forms at once (rlkit.engine.logprobs.CHUNK_ELEMENTS)
-LOGITS_KEEP_BYTES = 2**29  # what its forward may keep for the backward (rlkit.engine.head.KEEP_BYTES)
+LOGITS_KEEP_BYTES = 2**29  # what its forward may keep for the backward on a CPU (rlkit.engine.head.KEEP_BYTES)
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # Devices by name: memory (GiB), bf16, the kind (the Ray resource). A size in the spec wins.
@@ -226,7 +226,9 @@ def learner_process(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: 
     backward = {"activations": tokens * act_width * layers,
                 "logits": min(tokens * arch.vocab, LOGITS_CHUNK) * (act_width + 12)}
     kept = tokens * arch.vocab * (act_width if act_width == 2 else 4)  # what the forward keeps for the backward
-    if tokens * arch.vocab > LOGITS_CHUNK and kept <= LOGITS_KEEP_BYTES:  # beside a chunk being worked on
+    # beside a chunk being worked on; an accelerator keeps them only within a quarter of what is
+    # free when the head runs (rlkit.engine.head.keep_budget): they never decide whether a step fits
+    if not ctx and tokens * arch.vocab > LOGITS_CHUNK and kept <= LOGITS_KEEP_BYTES:
         backward["logits kept for backward"] = kept
     if step > sum(backward.values()):  # the peak is the optimizer step, not the backward pass
         parts["fp32 gradients (optimizer step)"] = step

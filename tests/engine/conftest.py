@@ -6,11 +6,12 @@ from __future__ import annotations
 import datetime
 import gc
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers import free_port
 
 # In-process vLLM engine (no engine-core subprocess), one thread; read when an engine starts.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -94,10 +95,7 @@ def process_group():
     actor (that method asks Ray for the node's address; here the environment is set directly)."""
     import deepspeed
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     deepspeed.init_distributed(dist_backend="nccl", auto_mpi_discovery=False,

