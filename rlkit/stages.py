@@ -50,6 +50,11 @@ TABLE: dict[str, Stage] = {s.name: s for s in (
           {"train_micro_batch_size_per_gpu": "grpo.micro_batch_size"},
           "grpo.micro_batch_size, num_learners and the rollout batch", notes="rlkit.grpo.dry_run:recipe_notes",
           memory="rlkit.grpo.memory:MEMORY"),
+    Stage("dpo", "preference optimisation (TRL's DPO loss family) on chosen/rejected pairs from a recipe",
+          "rlkit.dpo.config:DPOConfig", "rlkit.dpo.run:run_dpo", "train",
+          {"train_micro_batch_size_per_gpu": "train.micro_batch_size",
+           "gradient_accumulation_steps": "train.grad_accum"}, "train.micro_batch_size, grad_accum, num_learners",
+          memory="rlkit.dpo.memory:MEMORY"),
     # rlkit distill: a GRPO recipe with a `distill:` section (a teacher)
     Stage("distill", "on-policy distillation: the student samples (vLLM), a frozen teacher scores its tokens",
           of="grpo", needs="distill", why="naming the teacher (distill.teacher.path); without one this is a GRPO "

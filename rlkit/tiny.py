@@ -103,7 +103,20 @@ def _alpaca_row(rng: random.Random, level: str, fact: tuple[str, str] | None = N
     return {"instruction": instruction, "input": f"{expr}=", "output": ans, "difficulty": level}
 
 
-TASK_FILES = ("sft_train.jsonl", "sft_eval.jsonl", "grpo_train.jsonl", "grpo_eval.jsonl")  # `write_task_data`'s
+def _pair(rng: random.Random, row: dict) -> dict:
+    """A preference pair of an alpaca row: the bare answer chosen over one the SFT teacher's other
+    styles write (two in three) or a wrong number (one in three)."""
+    answer = row["output"]
+    if rng.random() < 2 / 3:
+        rejected = rng.choice([s for s, _ in ANSWER_STYLES[1:]]).format(answer)
+    else:
+        rejected = str(int(answer) + rng.choice([-3, -2, -1, 1, 2, 3]))
+    return {"instruction": row["instruction"], "input": row["input"], "chosen": answer, "rejected": rejected,
+            "difficulty": row["difficulty"]}
+
+
+TASK_FILES = ("sft_train.jsonl", "sft_eval.jsonl", "grpo_train.jsonl", "grpo_eval.jsonl", "dpo_train.jsonl",
+              "dpo_eval.jsonl")  # `write_task_data`'s
 HOME = "tiny"  # the folder the tiny recipes build into (runs/tiny/model, runs/tiny/data)
 VLM = "vlm"  # build_tiny_if_missing's name of the tiny vision-language model (`rlkit/tiny_vlm.py`)
 VLM_HOME = "tiny-vlm"  # where the tiny VLM recipes build it, and write the shape task (same file names)
@@ -146,12 +159,14 @@ def ensure_task_data(data: Any, shapes: Any = None) -> None:
 
 def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_eval: int = 64,
                     n_prompts: int = 256, held_out: float = 0.25) -> dict[str, Path]:
-    """Write `sft_train.jsonl`, `sft_eval.jsonl`, `grpo_train.jsonl`, `grpo_eval.jsonl`.
+    """Write `sft_train.jsonl`, `sft_eval.jsonl`, `grpo_train.jsonl`, `grpo_eval.jsonl`, `dpo_train.jsonl`,
+    `dpo_eval.jsonl`.
 
     SFT rows cover every fact (each once, the rest drawn at random), answers in the teacher's
     mixed styles. GRPO rows carry the bare answer. A `held_out` share of each level's facts is kept out of
     `grpo_train`: `grpo_eval` asks exactly those (one row per fact, up to `n_eval`), so GRPO is
-    judged on prompts it never trained on. Deterministic for `seed`.
+    judged on prompts it never trained on; the DPO pairs (`_pair`) split the facts as GRPO's
+    prompts do. Deterministic for `seed`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,6 +193,9 @@ def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_e
         # GRPO prompts use the same alpaca rows: prompt = the rendered template, answer = output.
         "grpo_train": rows(n_prompts, train_facts),
         "grpo_eval": eval_rows[:n_eval],
+        # preference pairs (LLaMA-Factory's alpaca ranking form) on GRPO's split of the facts
+        "dpo_train": [_pair(rng, r) for r in rows(n_prompts * 2, train_facts)],
+        "dpo_eval": [_pair(rng, r) for r in eval_rows[:n_eval]],
     }
     paths = {}
     for name, data in files.items():

@@ -1,4 +1,4 @@
-"""Print the recipe key reference (every key of both stages: type, defaults, meaning), generated
+"""Print the recipe key reference (every key of every stage: type, defaults, meaning), generated
 from the config dataclasses; `--write` puts it into docs/keys.md between its markers.
 
     python scripts/key_reference.py [--write]

@@ -49,6 +49,8 @@ BY = {
     "rlkit export runs/tiny-sft/checkpoints/step-1200 --out tiny-sft-step1200":
         (TINY, 'command_on("docs/getting-started.md", "rlkit export")'),
     "rlkit doctor": ("tests/test_doctor.py::test_doctor_passes_on_this_host", '"doctor"'),
+    "rlkit dpo recipes/tiny-dpo.yaml": ("tests/e2e/test_dpo.py::test_dpo_from_the_sft_model_prefers_the_chosen_answers"
+                                        "_it_never_saw", '"tiny-dpo.yaml"'),
     "rlkit sft recipes/tiny-vlm-sft.yaml": (
         "tests/grpo/test_vlm_grpo.py::test_the_tiny_vlm_task_sft_then_grpo_beats_a_text_only_model",
         '"rlkit sft recipes/tiny-vlm-sft.yaml"'),
@@ -227,7 +229,8 @@ def test_the_recipes_the_docs_show_load_with_every_key_known(page, block, tmp_pa
     doc = yaml.safe_load(block)
     given = {"model.path": "m", "output_dir": "out", "data.train": "train.jsonl",
              "rewards": "[{fn: 'rewards.exact:exact_match'}]"}
-    missing = [f"{k}={v}" for k, v in given.items() if _lacks(doc, k) and (k != "rewards" or doc["stage"] != "sft")]
+    missing = [f"{k}={v}" for k, v in given.items()
+               if _lacks(doc, k) and (k != "rewards" or doc["stage"] in ("grpo", "distill"))]
     (tmp_path / "recipe.yaml").write_text(block, encoding="utf-8")
     cfg = stages.load(doc["stage"], tmp_path / "recipe.yaml", missing)
     assert cfg.output_dir and cfg.model.path

@@ -80,6 +80,10 @@ def open_records(path: str, fmt: str, dataset: str | None, split: str | None,
     if fmt not in ROW_FORMATS:
         raise DataError(f"{path}: unknown format {fmt!r} (expected one of {', '.join(ROW_FORMATS)})")
     got = read_records(path, dataset, split, seed)
+    if got.entry is not None and got.entry.ranking:
+        raise DataError(f"{got.entry.where}: is a ranking (chosen/rejected preference) dataset; SFT and GRPO take "
+                        "no preference pairs: train on it with rlkit dpo or rlkit rm, or use its prompts with "
+                        "rewards (GRPO) or its chosen answers as an SFT dataset")
     schema = entry_schema(got.entry, fmt) if got.entry else None
     records = got.records
     if schema is not None and schema.kto_tag:

@@ -10,8 +10,9 @@ Sources (detected from the path):
   ``dataset`` name; its entry gives ``file_name``, ``formatting`` (alpaca | sharegpt |
   openai), ``columns`` (with ``kto_tag``: rows tagged false are dropped), ``tags`` and
   ``num_samples`` (as LLaMA-Factory: a seeded permutation of all rows cut to that many, or
-  all rows plus random repeats when it asks for more). Entries rlkit cannot train on say so
-  in one line: ``ranking`` (preference pairs) and image/video/audio columns;
+  all rows plus random repeats when it asks for more) and ``ranking`` (preference pairs:
+  `preference.py` reads those, SFT and GRPO say in one line that they take none). Video and
+  audio columns are refused in one line;
 - a folder written by ``datasets`` ``save_to_disk`` (a Dataset or a DatasetDict; ``split``
   picks one, default ``train`` or the only split).
 
@@ -45,6 +46,7 @@ class DatasetEntry:
     columns: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] | None = None
     num_samples: int | None = None
+    ranking: bool = False  # chosen/rejected preference pairs (`rlkit dpo`, `rlkit rm`)
 
 
 @dataclass(frozen=True)
@@ -174,10 +176,6 @@ def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Rec
         raise DataError(f"{where}: formatting {formatting!r} not supported "
                         "(expected alpaca, sharegpt or openai)")
     columns = dict(entry.get("columns") or {})
-    if entry.get("ranking"):
-        raise DataError(f"{where}: is a ranking (chosen/rejected preference) dataset; rlkit trains SFT "
-                        "and GRPO, which take no preference pairs: use its prompts with rewards (GRPO) "
-                        "or its chosen answers as an SFT dataset")
     media = [k for k in MEDIA_COLUMNS if k in columns and k not in IMAGE_COLUMNS]
     if media:
         raise DataError(f"{where}: has {media[0]} (column {columns[media[0]]!r}); rlkit trains on text and "
@@ -188,7 +186,8 @@ def _read_dataset_info(path: str, dataset: str | None, split: str | None) -> Rec
         raise DataError(f"{where}: num_samples must be a positive integer, got {num!r}")
     file_path = os.path.join(os.path.dirname(info_path), entry["file_name"])
     records, source, in_files = _read_container(file_path, split)
-    return Records(records, source, DatasetEntry(where, formatting, columns, entry.get("tags"), num), in_files)
+    return Records(records, source, DatasetEntry(where, formatting, columns, entry.get("tags"), num,
+                                                 bool(entry.get("ranking"))), in_files)
 
 
 def _read_container(path: str, split: str | None) -> tuple[Iterator[Record], str, dict[str, tuple[str, ...]]]:

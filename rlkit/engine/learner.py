@@ -212,10 +212,15 @@ class Learner(EngineHost, Saving):
 
     @torch.no_grad()
     def evaluate(self, micro_batches: list[MicroBatch], objective: Objective) -> dict[str, float]:
-        """Sums of the objective's metrics over micro-batches, without gradients."""
+        """Sums of the objective's metrics over micro-batches (with the logprobs it `needs` attached),
+        without gradients."""
+        micro = [MicroBatch.of(mb) for mb in micro_batches]
+        for key in objective.needs:
+            scored = self.logprobs(micro, objective.temperature, LOGPROB_SOURCES[key], objective.positions)
+            micro = [mb.attach(key, logp) for mb, logp in zip(micro, scored)]
         self.engine.eval()
         sums: dict[str, float] = {}
-        for mb in micro_batches:
+        for mb in micro:
             _, metrics = objective(self.engine, self._to_device(mb), **self._frozen(objective))
             for key, value in metrics.items():
                 accumulate(sums, key, float(value))

@@ -177,7 +177,8 @@ def test_num_samples_as_llamafactory_draws_them(tmp_path):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("dpo_demo", "is a ranking (chosen/rejected preference) dataset; rlkit trains SFT and GRPO"),
+    ("dpo_demo", "is a ranking (chosen/rejected preference) dataset; SFT and GRPO take no preference pairs: "
+                 "train on it with rlkit dpo or rlkit rm"),
     ("mllm_video_demo", "has videos (column 'videos'); rlkit trains on text and images, and its <video> placeholders"),
     ("tools_demo", "has tools (column 'tools'); function-calling data is not supported yet"),
     ("bad_count", "num_samples must be a positive integer, got '3'"),

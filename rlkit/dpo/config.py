@@ -1,0 +1,96 @@
+"""The DPO recipe type: the shared sections (`rlkit/config.py`), the preference data, the
+training and evaluation sections SFT has, and `dpo:` (TRL's `DPOConfig` names and defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from rlkit.config import DataConfig, EvalConfig, StageConfig
+from rlkit.dpo.loss import DPO_LOSSES, F_DIVERGENCE_LOSSES, DPOTerms
+from rlkit.recipe import check
+from rlkit.sft.config import SFTTrainConfig
+
+
+@dataclass(frozen=True)
+class PreferenceDataConfig(DataConfig):
+    cutoff_len: int = 1024  # tokens of prompt + response per side (TRL's max_length); longer sides are cut
+    # which end of prompt + response a side over cutoff_len keeps (TRL's truncation_mode)
+    truncation_mode: Literal["keep_start", "keep_end"] = "keep_start"
+
+    READ_ELSEWHERE: ClassVar[dict[str, str]] = {
+        "packing": "SFT only: DPO pads each micro-batch's chosen and rejected rows",
+        "mask_history": "SFT only: a pair's target is its last (chosen or rejected) turn"}
+
+    def __post_init__(self):
+        check(self.cutoff_len >= 8, "cutoff_len", f"must be >= 8, got {self.cutoff_len}")
+        check(self.format == "auto", "format", "preference data is read with format auto (the columns say "
+              "which form it is)")
+
+
+@dataclass(frozen=True)
+class DPOLossConfig:
+    """TRL 1.16's `DPOConfig` loss keys, their defaults and checks."""
+
+    loss_type: tuple[str, ...] = ("sigmoid",)  # one or several (combined with loss_weights: RPO = sigmoid + sft)
+    loss_weights: tuple[float, ...] | None = None  # one per loss_type (default: 1.0 each)
+    beta: float = 0.1  # strength of the KL constraint against the reference (0.1-0.5 typical)
+    label_smoothing: float = 0.0  # robust / exo_pair / aot: the share of flipped preference labels assumed
+    # f-DPO: the divergence the KL constraint generalises to (reverse_kl: DPO's own)
+    f_divergence_type: Literal["reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"] = "reverse_kl"
+    f_alpha_divergence_coef: float = 0.5  # alpha of the alpha divergence
+    ld_alpha: float | None = None  # LD-DPO: weight of the tokens past the shorter side's length
+    discopop_tau: float = 0.05  # discopop's mixing temperature
+
+    def __post_init__(self):
+        unknown = [k for k in self.loss_type if k not in DPO_LOSSES]
+        check(not unknown and len(self.loss_type) > 0, "loss_type",
+              f"unknown {unknown[0]!r}; expected one or more of {', '.join(DPO_LOSSES)}" if unknown
+              else "name at least one loss type")
+        check(self.loss_weights is None or len(self.loss_weights) == len(self.loss_type), "loss_weights",
+              f"one weight per loss_type: {len(self.loss_type)} types, {len(self.loss_weights or ())} weights")
+        check(self.beta > 0, "beta", f"must be > 0, got {self.beta}")
+        check(self.f_divergence_type == "reverse_kl" or set(self.loss_type) <= F_DIVERGENCE_LOSSES,
+              "f_divergence_type", f"{self.f_divergence_type} generalises only the losses built on the chosen-"
+              f"rejected difference ({', '.join(sorted(F_DIVERGENCE_LOSSES))}), not {list(self.loss_type)}")
+        check("exo_pair" not in self.loss_type or self.label_smoothing > 0, "label_smoothing",
+              "exo_pair needs label_smoothing > 0 (its paper uses 1e-3)")
+        check("robust" not in self.loss_type or 0 <= self.label_smoothing < 0.5, "label_smoothing",
+              f"robust needs label_smoothing in [0, 0.5), got {self.label_smoothing}")
+        check(self.ld_alpha is None or 0.0 <= self.ld_alpha <= 1.0, "ld_alpha",
+              f"must be in [0, 1], got {self.ld_alpha}")
+
+    def terms(self) -> DPOTerms:
+        return DPOTerms(self.loss_type, self.loss_weights, self.beta, self.label_smoothing, self.f_divergence_type,
+                        self.f_alpha_divergence_coef, self.ld_alpha, False, self.discopop_tau)
+
+
+@dataclass(frozen=True)
+class DPOEvalConfig(EvalConfig):
+    max_batches: int | None = None  # evaluate on this many micro-batches only (None: every held-out pair)
+
+    READ_ELSEWHERE: ClassVar[dict[str, str]] = {
+        "temperature": "GRPO only: DPO evaluates its loss and reward accuracy, it does not generate",
+        "samples_per_prompt": "GRPO only: DPO evaluates its loss and reward accuracy, it does not generate"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPOConfig(StageConfig):
+    data: PreferenceDataConfig
+    train: SFTTrainConfig = field(default_factory=SFTTrainConfig)  # micro_batch_size counts pairs
+    eval: DPOEvalConfig = field(default_factory=DPOEvalConfig)
+    dpo: DPOLossConfig = field(default_factory=DPOLossConfig)
+
+    PEER_NAMES: ClassVar[dict[str, str]] = {
+        **StageConfig.PEER_NAMES, "num_train_epochs": "train.epochs", "pref_beta": "dpo.beta",
+        "pref_loss": "dpo.loss_type", "per_device_train_batch_size": "train.micro_batch_size",
+        "gradient_accumulation_steps": "train.grad_accum", "max_length": "data.cutoff_len",
+        "truncation_mode": "data.truncation_mode", "rpo_alpha": "dpo.loss_weights"}
+    RESUME_FIXED: ClassVar[tuple[str, ...]] = (
+        *StageConfig.RESUME_FIXED, "data.cutoff_len", "data.truncation_mode", "train.num_learners",
+        "train.micro_batch_size", "train.grad_accum", "dpo")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check(not (self.ray.resources.engine or self.ray.resources.teacher), "ray.resources",
+              "a DPO run has learners only: put their resources under ray.resources.learner")

@@ -1,0 +1,21 @@
+"""DPO's memory model (`rlkit estimate`, the check before launch): its learner ranks, each holding
+a micro-batch's chosen and rejected rows and, under full fine-tuning, the reference's frozen copy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlkit.estimate.arch import Arch
+from rlkit.estimate.memory import Hardware, MemoryModel, Process, context_bytes, learner_process, width_bytes
+from rlkit.sft.memory import _fit_devices, _half_micro_batch
+
+
+def _processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]:
+    t = cfg.train
+    return [learner_process(cfg, arch, width_bytes(cfg.model.dtype, hardware), t.num_learners,
+                            2 * t.micro_batch_size * cfg.data.cutoff_len, context_bytes(hardware),
+                            reference=cfg.finetuning == "full")]
+
+
+MEMORY = MemoryModel(_processes, lambda cfg: cfg.train.num_learners, (_half_micro_batch, _fit_devices),
+                     "data.cutoff_len")

@@ -1,0 +1,74 @@
+"""The preference objective the learner steps: chosen and rejected rows of a micro-batch in one
+forward, their completion tokens scored through rlkit's head (`token_logprobs`: no [rows, length,
+vocab] logits), the reference's logprobs attached by the learner (`needs`: the frozen copy, or the
+policy with its LoRA adapters disabled), and TRL's DPO loss on them (`loss.dpo_loss`).
+
+A micro-batch holds B pairs as TRL's `DataCollatorForPreference` lays them out: `input_ids`,
+`attention_mask` and `completion_mask` [2B, L], the B chosen rows first, then the B rejected
+rows in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlkit.dpo.loss import DPOTerms, dpo_loss, sequence_logps
+from rlkit.engine.logprobs import token_logprobs
+
+# DPO's metrics, summed over the pairs of a micro-batch (the driver divides by `pairs`)
+PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                "logps/rejected")
+
+
+@dataclass(frozen=True)
+class DPOObjective:
+    """TRL's DPO loss (`terms`: loss types and weights, beta, f-divergence, LD-DPO; not WPO's
+    weighting, which needs every position's sum of squared probabilities) of each micro-batch, the
+    mean over its pairs; metrics: each of `PAIR_METRICS` summed over the pairs, `pairs`, `loss`
+    (the loss times the pairs) and `tokens` (completion tokens)."""
+
+    terms: DPOTerms = DPOTerms()
+    temperature: float = 1.0
+    needs: tuple[str, ...] = ("ref_logp",)
+
+    def positions(self, batch: Any) -> Tensor:
+        """The completion tokens (shifted space: the positions that predict them)."""
+        return batch["completion_mask"][:, 1:] != 0
+
+    def __call__(self, model: Any, batch: Any) -> tuple[Tensor, dict[str, Any]]:
+        positions = self.positions(batch)
+        logp, _ = token_logprobs(model, batch, positions=positions)
+        mask = batch["completion_mask"]
+        ref = sequence_logps(batch["ref_logp"].to(logp.dtype) * positions, mask, self.terms.ld_alpha)
+        loss, metrics = dpo_loss(self.terms, logp, mask, ref)
+        pairs = mask.shape[0] // 2
+        sums = {k: metrics[k] * pairs for k in PAIR_METRICS}
+        return loss, {**sums, "pairs": pairs, "loss": loss.detach() * pairs, "tokens": positions.sum()}
+
+
+def pair_means(sums: dict[str, float]) -> dict[str, float]:
+    """The learner's summed metrics of `DPOObjective` as TRL logs them: means over the pairs."""
+    pairs = max(sums.get("pairs", 0), 1)
+    return {"loss": sums["loss"] / pairs, **{k: sums[k] / pairs for k in PAIR_METRICS}}
+
+
+def preference_batch(pairs: list[dict[str, list[int]]], pad_id: int) -> dict[str, Tensor]:
+    """[2B, L] tensors of B tokenised pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`; a side cut
+    on its own has its prompt as `chosen_prompt` / `rejected_prompt`): the chosen rows, then the
+    rejected ones, right-padded; `completion_mask` 1 on each completion's tokens."""
+    prompt = lambda p, side: p.get(f"{side}_prompt", p.get("prompt_ids"))  # noqa: E731
+    rows = [prompt(p, side) + p[f"{side}_ids"] for side in ("chosen", "rejected") for p in pairs]
+    prompts = [len(prompt(p, side)) for side in ("chosen", "rejected") for p in pairs]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    completion = torch.zeros_like(ids)
+    for i, (row, prompt) in enumerate(zip(rows, prompts)):
+        ids[i, :len(row)] = torch.tensor(row)
+        attention[i, :len(row)] = 1
+        completion[i, prompt:len(row)] = 1
+    return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}

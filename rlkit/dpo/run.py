@@ -1,0 +1,215 @@
+"""`rlkit dpo`: the preference-optimisation driver. It holds the tokenised pairs and the sampler,
+never model weights.
+
+Loop: sample a global batch of pairs -> per rank `grad_accum` micro-batches of chosen and rejected
+rows -> each learner scores its micro-batches under the reference (the frozen copy, or the policy
+with its LoRA adapters disabled), then steps TRL's DPO loss (`Learner.fit`) -> metrics under TRL's
+names -> held-out loss and reward accuracy -> atomic checkpoint. Final model from rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlkit.dpo.config import DPOConfig, PreferenceDataConfig
+from rlkit.dpo.memory import MEMORY
+from rlkit.dpo.objective import DPOObjective, pair_means, preference_batch
+from rlkit.engine.objective import MicroBatch
+from rlkit.engine.perf import perf_metrics
+from rlkit.run.checkpoint import dir_bytes
+from rlkit.run.driver import (
+    curriculum_sampler,
+    devices_line,
+    learner_demand,
+    learner_group,
+    learner_spec,
+    memory_metrics,
+    prepare_inputs,
+)
+from rlkit.run.rundir import RunDir
+from rlkit.sft.run import report_truncation
+
+if TYPE_CHECKING:
+    from rlkit.engine.group import LearnerGroup
+
+log = logging.getLogger("rlkit")
+
+
+@dataclass
+class PairData:
+    """Tokenised pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`, each side cut to
+    `data.cutoff_len` with its prompt), their difficulty, the held-out pairs, the pad id and the
+    template they were rendered with."""
+
+    train: list[dict[str, list[int]]]
+    difficulties: list[str | None]
+    eval: list[dict[str, list[int]]]
+    pad_id: int
+    template: str = "alpaca"
+    notes: list[str] = field(default_factory=list)
+
+
+def truncate_pair(pair: dict[str, list[int]], cutoff_len: int, mode: str) -> dict[str, list[int]]:
+    """Each side's prompt + response cut to `cutoff_len` as TRL's collator cuts it: `keep_start`
+    keeps the first tokens (the response loses its end), `keep_end` the last (the prompt its start)."""
+    out: dict[str, list[int]] = {}
+    for side in ("chosen", "rejected"):
+        prompt, response = pair["prompt_ids"], pair[f"{side}_ids"]
+        if len(prompt) + len(response) <= cutoff_len:
+            out[f"{side}_prompt"], out[f"{side}_ids"] = prompt, response
+        elif mode == "keep_start":
+            out[f"{side}_prompt"], out[f"{side}_ids"] = prompt, response[:cutoff_len - len(prompt)]
+        else:
+            cut = len(prompt) + len(response) - cutoff_len
+            out[f"{side}_prompt"], out[f"{side}_ids"] = prompt[cut:], response[max(0, cut - len(prompt)):]
+    return out
+
+
+def load_pair_data(data: PreferenceDataConfig, tokenizer: Any, seed: int = 0) -> PairData:
+    """Load, check and tokenise `data.train` (and `data.eval`); a bad row is one line naming the
+    file, the row and the column; a pair whose prompt leaves no room for a response under
+    `data.cutoff_len` (keep_start) is one too."""
+    from jinja2 import TemplateError
+
+    from rlkit.data.preference import encode_pair, load_pairs, side_rows
+    from rlkit.data.templates import resolve_template
+    from rlkit.errors import DataError
+
+    template, notes = data.template, []
+
+    def encode(path: str, skip_bad_rows: bool, split: str | None) -> tuple[list[dict], list[str | None]]:
+        nonlocal template
+        loaded = load_pairs(path, data.format, data.dataset, skip_bad_rows, split, seed=seed)
+        if template == "auto":
+            template = resolve_template(template, side_rows(loaded.rows[0])[0], tokenizer, loaded.source)
+        pairs, difficulties, lengths = [], [], []
+        for n, row in enumerate(loaded.rows, 1):
+            try:
+                pair = encode_pair(row, tokenizer, template)
+            except TemplateError as e:
+                raise DataError(f"{loaded.source}: row {n}: the tokenizer's chat template refuses it ({e}); fix the "
+                                "row, or set data.template: alpaca") from None
+            except DataError as e:
+                raise DataError(f"{loaded.source}: row {n}: {e}") from None
+            if data.truncation_mode == "keep_start" and len(pair["prompt_ids"]) >= data.cutoff_len:
+                raise DataError(f"{loaded.source}: row {n}: its prompt is {len(pair['prompt_ids'])} tokens, which "
+                                f"leaves no room for a response under data.cutoff_len {data.cutoff_len}: raise "
+                                "cutoff_len, or set data.truncation_mode: keep_end")
+            lengths += [len(pair["prompt_ids"]) + len(pair[s]) for s in ("chosen_ids", "rejected_ids")]
+            pairs.append(truncate_pair(pair, data.cutoff_len, data.truncation_mode))
+            difficulties.append(row.get("difficulty"))
+        note = report_truncation(f"{loaded.source} (chosen and rejected sides)", lengths, data.cutoff_len)
+        notes.extend([note] if note else [])
+        return pairs, difficulties
+
+    train, difficulties = encode(data.train, data.skip_bad_rows, data.split)
+    held_out = encode(data.eval, False, data.eval_split)[0] if data.eval else []
+    return PairData(train, difficulties, held_out, tokenizer.pad_token_id, template, notes)
+
+
+def micro_batches(pairs: Sequence[dict[str, list[int]]], per_micro: int, pad_id: int) -> list[MicroBatch]:
+    """Consecutive groups of `per_micro` pairs, each one micro-batch of its chosen rows then its
+    rejected rows (`preference_batch`)."""
+    return [MicroBatch(preference_batch(list(pairs[i:i + per_micro]), pad_id))
+            for i in range(0, len(pairs), per_micro)]
+
+
+def shard_step(pairs: list[dict], world: int, grad_accum: int, mbs: int, pad_id: int) -> list[list[list[MicroBatch]]]:
+    """One global batch as each rank's one optimizer step of `grad_accum` micro-batches."""
+    per_rank = grad_accum * mbs
+    return [[micro_batches(pairs[r * per_rank:(r + 1) * per_rank], mbs, pad_id)] for r in range(world)]
+
+
+def eval_metrics(learners: LearnerGroup, pairs: list[dict], mbs: int, pad_id: int, max_batches: int | None,
+                 objective: DPOObjective) -> dict[str, float]:
+    """The held-out pairs' loss and TRL's reward metrics (means over the pairs), split across ranks."""
+    world = learners.size
+    batches = micro_batches(pairs, mbs, pad_id)[:max_batches or None]
+    batches = batches[:max(world, len(batches) - len(batches) % world)]  # as many forwards on every rank (ZeRO-3)
+    return pair_means(learners.evaluate([batches[r::world] for r in range(world)], objective))
+
+
+def run_dpo(cfg: DPOConfig, recipe_path: str | Path | None = None) -> Path:
+    """Run DPO from a loaded recipe; returns the final model directory."""
+    from rlkit.accel import detect
+    from rlkit.model.load import load_tokenizer
+
+    device = detect(cfg.device)
+    cfg = prepare_inputs(cfg, device, MEMORY, learners=cfg.train.num_learners)
+    tokenizer = load_tokenizer(cfg.model)
+    data = load_pair_data(cfg.data, tokenizer, cfg.seed)
+    t = cfg.train
+    global_batch = t.micro_batch_size * t.grad_accum * t.num_learners
+    total = t.max_steps or max(1, math.ceil(t.epochs * len(data.train) / global_batch))
+    sampler = curriculum_sampler(cfg.curriculum, data.difficulties, total, global_batch, cfg.seed, cfg.data.train)
+    run = RunDir(cfg, "dpo", template=data.template)
+    for line in [_plan(cfg, data, total, device), *data.notes]:
+        run.announce(line)
+    spec = learner_spec(cfg, t.micro_batch_size, t.grad_accum, total, reference=True)
+    wanted = learner_demand(cfg, t.num_learners, device, "train.num_learners")
+    with run.session(), learner_group(cfg, spec, t.num_learners, device, [wanted]) as learners:
+        resumed = run.resume(learners, sampler)
+        step = resumed.step
+        logger = run.logger(cfg.logging, total, step)
+        try:
+            with run.stops.caught():
+                step = _train(cfg, run, learners, sampler, data, logger, step, total)
+        finally:
+            logger.close()
+        return run.save_final(learners, cfg.model.tokenizer or cfg.model.path, dir_bytes(cfg.model.path))
+
+
+def _plan(cfg: DPOConfig, data: PairData, total: int, device: Any) -> str:
+    t, d = cfg.train, cfg.dpo
+    batch = t.micro_batch_size * t.grad_accum * t.num_learners
+    per_epoch = max(1, math.ceil(len(data.train) / batch))
+    held_out = f", {len(data.eval)} held out" if data.eval else ""
+    return (f"rlkit dpo: {len(data.train)} training pairs{held_out}; {batch} pairs per step (micro_batch_size "
+            f"{t.micro_batch_size} x grad_accum {t.grad_accum} x {t.num_learners} learner"
+            f"{'s' * (t.num_learners > 1)}); {total} steps ({total / per_epoch:.2f} epochs); loss "
+            f"{'+'.join(d.loss_type)}, beta {d.beta}; reference: "
+            f"{'the policy with its adapters disabled' if cfg.finetuning != 'full' else 'a frozen copy'}; "
+            f"{data.template} template; {devices_line(device, t.num_learners)}")
+
+
+def _train(cfg: DPOConfig, run: RunDir, learners: LearnerGroup, sampler: Any, data: PairData, logger: Any,
+           step: int, total: int) -> int:
+    """The steps from `step` to `total`; returns the last step."""
+    t, objective = cfg.train, DPOObjective(cfg.dpo.terms())
+    evaluate = lambda: {f"eval/{k}": v for k, v in eval_metrics(  # noqa: E731
+        learners, data.eval, t.micro_batch_size, data.pad_id, cfg.eval.max_batches, objective).items()}
+    if step == 0 and data.eval:
+        logger.log(0, evaluate())
+    while step < total:
+        t0 = time.time()
+        batch = [data.train[i] for i in sampler.next_batch()]
+        results = learners.fit(shard_step(batch, learners.size, t.grad_accum, t.micro_batch_size, data.pad_id),
+                               objective)
+        step += 1
+        steps = [r.steps[0] for r in results]
+        sums: dict[str, float] = {}
+        for s in steps:
+            for key, value in s.sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+        seconds = time.time() - t0
+        metrics = {f"train/{k}": v for k, v in pair_means(sums).items()}
+        metrics.update({"train/lr": steps[0].lr, "train/grad_norm": steps[0].grad_norm, "time/step": seconds,
+                        "train/tokens_per_s": sums.get("tokens", 0.0) / seconds,
+                        "time/reference": max(r.logprob_seconds for r in results),
+                        **perf_metrics([[s] for s in steps]), **{f"mix/{k}": v for k, v in
+                                                                 sampler.phase_mix(step - 1).items()}})
+        if data.eval and ((cfg.eval.every and step % cfg.eval.every == 0) or step == total):
+            metrics.update(evaluate())
+        if step in (1, total):
+            metrics.update(memory_metrics(learners))
+        logger.log(step, metrics)
+        if run.checkpoint_due(step, cfg.checkpoint.every):
+            run.checkpoint(step, learners, sampler.state_dict(), {})
+        run.stops.stop_if_signalled(step)
+    return step

@@ -1,0 +1,86 @@
+"""A DPO micro-batch through rlkit's objective (`rlkit/dpo/objective.py`: one forward of the chosen
+and rejected rows, rlkit's head, the reference's logprobs as the learner attaches them) against TRL
+1.16's `DPOTrainer.compute_loss` on the same tiny model, rows and batch: loss, every parameter's
+gradient and TRL's metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkit.dpo.loss import DPOTerms
+from rlkit.dpo.objective import DPOObjective, pair_means, preference_batch
+from rlkit.engine.objective import MicroBatch
+
+
+def _pairs(seed: int = 0) -> list[dict[str, list[int]]]:
+    """Three pairs with prompts of 4-8 tokens and completions of 2-7: unequal lengths, padding."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for p, c, r in ((5, 3, 6), (8, 7, 2), (4, 5, 5)):
+        ids = torch.randint(4, 400, (p + c + r,), generator=g).tolist()
+        rows.append({"prompt_ids": ids[:p], "chosen_ids": ids[p:p + c], "rejected_ids": ids[p + c:]})
+    return rows
+
+
+@pytest.mark.parametrize("terms", [DPOTerms(), DPOTerms(loss_type=("ipo",), beta=0.5),
+                                   DPOTerms(loss_type=("sigmoid", "sft"), loss_weights=(1.0, 0.3), ld_alpha=0.5)],
+                         ids=["sigmoid", "ipo", "rpo-ld"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_dpo_micro_batch_is_trls_dpo_trainer(tiny_model, tmp_path, terms, lora):
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    from rlkit.engine.logprobs import Reference
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+
+    rows = _pairs()
+    args = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=3, max_steps=1, report_to="none",
+                     use_cpu=True, bf16=False, save_strategy="no", beta=terms.beta, loss_type=list(terms.loss_type),
+                     loss_weights=list(terms.loss_weights) if terms.loss_weights else None, ld_alpha=terms.ld_alpha)
+    text = Dataset.from_list([{"prompt": "a b", "chosen": " c", "rejected": " d"}])  # TRL's init reads one row
+    trainer = DPOTrainer(model=load(), args=args, train_dataset=text, processing_class=tokenizer, peft_config=config)
+    trainer.model.train()
+    if lora:  # B != 0: the adapted policy differs from its reference, the base model with the adapter disabled
+        with torch.no_grad():
+            for name, p in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+    batch = DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id)(rows)
+    want = trainer.compute_loss(trainer.model, batch)
+    want.backward()
+    want_grads = {n.removeprefix("base_model.model."): p.grad for n, p in trainer.model.named_parameters()
+                  if p.requires_grad}
+    trl = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+
+    model = load()
+    if lora:
+        model = get_peft_model(model, config)
+        model.load_state_dict(trainer.model.state_dict())
+    mine = preference_batch(rows, tokenizer.pad_token_id)
+    assert all(torch.equal(mine[k], batch[k]) for k in mine)  # TRL's collator's layout
+    objective = DPOObjective(terms)
+    reference = Reference(model, "lora" if lora else "full", load)
+    mb = MicroBatch(mine)
+    mb = mb.attach("ref_logp", reference.logprobs(mb, 1.0, objective.positions(mb)))
+    got, metrics = objective(model, mb)
+    got.backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    grads = {n.removeprefix("base_model.model."): p.grad for n, p in model.named_parameters() if p.requires_grad}
+    assert grads.keys() == want_grads.keys() and grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, want_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    means = pair_means({k: float(v) for k, v in metrics.items()})
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                "logps/rejected"):
+        assert means[key] == pytest.approx(trl[key], abs=1e-5), key
+    assert means["loss"] == pytest.approx(float(want), abs=1e-5)

@@ -1,0 +1,58 @@
+"""`rlkit dpo`'s checks before launch and its batches: TRL's truncation; bad recipes and rows are
+one line (the run itself: tests/e2e/test_dpo.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlkit import stages
+from rlkit.errors import ConfigError, DataError
+from tests.helpers import ROOT
+
+
+@pytest.mark.parametrize("mode", ["keep_start", "keep_end"])
+def test_a_side_over_the_cutoff_is_cut_as_trls_collator_cuts_it(mode):
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    from rlkit.dpo.objective import preference_batch
+    from rlkit.dpo.run import truncate_pair
+
+    pairs = [{"prompt_ids": [5, 6, 7, 8], "chosen_ids": [9, 10, 11, 12, 13], "rejected_ids": [14, 15]},
+             {"prompt_ids": [5, 6], "chosen_ids": [9], "rejected_ids": [14, 15, 16, 17, 18, 19, 20]}]
+    want = DataCollatorForPreference(pad_token_id=0, max_length=6, truncation_mode=mode)(pairs)
+    got = preference_batch([truncate_pair(p, 6, mode) for p in pairs], 0)
+    for key in got:
+        assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("override, message", [
+    ("dpo.loss_type=[sigmoid,kto]", "dpo.loss_type: unknown 'kto'"),
+    ("dpo.loss_type=[exo_pair]", "dpo.label_smoothing: exo_pair needs label_smoothing > 0"),
+    ("dpo.f_divergence_type=js_divergence dpo.loss_type=[nca_pair]", "dpo.f_divergence_type: js_divergence "
+     "generalises only"),
+    ("dpo.loss_weights=[1.0,0.5]", "dpo.loss_weights: one weight per loss_type"),
+    ("data.packing=true", "data.packing"),
+])
+def test_a_bad_dpo_recipe_is_one_line_before_launch(tmp_path, override, message):
+    with pytest.raises(ConfigError) as e:
+        stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml", override.split())
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_prompt_that_leaves_no_room_for_a_response_is_one_line(tiny_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlkit.dpo.config import PreferenceDataConfig
+    from rlkit.dpo.run import load_pair_data
+
+    path = tmp_path / "long.jsonl"
+    rows = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"},
+            {"prompt": "1+1= " * 40, "chosen": "2", "rejected": "3"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as e:
+        load_pair_data(PreferenceDataConfig(train=str(path), cutoff_len=32, template="alpaca"),
+                       AutoTokenizer.from_pretrained(tiny_model))
+    assert str(e.value).startswith(f"{path}: row 2: its prompt is ") and "data.cutoff_len 32" in str(e.value)
