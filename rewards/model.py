@@ -9,7 +9,9 @@ Recipe::
 
 Text scored per sample: the tokenizer's chat template over prompt + completion messages
 when the prompt is a message list and the tokenizer has a template, else
-``prompt + completion``. Score = the logit of label 0 (float32).
+``prompt + completion``; either ends with the eos, as `rlkit rm` (and TRL's `RewardTrainer` on
+plain text) trains on it. Score = the logit of label 0 (float32). An `rlkit rm` final/ loads as it is: its
+tokenizer carries the template it was trained with.
 """
 
 from __future__ import annotations
@@ -38,11 +40,16 @@ class _Scorer:
         self._lock = threading.Lock()
 
     def chat_text(self, prompt: Any, completion: Any) -> str:
+        """The text scored: the chat template's rendering (message prompts) or prompt + completion,
+        ending with the eos unless it already does (as `rlkit rm` and TRL trained on it)."""
         if isinstance(prompt, list) and getattr(self.tok, "chat_template", None):
             reply = completion if isinstance(completion, list) else [
                 {"role": "assistant", "content": completion_text(completion)}]
-            return self.tok.apply_chat_template(prompt + reply, tokenize=False)
-        return prompt_text(prompt) + completion_text(completion)
+            text = self.tok.apply_chat_template(prompt + reply, tokenize=False)
+        else:
+            text = prompt_text(prompt) + completion_text(completion)
+        eos = self.tok.eos_token
+        return text if not eos or text.rstrip().endswith(eos) else text + eos
 
     def score_pairs(self, prompts: list, completions: list) -> list[float]:
         return self.score([self.chat_text(p, c) for p, c in zip(prompts, completions)])

@@ -49,6 +49,22 @@ def _sft_run(folder, steps=100):
     return folder
 
 
+def _dpo_run(folder, steps=60):
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("stage: dpo\nmodel:\n  path: m\n")
+    log = MetricsLogger(folder, LoggingConfig(tensorboard=False, progress="none"), steps)
+    for s in range(1, steps + 1):
+        margin = 1 - math.exp(-s / 20)
+        log.log(s, {"train/loss": 0.69 - 0.3 * margin, "train/lr": 1e-4, "time/step": 0.3,
+                    "train/rewards/chosen": 0.1 * margin, "train/rewards/rejected": -0.9 * margin,
+                    "train/rewards/margins": margin, "train/rewards/accuracies": 0.5 + 0.4 * margin})
+        if s % 20 == 0:
+            log.log(s, {"eval/loss": 0.69 - 0.28 * margin, "eval/rewards/accuracies": 0.5 + 0.35 * margin,
+                        "eval/rewards/margins": 0.9 * margin})
+    log.close()
+    return folder
+
+
 def _panels_in(image: Image.Image, columns: int) -> int:
     """How many grid cells hold a panel: an axes frame is a dark line across most of its cell."""
     px = np.asarray(image.convert("RGB")).astype(int)
@@ -88,6 +104,14 @@ def test_an_sft_run_draws_only_what_it_logged(tmp_path):
     assert [p.stem for p in written] == ["held_out", "loss", "time", "lr", "mix", "curves"]
     with Image.open(written[-1]) as grid:
         assert grid.size == (3 * W, 2 * H) and _panels_in(grid, 3) == 5
+
+
+def test_a_dpo_run_draws_its_preference_accuracy_and_margins(tmp_path):
+    written = plot.plot_runs([_dpo_run(tmp_path / "dpo")], tmp_path / "out")
+    assert [p.stem for p in written] == ["loss", "preference", "margin", "time", "lr", "curves"]
+    for path in written[1:3]:
+        with Image.open(path) as im:
+            assert _has(im, BLUE) and _has(im, ORANGE), path  # train and held-out (or chosen) curves
 
 
 def test_several_runs_are_overlaid_and_a_folder_of_runs_is_split_by_stage(tmp_path):

@@ -75,7 +75,7 @@ def _data_files(recipe: dict, tmp: Path, task_data: dict) -> dict[str, Path | No
     data = recipe["data"]
     name = Path(data["train"]).name
     if data.get("build_synthetic_if_missing") is not None:
-        kind = recipe["stage"] if recipe["stage"] in ("sft", "dpo") else "grpo"
+        kind = {"sft": "sft", "dpo": "dpo", "rm": "dpo"}.get(recipe["stage"], "grpo")  # rm trains on the pairs
         return {"train": task_data[f"{kind}_train"], "eval": task_data[f"{kind}_eval"]}
     if "/gsm8k/" in data["train"]:  # the real task's recipes: its own files, from two templates
         from rlkit.gsm8k import write_task
@@ -108,7 +108,7 @@ def test_every_recipe_loads_its_data(path, tmp_path, tiny_model, task_data):
         data = load_sft_data(cfg.data, tokenizer)
         assert data.train and all(s["input_ids"] and s["labels"] for s in data.train)
         difficulties = data.difficulties
-    elif recipe["stage"] == "dpo":
+    elif recipe["stage"] in ("dpo", "rm"):
         from rlkit.dpo.run import load_pair_data
 
         pairs = load_pair_data(cfg.data, tokenizer)

@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import ROOT
 
 PACKAGES = ("rlkit", "rewards")
-STAGES = ("rlkit.sft", "rlkit.grpo", "rlkit.distill", "rlkit.stages")
+STAGES = ("rlkit.sft", "rlkit.grpo", "rlkit.distill", "rlkit.dpo", "rlkit.rm", "rlkit.stages")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -136,10 +136,11 @@ def test_nothing_below_the_stages_asks_which_stage_a_recipe_is():
     through its row and its recipe type: a stage that names a section `rollout` does not get
     GRPO's checks by accident, and a new stage edits no if/else pair elsewhere."""
     names, sections = _stage_facts()
-    assert {"sft", "grpo", "distill"} <= names and {"rollout", "distill", "train", "finetuning"} <= sections
+    assert {"sft", "grpo", "distill", "dpo", "rm"} <= names
+    assert {"rollout", "distill", "train", "finetuning"} <= sections
     wrong = []
     for name, path in _sources().items():
-        if name.startswith(("rlkit.sft", "rlkit.grpo", "rlkit.distill")) or name == "rlkit.stages":
+        if name.startswith(STAGES):
             continue
         wrong += [f"{path.relative_to(ROOT)}:{line}" for line in
                   _stage_sniffing(ast.parse(path.read_text(encoding="utf-8")), names, sections)]

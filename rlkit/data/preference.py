@@ -111,6 +111,19 @@ def _sharegpt(row: dict, cols: dict[str, str], tags: dict[str, str]) -> dict[str
     return _pair(_prompt_messages(msgs, col), *(_reply(row.get(cols[s]), cols[s], tags) for s in SIDES))
 
 
+def _extras(row: dict) -> dict[str, Any]:
+    """What a pair keeps of its row's other columns: `difficulty` (the curriculum) and `margin`
+    (TRL's reward-model margin: a number)."""
+    out: dict[str, Any] = {}
+    if row.get("difficulty") is not None:
+        out["difficulty"] = row["difficulty"]
+    if "margin" in row:
+        if isinstance(row["margin"], bool) or not isinstance(row["margin"], (int, float)):
+            raise _RowError(f"field 'margin' must be a number, got {type(row['margin']).__name__}")
+        out["margin"] = float(row["margin"])
+    return out
+
+
 def _converter(first: dict, entry: Any, source: str) -> tuple[Any, list[str]]:
     """How each row of this source becomes a pair, and the columns that must be there."""
     columns = dict(entry.columns) if entry is not None else {}
@@ -144,7 +157,8 @@ def _converter(first: dict, entry: Any, source: str) -> tuple[Any, list[str]]:
 def load_pairs(path: str, fmt: str = "auto", dataset: str | None = None, skip_bad_rows: bool = False,
                split: str | None = None, seed: int = 0) -> LoadedRows:
     """Preference pairs: each row a prompt (alpaca fields, or ``messages`` ending with a user turn)
-    with ``chosen`` and ``rejected`` response strings; other columns are dropped. A bad row is one
+    with ``chosen`` and ``rejected`` response strings, and its ``difficulty`` and ``margin`` (TRL's
+    reward-model margin) where it has them; other columns are dropped. A bad row is one
     DataError naming the file, the row and the column (or counted and skipped with `skip_bad_rows`)."""
     if fmt != "auto":
         raise DataError(f"{path}: data.format {fmt!r}: preference data is read with format auto (its columns "
@@ -154,14 +168,14 @@ def load_pairs(path: str, fmt: str = "auto", dataset: str | None = None, skip_ba
     first = records.first if isinstance(records.first, dict) else {}
     convert, needed = _converter(first, got.entry, source)
     check_columns(got.columns, needed, "preference pairs")
-    rows, skipped = _validate(records, source, skip_bad_rows, convert)
+    rows, skipped = _validate(records, source, skip_bad_rows, lambda r: {**convert(r), **_extras(r)})
     return LoadedRows(rows, "pairs", skipped, source)
 
 
 def side_rows(pair: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The SFT row of each side of a pair (alpaca fields with `output`, or messages ending with the
     side's assistant turn)."""
-    base = {k: v for k, v in pair.items() if k not in SIDES}
+    base = {k: v for k, v in pair.items() if k not in (*SIDES, "margin")}
     if "messages" in base:
         return tuple({**base, "messages": base["messages"] + [{"role": "assistant", "content": pair[s]}]}
                      for s in SIDES)

@@ -1,5 +1,6 @@
 """DPO's memory model (`rlkit estimate`, the check before launch): its learner ranks, each holding
-a micro-batch's chosen and rejected rows and, under full fine-tuning, the reference's frozen copy."""
+a micro-batch's chosen and rejected rows and, under full fine-tuning, the reference's frozen copy.
+`pair_memory` is the model of every stage on pairs (`rlkit rm`: no reference)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ from rlkit.estimate.memory import Hardware, MemoryModel, Process, context_bytes,
 from rlkit.sft.memory import _fit_devices, _half_micro_batch
 
 
-def _processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]:
-    t = cfg.train
-    return [learner_process(cfg, arch, width_bytes(cfg.model.dtype, hardware), t.num_learners,
-                            2 * t.micro_batch_size * cfg.data.cutoff_len, context_bytes(hardware),
-                            reference=cfg.finetuning == "full")]
+def pair_memory(reference: bool) -> MemoryModel:
+    """The learner ranks of a stage on pairs: 2 x micro_batch_size rows of cutoff_len tokens, and
+    the reference's copy when `reference` (full fine-tuning only: LoRA's reference is the policy)."""
+
+    def processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]:
+        t = cfg.train
+        return [learner_process(cfg, arch, width_bytes(cfg.model.dtype, hardware), t.num_learners,
+                                2 * t.micro_batch_size * cfg.data.cutoff_len, context_bytes(hardware),
+                                reference=reference and cfg.finetuning == "full")]
+
+    return MemoryModel(processes, lambda cfg: cfg.train.num_learners, (_half_micro_batch, _fit_devices),
+                       "data.cutoff_len")
 
 
-MEMORY = MemoryModel(_processes, lambda cfg: cfg.train.num_learners, (_half_micro_batch, _fit_devices),
-                     "data.cutoff_len")
+MEMORY = pair_memory(reference=True)

@@ -59,7 +59,8 @@ def pair_means(sums: dict[str, float]) -> dict[str, float]:
 def preference_batch(pairs: list[dict[str, list[int]]], pad_id: int) -> dict[str, Tensor]:
     """[2B, L] tensors of B tokenised pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`; a side cut
     on its own has its prompt as `chosen_prompt` / `rejected_prompt`): the chosen rows, then the
-    rejected ones, right-padded; `completion_mask` 1 on each completion's tokens."""
+    rejected ones, right-padded; `completion_mask` 1 on each completion's tokens; `margin` [B] where
+    the pairs carry one (TRL's reward-model margin)."""
     prompt = lambda p, side: p.get(f"{side}_prompt", p.get("prompt_ids"))  # noqa: E731
     rows = [prompt(p, side) + p[f"{side}_ids"] for side in ("chosen", "rejected") for p in pairs]
     prompts = [len(prompt(p, side)) for side in ("chosen", "rejected") for p in pairs]
@@ -71,4 +72,7 @@ def preference_batch(pairs: list[dict[str, list[int]]], pad_id: int) -> dict[str
         ids[i, :len(row)] = torch.tensor(row)
         attention[i, :len(row)] = 1
         completion[i, prompt:len(row)] = 1
-    return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
+    out = {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
+    if all("margin" in p for p in pairs):
+        out["margin"] = torch.tensor([float(p["margin"]) for p in pairs])
+    return out

@@ -1,5 +1,6 @@
-"""`rlkit dpo`: the preference-optimisation driver. It holds the tokenised pairs and the sampler,
-never model weights.
+"""`rlkit dpo`: the preference-optimisation driver, and the loop every stage on preference pairs
+shares (`run_pairs`: `rlkit rm` too). It holds the tokenised pairs and the sampler, never model
+weights.
 
 Loop: sample a global batch of pairs -> per rank `grad_accum` micro-batches of chosen and rejected
 rows -> each learner scores its micro-batches under the reference (the frozen copy, or the policy
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,7 +103,8 @@ def load_pair_data(data: PreferenceDataConfig, tokenizer: Any, seed: int = 0) ->
                                 f"leaves no room for a response under data.cutoff_len {data.cutoff_len}: raise "
                                 "cutoff_len, or set data.truncation_mode: keep_end")
             lengths += [len(pair["prompt_ids"]) + len(pair[s]) for s in ("chosen_ids", "rejected_ids")]
-            pairs.append(truncate_pair(pair, data.cutoff_len, data.truncation_mode))
+            pairs.append({**truncate_pair(pair, data.cutoff_len, data.truncation_mode),
+                          **({"margin": row["margin"]} if "margin" in row else {})})
             difficulties.append(row.get("difficulty"))
         note = report_truncation(f"{loaded.source} (chosen and rejected sides)", lengths, data.cutoff_len)
         notes.extend([note] if note else [])
@@ -127,16 +129,39 @@ def shard_step(pairs: list[dict], world: int, grad_accum: int, mbs: int, pad_id:
 
 
 def eval_metrics(learners: LearnerGroup, pairs: list[dict], mbs: int, pad_id: int, max_batches: int | None,
-                 objective: DPOObjective) -> dict[str, float]:
-    """The held-out pairs' loss and TRL's reward metrics (means over the pairs), split across ranks."""
+                 objective: Any, means: Callable[[dict[str, float]], dict[str, float]]) -> dict[str, float]:
+    """The held-out pairs' loss and metrics (`means` of the objective's sums), split across ranks."""
     world = learners.size
     batches = micro_batches(pairs, mbs, pad_id)[:max_batches or None]
     batches = batches[:max(world, len(batches) - len(batches) % world)]  # as many forwards on every rank (ZeRO-3)
-    return pair_means(learners.evaluate([batches[r::world] for r in range(world)], objective))
+    return means(learners.evaluate([batches[r::world] for r in range(world)], objective))
+
+
+@dataclass(frozen=True)
+class PairStage:
+    """What a stage that trains on pairs puts in the loop below: its name, its objective, how its
+    summed metrics become the logged ones, whether the learners hold the reference, the model's
+    end (`rlkit.model.load.HEADS`) and the words for the plan line."""
+
+    name: str
+    objective: Any
+    means: Callable[[dict[str, float]], dict[str, float]]
+    reference: bool
+    head: str
+    describe: str
 
 
 def run_dpo(cfg: DPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run DPO from a loaded recipe; returns the final model directory."""
+    d = cfg.dpo
+    reference = "the policy with its adapters disabled" if cfg.finetuning != "full" else "a frozen copy"
+    return run_pairs(cfg, PairStage("dpo", DPOObjective(d.terms()), pair_means, True, "lm",
+                                    f"loss {'+'.join(d.loss_type)}, beta {d.beta}; reference: {reference}"))
+
+
+def run_pairs(cfg: Any, stage: PairStage) -> Path:
+    """A stage on preference pairs (`rlkit dpo`, `rlkit rm`) from its loaded recipe; returns the
+    final model directory."""
     from rlkit.accel import detect
     from rlkit.model.load import load_tokenizer
 
@@ -148,10 +173,10 @@ def run_dpo(cfg: DPOConfig, recipe_path: str | Path | None = None) -> Path:
     global_batch = t.micro_batch_size * t.grad_accum * t.num_learners
     total = t.max_steps or max(1, math.ceil(t.epochs * len(data.train) / global_batch))
     sampler = curriculum_sampler(cfg.curriculum, data.difficulties, total, global_batch, cfg.seed, cfg.data.train)
-    run = RunDir(cfg, "dpo", template=data.template)
-    for line in [_plan(cfg, data, total, device), *data.notes]:
+    run = RunDir(cfg, stage.name, template=data.template)
+    for line in [_plan(cfg, stage, data, total, device), *data.notes]:
         run.announce(line)
-    spec = learner_spec(cfg, t.micro_batch_size, t.grad_accum, total, reference=True)
+    spec = learner_spec(cfg, t.micro_batch_size, t.grad_accum, total, reference=stage.reference, head=stage.head)
     wanted = learner_demand(cfg, t.num_learners, device, "train.num_learners")
     with run.session(), learner_group(cfg, spec, t.num_learners, device, [wanted]) as learners:
         resumed = run.resume(learners, sampler)
@@ -159,31 +184,29 @@ def run_dpo(cfg: DPOConfig, recipe_path: str | Path | None = None) -> Path:
         logger = run.logger(cfg.logging, total, step)
         try:
             with run.stops.caught():
-                step = _train(cfg, run, learners, sampler, data, logger, step, total)
+                step = _train(cfg, stage, run, learners, sampler, data, logger, step, total)
         finally:
             logger.close()
         return run.save_final(learners, cfg.model.tokenizer or cfg.model.path, dir_bytes(cfg.model.path))
 
 
-def _plan(cfg: DPOConfig, data: PairData, total: int, device: Any) -> str:
-    t, d = cfg.train, cfg.dpo
+def _plan(cfg: Any, stage: PairStage, data: PairData, total: int, device: Any) -> str:
+    t = cfg.train
     batch = t.micro_batch_size * t.grad_accum * t.num_learners
     per_epoch = max(1, math.ceil(len(data.train) / batch))
     held_out = f", {len(data.eval)} held out" if data.eval else ""
-    return (f"rlkit dpo: {len(data.train)} training pairs{held_out}; {batch} pairs per step (micro_batch_size "
-            f"{t.micro_batch_size} x grad_accum {t.grad_accum} x {t.num_learners} learner"
-            f"{'s' * (t.num_learners > 1)}); {total} steps ({total / per_epoch:.2f} epochs); loss "
-            f"{'+'.join(d.loss_type)}, beta {d.beta}; reference: "
-            f"{'the policy with its adapters disabled' if cfg.finetuning != 'full' else 'a frozen copy'}; "
+    return (f"rlkit {stage.name}: {len(data.train)} training pairs{held_out}; {batch} pairs per step "
+            f"(micro_batch_size {t.micro_batch_size} x grad_accum {t.grad_accum} x {t.num_learners} learner"
+            f"{'s' * (t.num_learners > 1)}); {total} steps ({total / per_epoch:.2f} epochs); {stage.describe}; "
             f"{data.template} template; {devices_line(device, t.num_learners)}")
 
 
-def _train(cfg: DPOConfig, run: RunDir, learners: LearnerGroup, sampler: Any, data: PairData, logger: Any,
-           step: int, total: int) -> int:
+def _train(cfg: Any, stage: PairStage, run: RunDir, learners: LearnerGroup, sampler: Any, data: PairData,
+           logger: Any, step: int, total: int) -> int:
     """The steps from `step` to `total`; returns the last step."""
-    t, objective = cfg.train, DPOObjective(cfg.dpo.terms())
+    t, objective = cfg.train, stage.objective
     evaluate = lambda: {f"eval/{k}": v for k, v in eval_metrics(  # noqa: E731
-        learners, data.eval, t.micro_batch_size, data.pad_id, cfg.eval.max_batches, objective).items()}
+        learners, data.eval, t.micro_batch_size, data.pad_id, cfg.eval.max_batches, objective, stage.means).items()}
     if step == 0 and data.eval:
         logger.log(0, evaluate())
     while step < total:
@@ -198,7 +221,7 @@ def _train(cfg: DPOConfig, run: RunDir, learners: LearnerGroup, sampler: Any, da
             for key, value in s.sums.items():
                 sums[key] = sums.get(key, 0.0) + value
         seconds = time.time() - t0
-        metrics = {f"train/{k}": v for k, v in pair_means(sums).items()}
+        metrics = {f"train/{k}": v for k, v in stage.means(sums).items()}
         metrics.update({"train/lr": steps[0].lr, "train/grad_norm": steps[0].grad_norm, "time/step": seconds,
                         "train/tokens_per_s": sums.get("tokens", 0.0) / seconds,
                         "time/reference": max(r.logprob_seconds for r in results),

@@ -45,6 +45,7 @@ class LearnerSpec:
     device: str = "auto"
     reference: bool = False  # also hold the frozen starting policy (for KL terms)
     teacher: ModelConfig | None = None  # also hold a frozen teacher (on-policy distillation)
+    head: str = "lm"  # the model's end: the lm_head, or one score (a reward model: `rlkit.model.load.HEADS`)
 
 
 class Learner(EngineHost, Saving):
@@ -136,9 +137,10 @@ class Learner(EngineHost, Saving):
 
             self._ds_hf_config = HfDeepSpeedConfig(ds_cfg)  # every rank loads: partitioned on load
         load_dtype = torch.float32 if precision != "fp32" and spec.finetuning == "full" else dtype
-        model = load.load_model(spec.model, load_dtype, spec.qlora if spec.finetuning == "qlora" else None)
+        model = load.load_model(spec.model, load_dtype, spec.qlora if spec.finetuning == "qlora" else None,
+                                spec.head)
         apply_kernels(model, spec.model.kernels, self.device_info.kind)
-        model = load.wrap_for_training(model, spec.finetuning, spec.lora, spec.model)
+        model = load.wrap_for_training(model, spec.finetuning, spec.lora, spec.model, spec.head)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = None
         if spec.deepspeed.torch_adam:  # torch's fused kernel where it has one (CPU: 3x the per-tensor loop)

@@ -75,7 +75,7 @@ class Saving:
         else:
             self._save_adapter(out / "adapter")
             if self.rank == 0:  # QLoRA: merged onto the full-precision base, as peft does
-                merge_adapter(out / "adapter", self.spec.model.path, out)
+                merge_adapter(out / "adapter", self.spec.model.path, out, head=self.spec.head)
         if self.rank != 0:
             return None
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)

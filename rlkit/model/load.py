@@ -140,9 +140,21 @@ def whole(load: Callable[[], Any]) -> Any:
         hf_deepspeed._hf_deepspeed_config_weak_ref = saved
 
 
-def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None = None) -> Any:
-    """The model (`auto_class`: causal LM, or image-text-to-text for a vision-language model) in
-    `dtype`; 4-bit bitsandbytes weights when `quant` is given."""
+HEADS = ("lm", "score")  # what a learner's model ends in: the lm_head, or one score (a reward model)
+
+
+def head_class(config: Any, head: str = "lm") -> Any:
+    """The transformers Auto class of a model ending in `head`: `auto_class` for the lm_head, a
+    sequence classifier (its `score` layer, one label) for a reward model."""
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification if head == "score" else auto_class(config)
+
+
+def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None = None, head: str = "lm") -> Any:
+    """The model (`auto_class`: causal LM, or image-text-to-text for a vision-language model; with
+    `head="score"` a sequence classifier of one label, its pad id the tokenizer's) in `dtype`;
+    4-bit bitsandbytes weights when `quant` is given."""
     from rlkit.model.attention import use_packed_attention
 
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": cfg.trust_remote_code}
@@ -154,7 +166,11 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None =
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type=quant.quant_type,
             bnb_4bit_use_double_quant=quant.double_quant, bnb_4bit_compute_dtype=DTYPES[quant.compute_dtype])
-    model = auto_class(model_config(cfg)).from_pretrained(cfg.path, **kwargs)
+    if head == "score":
+        kwargs["num_labels"] = 1
+    model = head_class(model_config(cfg), head).from_pretrained(cfg.path, **kwargs)
+    if head == "score":  # it scores each row at its last token that is not padding
+        model.config.pad_token_id = load_tokenizer(cfg).pad_token_id
     use_packed_attention(model)  # sdpa, but packed rows attend per sequence (attention.py)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -182,8 +198,10 @@ def keep_4bit_weights_trainable(model: Any) -> int:
     return count
 
 
-def wrap_for_training(model: Any, finetuning: str, lora: LoraConfig | None, cfg: ModelConfig | None = None) -> Any:
-    """Full: the model itself. LoRA/QLoRA: a peft model with only the adapters trainable. A
+def wrap_for_training(model: Any, finetuning: str, lora: LoraConfig | None, cfg: ModelConfig | None = None,
+                      head: str = "lm") -> Any:
+    """Full: the model itself. LoRA/QLoRA: a peft model with only the adapters trainable (a reward
+    model's score layer trained whole, peft's SEQ_CLS). A
     vision-language model's vision tower and projector are frozen as `cfg` asks; its adapters go
     on the language model's layers (and the vision tower's, when it trains), and a projector that
     trains is trained whole."""
@@ -205,7 +223,8 @@ def wrap_for_training(model: Any, finetuning: str, lora: LoraConfig | None, cfg:
     if vlm:
         targets, whole_modules = vision_language_targets(model, lora.target_modules, cfg)
     peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                              target_modules=targets, modules_to_save=whole_modules, task_type="CAUSAL_LM")
+                              target_modules=targets, modules_to_save=whole_modules,
+                              task_type="SEQ_CLS" if head == "score" else "CAUSAL_LM")
     peft_model = get_peft_model(model, peft_cfg)
     if finetuning == "qlora":
         keep_4bit_weights_trainable(peft_model)
@@ -219,13 +238,18 @@ def trainable_summary(model: Any) -> tuple[int, int]:
     return trainable, total
 
 
-def merge_adapter(adapter_dir: str | Path, base: str | Path, out_dir: str | Path, dtype: str = "fp32") -> Path:
-    """Merge a peft LoRA adapter into its base model and save a plain HF model directory."""
+def merge_adapter(adapter_dir: str | Path, base: str | Path, out_dir: str | Path, dtype: str = "fp32",
+                  head: str = "lm") -> Path:
+    """Merge a peft LoRA adapter into its base model and save a plain HF model directory (`head`:
+    a reward model's adapter onto the base as a one-label sequence classifier)."""
     from peft import PeftModel
     from transformers import AutoConfig, AutoTokenizer
 
-    loader = auto_class(AutoConfig.from_pretrained(base))
-    base_model = loader.from_pretrained(base, dtype=DTYPES.get(dtype, torch.float32))
+    loader = head_class(AutoConfig.from_pretrained(base), head)
+    extra = {"num_labels": 1} if head == "score" else {}
+    base_model = loader.from_pretrained(base, dtype=DTYPES.get(dtype, torch.float32), **extra)
+    if head == "score":
+        base_model.config.pad_token_id = AutoTokenizer.from_pretrained(base).pad_token_id
     merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
     out = Path(out_dir)
     merged.save_pretrained(out, safe_serialization=True)

@@ -144,10 +144,11 @@ def memory_metrics(learners: LearnerGroup, engines: RolloutEngines | None = None
 
 
 def learner_spec(cfg: Any, micro_batch_size: int, grad_accum: int, total_steps: int,
-                 reference: bool = False, teacher: Any = None) -> Any:
+                 reference: bool = False, teacher: Any = None, head: str = "lm") -> Any:
     """The learners' build spec from a stage recipe's shared sections."""
     from rlkit.engine.learner import LearnerSpec
 
     return LearnerSpec(model=cfg.model, finetuning=cfg.finetuning, lora=cfg.lora, qlora=cfg.qlora, optim=cfg.optim,
                        deepspeed=cfg.deepspeed, micro_batch_size=micro_batch_size, grad_accum=grad_accum,
-                       total_steps=total_steps, seed=cfg.seed, device=cfg.device, reference=reference, teacher=teacher)
+                       total_steps=total_steps, seed=cfg.seed, device=cfg.device, reference=reference, teacher=teacher,
+                       head=head)

@@ -102,3 +102,19 @@ def test_a_pair_is_its_sides_sft_tokens_split_where_they_part(tmp_path, tiny_mod
             assert enc[f"{side}_ids"] == [t for t in sft["labels"] if t != IGNORE_INDEX]
             assert enc[f"{side}_ids"][-1] == tokenizer.eos_token_id
         assert enc["chosen_ids"] != enc["rejected_ids"]
+
+
+def test_a_pair_keeps_its_difficulty_and_margin_and_a_bad_margin_is_one_line(tmp_path):
+    """The curriculum's `difficulty` and TRL's reward-model `margin` ride along to the micro-batch."""
+    from rlkit.dpo.objective import preference_batch
+
+    rows = [{"prompt": "q", "chosen": "a", "rejected": "b", "difficulty": "explain", "margin": 0.5},
+            {"prompt": "r", "chosen": "c", "rejected": "d", "difficulty": "topology", "margin": 2}]
+    pairs = load_pairs(_write(tmp_path / "m.json", rows)).rows
+    assert [(p["difficulty"], p["margin"]) for p in pairs] == [("explain", 0.5), ("topology", 2.0)]
+    batch = preference_batch([{"prompt_ids": [1], "chosen_ids": [2], "rejected_ids": [3], "margin": p["margin"]}
+                              for p in pairs], 0)
+    assert batch["margin"].tolist() == [0.5, 2.0]
+    path = _write(tmp_path / "bad.json", [{**rows[0], "margin": "high"}])
+    with pytest.raises(DataError, match=r"bad.json: row 1: field 'margin' must be a number, got str$"):
+        load_pairs(path)
