@@ -51,6 +51,10 @@ class _Scorer:
         eos = self.tok.eos_token
         return text if not eos or text.rstrip().endswith(eos) else text + eos
 
+    def ready(self) -> bool:
+        """True once its model is loaded (a served actor's start is waited on this)."""
+        return True
+
     def score_pairs(self, prompts: list, completions: list) -> list[float]:
         return self.score([self.chat_text(p, c) for p, c in zip(prompts, completions)])
 
@@ -70,55 +74,58 @@ class RewardModel:
     """Scores (prompt, completion) pairs with a sequence-classification reward model.
 
     path: local model directory. batch_size: samples per forward pass. max_length: tokens
-    (longer inputs are truncated on the right). device/dtype: where the model runs
-    (``"cpu"``/``"cuda"``; ``"float32"``/``"bfloat16"``). ray_actor: serve the model from
-    one Ray actor (with ``num_gpus``, ``num_cpus`` and ``resources``, Ray's custom resources:
-    ``{rm: 1}`` puts it on the node started with ``--resources='{"rm": 1}'``) when Ray is
-    initialised; otherwise it is loaded in-process. ``setup()`` loads it (rlkit calls it once
-    before the first batch). On a cluster the node that hosts the actor must see ``path``.
+    (longer inputs are truncated on the right). device: the device kind it runs on (``"cpu"``,
+    ``"cuda"``, ``"rocm"``, ``"npu"``; ``"auto"``: the driver's). dtype: ``"float32"`` /
+    ``"bfloat16"``. ray_actor: serve the model from a Ray actor of its own when Ray is running,
+    started as rlkit starts its other roles (named "the reward model" in fault messages), with
+    ``devices`` devices of its kind (``num_gpus`` is the old name), ``num_cpus`` CPUs and
+    ``resources``, Ray's custom resources (``{rm: 1}`` puts it on the node started with
+    ``--resources='{"rm": 1}'``); each call waits at most ``timeout_s`` (its start
+    ``start_timeout_s``), then the run stops with one line naming it. Otherwise it is loaded
+    in-process. ``setup()`` loads it (rlkit calls it once before the first batch). On a cluster
+    the node that hosts the actor must see ``path``.
     """
 
     def __init__(self, path: str, batch_size: int = 8, max_length: int = 2048, device: str = "cpu",
-                 dtype: str = "float32", ray_actor: bool = False, num_gpus: float = 0, num_cpus: float = 1,
-                 resources: dict[str, float] | None = None) -> None:
+                 dtype: str = "float32", ray_actor: bool = False, devices: float | None = None,
+                 num_gpus: float | None = None, num_cpus: float = 1, resources: dict[str, float] | None = None,
+                 timeout_s: float = 600, start_timeout_s: float = 900) -> None:
+        from rlkit.engine.served import Serving
+
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.path, self.batch_size, self.max_length = path, batch_size, max_length
-        self.device, self.dtype, self.ray_actor, self.num_gpus = device, dtype, ray_actor, num_gpus
-        self.num_cpus, self.resources = num_cpus, dict(resources or {})
+        self.path, self.batch_size, self.max_length, self.dtype = path, batch_size, max_length, dtype
+        count = devices if devices is not None else num_gpus if num_gpus is not None else 1
+        self.serving = Serving(device, count, num_cpus, dict(resources or {}), ray=ray_actor, timeout_s=timeout_s,
+                               start_timeout_s=start_timeout_s, what="the reward model")
         self._local: _Scorer | None = None
         self._actor: Any = None
 
     def ray_resources(self) -> dict[str, float] | None:
         """What its actor asks of the Ray cluster (rlkit checks it before launch); None in-process."""
-        if not self.ray_actor:
-            return None
-        return {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
+        return self.serving.bundle() if self.serving.ray else None
+
+    def memory_parts(self) -> dict[str, Any]:
+        """What the estimate counts for it: the model at `path`, `dtype`, scoring `batch_size` x
+        `max_length` tokens at a time, apart from the learners when served from its actor."""
+        return {"kind": "scorer", "path": self.path, "dtype": self.dtype, "tokens": self.batch_size * self.max_length,
+                "actors": 1 if self.serving.ray else 0, "device": self.serving.device}
 
     def setup(self) -> None:
         if self._local is not None or self._actor is not None:
             return
-        if self.ray_actor:
-            import ray  # only on this path: the module itself stays Ray-free
-
-            if ray.is_initialized():
-                needs = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
-                has = ray.cluster_resources()
-                short = {k: v for k, v in needs.items() if v and has.get(k, 0) < v}
-                if short:  # Ray would wait for them forever
-                    raise ValueError(f"the reward model's actor needs {short}; the cluster has "
-                                     f"{ {k: has.get(k, 0) for k in short} } (start a node with them or change "
-                                     "num_gpus / num_cpus / resources)")
-                cls = ray.remote(num_gpus=self.num_gpus, num_cpus=self.num_cpus, resources=self.resources)(_Scorer)
-                self._actor = cls.remote(self.path, self.batch_size, self.max_length, self.device, self.dtype)
-                return
-        self._local = _Scorer(self.path, self.batch_size, self.max_length, self.device, self.dtype)
+        torch_device = self.serving.info.torch_device
+        if self.serving.in_ray():
+            (self._actor,) = self.serving.start(_Scorer, self.path, self.batch_size, self.max_length, torch_device,
+                                                self.dtype)
+            self.serving.wait([self._actor.ready.remote()], self.serving.names(), "loading its model", start=True)
+            return
+        self._local = _Scorer(self.path, self.batch_size, self.max_length, torch_device, self.dtype)
 
     def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[float]:
         self.setup()
         if self._actor is not None:
-            import ray
-
-            return ray.get(self._actor.score_pairs.remote(list(prompts), list(completions)))
+            ref = self._actor.score_pairs.remote(list(prompts), list(completions))
+            return self.serving.wait([ref], self.serving.names(), "scoring")[0]
         assert self._local is not None
         return self._local.score_pairs(prompts, completions)

@@ -137,6 +137,22 @@ def detect(prefer: str = "auto") -> DeviceInfo:
     return info
 
 
+def of_kind(kind: str) -> DeviceInfo:
+    """A `DeviceInfo` for a device kind this process need not have ("cuda", "rocm", "npu", "cpu";
+    "auto": this process's own): its torch device and Ray resource, for an actor started on
+    another node (one device, bf16 on accelerators, no memory figures)."""
+    if kind == "auto":
+        return detect()
+    if kind not in ("cuda", "rocm", "npu", "cpu"):
+        from rlkit.errors import UserError
+
+        raise UserError(f"device: {kind!r} is not a device kind; use auto, cuda, rocm, npu or cpu")
+    if kind == "cpu":
+        return describe(Probe())
+    return describe(Probe(cuda_available=kind != "npu", hip_version="rocm" if kind == "rocm" else None,
+                          npu_available=kind == "npu", device_count=1, device_name=kind, bf16_supported=True))
+
+
 def check_precision(dtype: str, info: DeviceInfo, key: str = "model.dtype") -> None:
     """A training precision this device cannot run is a one-line error before launch."""
     from rlkit.errors import UserError

@@ -251,3 +251,29 @@ def test_the_logits_chunk_is_the_learners():
     from rlkit.estimate.memory import LOGITS_CHUNK
 
     assert LOGITS_CHUNK == CHUNK_ELEMENTS
+
+
+def test_served_reward_models_are_counted_with_their_own_devices(tmp_path, tiny_model):
+    """A reward model served from its actor and an LLM judge's engines are processes of the plan:
+    the reward model's weights at its dtype (the classifier's exact parameter count, less the
+    causal head it does not have), the judge's engines as the policy's are counted; each takes a
+    device of its own on an accelerator, and an in-process reward model takes none."""
+    from transformers import AutoModelForSequenceClassification
+
+    rm = tmp_path / "rm"
+    AutoModelForSequenceClassification.from_pretrained(tiny_model, num_labels=1).save_pretrained(rm)
+    served = (f"rewards=[{{fn: 'rewards.model:RewardModel', args: {{path: '{rm}', ray_actor: true, device: cuda, "
+              "batch_size: 4, max_length: 256}}, {fn: 'rewards.model:RewardModel', name: local, args: {path: "
+              f"'{rm}'}}}}, {{fn: 'rewards.llm_judge:LLMJudge', args: {{path: '{tiny_model}', engines: 2, "
+              "device: cuda, max_model_len: 512}}]")
+    cfg = stages.load("grpo", ROOT / "recipes" / "r1-distill.yaml", [served])
+    plain = stages.load("grpo", ROOT / "recipes" / "r1-distill.yaml")
+    hardware = est.Hardware.parse("8xH100")
+    processes = {p.kind: p for p in est.estimate(cfg, stages.memory("grpo"), _arch(cfg.model.path), hardware)}
+    model = processes["reward model (rewards[0])"]
+    params = sum(p.numel() for p in AutoModelForSequenceClassification.from_pretrained(rm).parameters())
+    assert model.count == 1 and model.parts["weights"] == pytest.approx(params * 4, rel=0.02)  # float32
+    judge = processes["LLM judge engine (rewards[2])"]
+    assert judge.count == 2 and judge.budget == 0.5 and judge.parts["KV cache for the step"] > 0
+    assert not any("rewards[1]" in kind for kind in processes)  # in the driver's process
+    assert stages.memory("grpo").devices(cfg) == stages.memory("grpo").devices(plain) + 3

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 from typing import Any
 
 from rlkit.estimate.arch import Arch, model_config
 from rlkit.estimate.memory import (
+    CPU_RUNTIME,
     LOGITS_CHUNK,
     Hardware,
     MemoryModel,
@@ -23,6 +25,8 @@ from rlkit.estimate.memory import (
 )
 from rlkit.recipe import changed
 
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "auto": "auto", "fp32": "fp32", "bf16": "bf16"}
+
 
 def _processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]:
     g, r = cfg.grpo, cfg.rollout
@@ -33,10 +37,53 @@ def _processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]
     learner, teacher = _teacher(cfg, learner, hardware)
     seqs = math.ceil(g.prompts_per_step * g.group_size / (g.num_learners if r.colocate else r.num_engines))
     engine = engine_process(arch, width, r, seqs, ctx)
-    apart = [teacher] if teacher is not None else []
+    apart = ([teacher] if teacher is not None else []) + _served_rewards(cfg, hardware)
     if not r.colocate:
         return [learner, engine, *apart]
     return [colocated(learner, engine, r.sleep, hardware), *apart]
+
+
+def _served(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(recipe key, `memory_parts()`) of each reward that serves a model of its own in Ray actors
+    (`rewards.model:RewardModel` with `ray_actor`, `rewards.llm_judge:LLMJudge`): a class importable
+    by its `module:Class` name whose instance says what it holds. A reward of a file beside the
+    recipe, or one that cannot be built here, is not counted."""
+    import importlib
+
+    out = []
+    for i, spec in enumerate(cfg.rewards):
+        module, _, name = spec.fn.partition(":")
+        try:
+            parts = getattr(importlib.import_module(module), name)(**spec.args).memory_parts()
+        except Exception:  # noqa: BLE001 — not a served model's reward, or not importable here
+            continue
+        if parts.get("actors"):
+            out.append((f"rewards[{i}]", parts))
+    return out
+
+
+def _served_rewards(cfg: Any, hardware: Hardware | None) -> list[Process]:
+    """A served reward model (its weights and one batch's activations) or an LLM judge's vLLM
+    engines (as the policy's are counted, for the step's samples); on a CPU kind, host memory."""
+    out = []
+    for key, p in _served(cfg):
+        arch = Arch.from_config(*model_config(p["path"]))
+        on_cpu = p["device"] == "cpu" or hardware is None
+        width = width_bytes(DTYPES.get(p["dtype"], "auto"), None if on_cpu else hardware)
+        ctx = 0.0 if on_cpu else context_bytes(hardware)
+        if p["kind"] == "engine":
+            r = SimpleNamespace(tensor_parallel_size=1, max_model_len=p["max_model_len"], num_engines=p["actors"],
+                                kv_cache_gib=p["kv_cache_gib"], gpu_memory_utilization=p["gpu_memory_utilization"],
+                                colocate=True, sync_bucket_mib=0)
+            seqs = math.ceil(cfg.grpo.prompts_per_step * cfg.grpo.group_size / p["actors"])
+            proc = dataclasses.replace(engine_process(arch, width, r, seqs, ctx), kind=f"LLM judge engine ({key})")
+        else:
+            parts = {"weights": arch.params * width,
+                     "activations of a batch": p["tokens"] * (4 * arch.hidden + 2 * arch.intermediate) * width,
+                     "context" if ctx else "runtime (CPU)": ctx or CPU_RUNTIME}
+            proc = Process(f"reward model ({key})", p["actors"], parts)
+        out.append(dataclasses.replace(proc, parts={}, host=proc.parts, budget=None) if on_cpu and hardware else proc)
+    return out
 
 
 def _teacher(cfg: Any, learner: Process, hardware: Hardware | None) -> tuple[Process, Process | None]:
@@ -62,7 +109,8 @@ def _teacher(cfg: Any, learner: Process, hardware: Hardware | None) -> tuple[Pro
 def _devices(cfg: Any) -> int:
     r, d = cfg.rollout, cfg.distill
     teacher = 1 if d is not None and d.placement == "actor" else 0  # the teacher's own device
-    return cfg.grpo.num_learners + (0 if r.colocate else r.num_engines * r.tensor_parallel_size) + teacher
+    served = sum(p["actors"] for _, p in _served(cfg) if p["device"] != "cpu")  # one device each
+    return cfg.grpo.num_learners + (0 if r.colocate else r.num_engines * r.tensor_parallel_size) + teacher + served
 
 
 def _half_micro_batch(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:

@@ -107,7 +107,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0, teacher=cfg.distill.teacher if beside else None)
         rewards = [Demand("reward actor", 1, bundle, "pack", f"{key}.args", tuple(
-            k for k in bundle if k not in ("CPU", "GPU")), f"{key}.args.resources")
+            k for k in bundle if k not in ("CPU", "GPU", "NPU")), f"{key}.args.resources")
             for key, bundle in task.scorer.actor_bundles()]
         with run.session(), learner_group(cfg, spec, g.num_learners, device, [*demands(cfg, device), *rewards],
                                           started=lambda: check_teacher_node(cfg.distill)) as learners:

@@ -120,8 +120,8 @@ def reward_range(low: float | None | Callable[..., tuple], high: float | None = 
     function of the reward's keyword arguments returning ``(low, high)``, for a range set by them."""
     bounds = low if callable(low) else check_range([low, high], "reward_range")
 
-    def mark(fn: Any) -> Any:
-        fn.rlkit_range = bounds
+    def mark(fn: Any) -> Any:  # on a class, a function stays one (never bound to its instances)
+        fn.rlkit_range = staticmethod(bounds) if isinstance(fn, type) and callable(bounds) else bounds
         return fn
     return mark
 

@@ -91,14 +91,15 @@ class RewardScorer:
                     raise DataError(f"{source}: row {n}: {r.key} ({r.name}) cannot judge it: {e}") from None
 
     def actor_bundles(self) -> list[tuple[str, dict[str, float]]]:
-        """(recipe key, resources) of each reward that serves itself from a Ray actor of its own: a
-        class (or callable object) whose `ray_resources()` returns what that actor asks for (None: it runs in-process).
-        The run checks them against the cluster before launch, with the learners' and engines'."""
+        """(recipe key, resources) of each Ray actor a reward serves itself from: a class (or
+        callable object) whose `ray_resources()` returns what its actor asks for, or a list of that
+        for several actors (None: it runs in-process). The run checks them against the cluster
+        before launch, with the learners' and engines'."""
         out = []
         for r in self.rewards:
             ask = getattr(r.fn, "ray_resources", None) if is_object(r.fn) else None
-            bundle = ask() if callable(ask) else None
-            if bundle:
+            asked = ask() if callable(ask) else None
+            for bundle in ([asked] if isinstance(asked, dict) else asked or []):
                 out.append((r.key, {k: float(v) for k, v in bundle.items() if v}))
         return out
 

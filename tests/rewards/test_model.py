@@ -40,8 +40,12 @@ def test_a_served_reward_model_tells_the_run_what_its_actor_asks_for(tiny_rm):
 
 
 @pytest.mark.slow
-def test_ray_actor(tiny_rm):
+def test_the_served_reward_model_starts_as_a_named_role_with_a_deadline(tiny_rm):
+    """Served from its own actor it scores as in-process; a resource no node has is one line before
+    any actor starts, and a call past `timeout_s` is one line naming "the reward model"."""
     ray = pytest.importorskip("ray")
+    from rlkit.errors import FaultError, UserError
+
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         local = RewardModel(tiny_rm)(["hello"], [" world"])
@@ -49,9 +53,23 @@ def test_ray_actor(tiny_rm):
         served.setup()
         assert served._actor is not None
         assert served(["hello"], [" world"]) == pytest.approx(local, abs=1e-5)
-        # a resource no node has: one line, not an actor that waits forever
-        with pytest.raises(ValueError, match=r"the reward model's actor needs \{'rm': 1\}; the cluster has "
-                                             r"\{'rm': 0\}"):
+        with pytest.raises(UserError, match=r"^the reward model's actor needs \{rm: 1\}; the cluster has \{rm: 0\}"):
             RewardModel(tiny_rm, ray_actor=True, resources={"rm": 1}).setup()
+        # a batch of 400 texts cannot be scored in 10 ms: the wait ends there, naming the actor
+        late = RewardModel(tiny_rm, ray_actor=True, num_cpus=0, timeout_s=0.01)
+        late.setup()
+        with pytest.raises(FaultError, match=r"^the reward model did not finish scoring within 0.01 s "
+                                             r"\(the reward model's timeout_s\)"):
+            late(["hello"] * 400, [" world"] * 400)
     finally:
         ray.shutdown()
+
+
+def test_a_served_reward_model_asks_for_its_accelerators_resource(tiny_rm):
+    """`devices` of the device kind it names: GPUs on CUDA and ROCm, NPUs on Ascend, none on a CPU
+    (`num_gpus` is the old name of `devices`)."""
+    assert RewardModel(tiny_rm, ray_actor=True, device="cuda").ray_resources() == {"CPU": 1.0, "GPU": 1.0}
+    assert RewardModel(tiny_rm, ray_actor=True, device="npu", devices=2).ray_resources() == {"CPU": 1.0, "NPU": 2.0}
+    assert RewardModel(tiny_rm, ray_actor=True, device="rocm", num_gpus=0.5).ray_resources() == {"CPU": 1, "GPU": 0.5}
+    assert RewardModel(tiny_rm, ray_actor=True, num_gpus=1).ray_resources() == {"CPU": 1.0}
+    assert RewardModel(tiny_rm).ray_resources() is None
