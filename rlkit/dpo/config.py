@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from rlkit.config import DataConfig, EvalConfig, StageConfig
-from rlkit.dpo.loss import DPO_LOSSES, F_DIVERGENCE_LOSSES, DPOTerms
+from rlkit.dpo.loss import DPO_LOSSES, F_DIVERGENCE_LOSSES, REFERENCE_FREE, DPOTerms
 from rlkit.recipe import check
 from rlkit.sft.config import SFTTrainConfig
 
@@ -41,12 +41,20 @@ class DPOLossConfig:
     f_alpha_divergence_coef: float = 0.5  # alpha of the alpha divergence
     ld_alpha: float | None = None  # LD-DPO: weight of the tokens past the shorter side's length
     discopop_tau: float = 0.05  # discopop's mixing temperature
+    # the reference-free losses (loss_type orpo, simpo, cpo: TRL's experimental ORPO and CPO trainers)
+    cpo_alpha: float = 1.0  # simpo / cpo: weight of the chosen side's NLL (SimPO proper: 0)
+    simpo_gamma: float = 0.5  # simpo: the target reward margin
 
     def __post_init__(self):
-        unknown = [k for k in self.loss_type if k not in DPO_LOSSES]
+        known = (*DPO_LOSSES, *REFERENCE_FREE)
+        unknown = [k for k in self.loss_type if k not in known]
         check(not unknown and len(self.loss_type) > 0, "loss_type",
-              f"unknown {unknown[0]!r}; expected one or more of {', '.join(DPO_LOSSES)}" if unknown
+              f"unknown {unknown[0]!r}; expected one or more of {', '.join(known)}" if unknown
               else "name at least one loss type")
+        free = [k for k in self.loss_type if k in REFERENCE_FREE]
+        check(not free or len(self.loss_type) == 1, "loss_type",
+              f"{(free or ['it'])[0]} needs no reference and is not combined with other losses; name it alone")
+        check(self.cpo_alpha >= 0, "cpo_alpha", f"must be >= 0, got {self.cpo_alpha}")
         check(self.loss_weights is None or len(self.loss_weights) == len(self.loss_type), "loss_weights",
               f"one weight per loss_type: {len(self.loss_type)} types, {len(self.loss_weights or ())} weights")
         check(self.beta > 0, "beta", f"must be > 0, got {self.beta}")
@@ -59,6 +67,11 @@ class DPOLossConfig:
               f"robust needs label_smoothing in [0, 0.5), got {self.label_smoothing}")
         check(self.ld_alpha is None or 0.0 <= self.ld_alpha <= 1.0, "ld_alpha",
               f"must be in [0, 1], got {self.ld_alpha}")
+
+    @property
+    def reference_free(self) -> bool:
+        """ORPO, SimPO or CPO: no reference model, its logprobs never computed."""
+        return self.loss_type[0] in REFERENCE_FREE
 
     def terms(self) -> DPOTerms:
         return DPOTerms(self.loss_type, self.loss_weights, self.beta, self.label_smoothing, self.f_divergence_type,
@@ -85,7 +98,8 @@ class DPOConfig(StageConfig):
         **StageConfig.PEER_NAMES, "num_train_epochs": "train.epochs", "pref_beta": "dpo.beta",
         "pref_loss": "dpo.loss_type", "per_device_train_batch_size": "train.micro_batch_size",
         "gradient_accumulation_steps": "train.grad_accum", "max_length": "data.cutoff_len",
-        "truncation_mode": "data.truncation_mode", "rpo_alpha": "dpo.loss_weights"}
+        "truncation_mode": "data.truncation_mode", "rpo_alpha": "dpo.loss_weights", "simpo_gamma": "dpo.simpo_gamma",
+        "cpo_alpha": "dpo.cpo_alpha"}
     RESUME_FIXED: ClassVar[tuple[str, ...]] = (
         *StageConfig.RESUME_FIXED, "data.cutoff_len", "data.truncation_mode", "train.num_learners",
         "train.micro_batch_size", "train.grad_accum", "dpo")

@@ -216,6 +216,10 @@ def orpo_loss(chosen: Tensor, rejected: Tensor, chosen_nll: Tensor, beta: float)
 
 
 CPO_LOSSES = ("sigmoid", "hinge", "ipo", "simpo")
+# `rlkit dpo`'s reference-free loss types: ORPO, and CPO's sigmoid and simpo losses (what
+# LLaMA-Factory's pref_loss orpo / simpo train); the value says whether a side's logprob is its
+# token mean (else its sum), as TRL's trainers score them
+REFERENCE_FREE = {"orpo": True, "simpo": True, "cpo": False}
 
 
 def cpo_loss(loss_type: str, chosen: Tensor, rejected: Tensor, chosen_nll: Tensor, beta: float,

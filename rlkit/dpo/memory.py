@@ -4,6 +4,7 @@ a micro-batch's chosen and rejected rows and, under full fine-tuning, the refere
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rlkit.estimate.arch import Arch
@@ -11,18 +12,18 @@ from rlkit.estimate.memory import Hardware, MemoryModel, Process, context_bytes,
 from rlkit.sft.memory import _fit_devices, _half_micro_batch
 
 
-def pair_memory(reference: bool) -> MemoryModel:
+def pair_memory(reference: Callable[[Any], bool]) -> MemoryModel:
     """The learner ranks of a stage on pairs: 2 x micro_batch_size rows of cutoff_len tokens, and
-    the reference's copy when `reference` (full fine-tuning only: LoRA's reference is the policy)."""
+    the reference's copy where `reference(cfg)` (full fine-tuning only: LoRA's reference is the policy)."""
 
     def processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]:
         t = cfg.train
         return [learner_process(cfg, arch, width_bytes(cfg.model.dtype, hardware), t.num_learners,
                                 2 * t.micro_batch_size * cfg.data.cutoff_len, context_bytes(hardware),
-                                reference=reference and cfg.finetuning == "full")]
+                                reference=reference(cfg) and cfg.finetuning == "full")]
 
     return MemoryModel(processes, lambda cfg: cfg.train.num_learners, (_half_micro_batch, _fit_devices),
                        "data.cutoff_len")
 
 
-MEMORY = pair_memory(reference=True)
+MEMORY = pair_memory(reference=lambda cfg: not cfg.dpo.reference_free)  # ORPO, SimPO, CPO: none

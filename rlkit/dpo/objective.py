@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlkit.dpo.loss import DPOTerms, dpo_loss, sequence_logps
+from rlkit.dpo.loss import REFERENCE_FREE, DPOTerms, cpo_loss, dpo_loss, orpo_loss, sequence_logps
 from rlkit.engine.logprobs import token_logprobs
 
 # DPO's metrics, summed over the pairs of a micro-batch (the driver divides by `pairs`)
@@ -50,10 +50,48 @@ class DPOObjective:
         return loss, {**sums, "pairs": pairs, "loss": loss.detach() * pairs, "tokens": positions.sum()}
 
 
+@dataclass(frozen=True)
+class ReferenceFreeObjective:
+    """ORPO (`loss_type` "orpo"), SimPO ("simpo") or CPO ("cpo") as TRL's experimental ORPO and
+    CPO trainers compute them, with no reference: each side's completion logprob (its token mean
+    for orpo and simpo, its sum for cpo) and the chosen side's NLL, the mean over the micro-batch's
+    chosen tokens (the completions', and for ORPO the prompts' too, as TRL computes it). Metrics as
+    `DPOObjective`'s, with `nll_loss` (and ORPO's `log_odds_ratio`, `log_odds_chosen`)."""
+
+    loss_type: str = "orpo"
+    beta: float = 0.1
+    cpo_alpha: float = 1.0
+    simpo_gamma: float = 0.5
+    label_smoothing: float = 0.0
+    temperature: float = 1.0
+    needs: tuple[str, ...] = ()
+
+    def positions(self, batch: Any) -> Tensor:
+        """The completion tokens; for ORPO every token after the first (TRL's ORPO NLL covers the prompt)."""
+        return batch["attention_mask" if self.loss_type == "orpo" else "completion_mask"][:, 1:] != 0
+
+    def __call__(self, model: Any, batch: Any) -> tuple[Tensor, dict[str, Any]]:
+        positions, completion = self.positions(batch), batch["completion_mask"][:, 1:] != 0
+        logp, _ = token_logprobs(model, batch, positions=positions)
+        sums, lengths = (logp * completion).sum(dim=1), completion.sum(dim=1).clamp(min=1)
+        pairs = sums.shape[0] // 2
+        nll = -(logp[:pairs] * positions[:pairs]).sum() / positions[:pairs].sum()  # TRL's chosen cross entropy
+        sides = sums / lengths if REFERENCE_FREE[self.loss_type] else sums
+        chosen, rejected = sides.chunk(2)
+        if self.loss_type == "orpo":
+            loss, metrics = orpo_loss(chosen, rejected, nll, self.beta)
+        else:
+            loss, metrics = cpo_loss("simpo" if self.loss_type == "simpo" else "sigmoid", chosen, rejected, nll,
+                                     self.beta, self.cpo_alpha, self.simpo_gamma, self.label_smoothing)
+        metrics = {**metrics, "logps/chosen": chosen.detach().mean(), "logps/rejected": rejected.detach().mean()}
+        return loss, {**{k: v * pairs for k, v in metrics.items()}, "pairs": pairs, "loss": loss.detach() * pairs,
+                      "tokens": positions.sum()}
+
+
 def pair_means(sums: dict[str, float]) -> dict[str, float]:
-    """The learner's summed metrics of `DPOObjective` as TRL logs them: means over the pairs."""
+    """The learner's summed metrics of a preference objective as TRL logs them: means over the pairs."""
     pairs = max(sums.get("pairs", 0), 1)
-    return {"loss": sums["loss"] / pairs, **{k: sums[k] / pairs for k in PAIR_METRICS}}
+    return {k: v / pairs for k, v in sums.items() if k not in ("pairs", "tokens")}
 
 
 def preference_batch(pairs: list[dict[str, list[int]]], pad_id: int) -> dict[str, Tensor]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlkit.dpo.config import DPOConfig, PreferenceDataConfig
 from rlkit.dpo.memory import MEMORY
-from rlkit.dpo.objective import DPOObjective, pair_means, preference_batch
+from rlkit.dpo.objective import DPOObjective, ReferenceFreeObjective, pair_means, preference_batch
 from rlkit.engine.objective import MicroBatch
 from rlkit.engine.perf import perf_metrics
 from rlkit.run.checkpoint import dir_bytes
@@ -154,6 +154,10 @@ class PairStage:
 def run_dpo(cfg: DPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run DPO from a loaded recipe; returns the final model directory."""
     d = cfg.dpo
+    if d.reference_free:
+        objective = ReferenceFreeObjective(d.loss_type[0], d.beta, d.cpo_alpha, d.simpo_gamma, d.label_smoothing)
+        return run_pairs(cfg, PairStage("dpo", objective, pair_means, False, "lm",
+                                        f"loss {d.loss_type[0]}, beta {d.beta}; no reference"))
     reference = "the policy with its adapters disabled" if cfg.finetuning != "full" else "a frozen copy"
     return run_pairs(cfg, PairStage("dpo", DPOObjective(d.terms()), pair_means, True, "lm",
                                     f"loss {'+'.join(d.loss_type)}, beta {d.beta}; reference: {reference}"))

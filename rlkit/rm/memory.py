@@ -6,4 +6,4 @@ from __future__ import annotations
 
 from rlkit.dpo.memory import pair_memory
 
-MEMORY = pair_memory(reference=False)
+MEMORY = pair_memory(reference=lambda cfg: False)

@@ -84,3 +84,59 @@ def test_a_dpo_micro_batch_is_trls_dpo_trainer(tiny_model, tmp_path, terms, lora
                 "logps/rejected"):
         assert means[key] == pytest.approx(trl[key], abs=1e-5), key
     assert means["loss"] == pytest.approx(float(want), abs=1e-5)
+
+
+@pytest.mark.parametrize("loss_type, beta", [("orpo", 0.25), ("simpo", 2.0), ("cpo", 0.1)])
+def test_a_reference_free_micro_batch_is_trls_orpo_or_cpo_trainer(tiny_model, tmp_path, loss_type, beta):
+    """ORPO and CPO / SimPO (`dpo.loss_type` orpo, simpo, cpo) against TRL 1.16's experimental
+    trainers' `get_batch_loss_metrics` on the rows their own collator made: loss, every gradient
+    and TRL's metrics (ORPO's NLL covers the prompt tokens too, CPO's the completion's only)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlkit.dpo.objective import ReferenceFreeObjective
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    load = lambda: AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)  # noqa: E731
+    text = [{"prompt": "1+2=", "chosen": "3", "rejected": "4 4"}, {"prompt": "Compute 7*8=", "chosen": "56",
+                                                                    "rejected": "5"},
+            {"prompt": "求值 9-3=", "chosen": "结果: 6", "rejected": "7"}]
+    common = dict(output_dir=str(tmp_path), per_device_train_batch_size=3, max_steps=1, report_to="none",
+                  use_cpu=True, bf16=False, save_strategy="no", beta=beta)
+    if loss_type == "orpo":
+        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+        trainer = ORPOTrainer(model=load(), args=ORPOConfig(**common), train_dataset=Dataset.from_list(text),
+                              processing_class=tokenizer)
+    else:
+        from trl.experimental.cpo import CPOConfig, CPOTrainer
+
+        args = CPOConfig(**common, loss_type="simpo" if loss_type == "simpo" else "sigmoid", cpo_alpha=0.4,
+                         simpo_gamma=0.7)
+        trainer = CPOTrainer(model=load(), args=args, train_dataset=Dataset.from_list(text), processing_class=tokenizer)
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    want, trl = trainer.get_batch_loss_metrics(trainer.model, batch, train_eval="train")
+    want.backward()
+    want_grads = {n: p.grad for n, p in trainer.model.named_parameters()}
+
+    def side(name: str, i: int) -> tuple[list[int], list[int]]:
+        ids, labels = batch[f"{name}_input_ids"][i], batch[f"{name}_labels"][i]
+        real = batch[f"{name}_attention_mask"][i] == 1
+        return ids[real & (labels == -100)].tolist(), ids[labels != -100].tolist()
+
+    rows = [{"prompt_ids": side("chosen", i)[0], "chosen_ids": side("chosen", i)[1],
+             "rejected_ids": side("rejected", i)[1]} for i in range(3)]
+    assert all(side("rejected", i)[0] == r["prompt_ids"] for i, r in enumerate(rows))
+    model = load()
+    objective = ReferenceFreeObjective(loss_type, beta, cpo_alpha=0.4, simpo_gamma=0.7)
+    got, metrics = objective(model, MicroBatch(preference_batch(rows, tokenizer.pad_token_id)))
+    got.backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    means = pair_means({k: float(v) for k, v in metrics.items()})
+    keys = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+            "logps/rejected", "nll_loss", *(["log_odds_ratio", "log_odds_chosen"] if loss_type == "orpo" else [])]
+    for key in keys:
+        assert means[key] == pytest.approx(float(trl[key]), abs=1e-5), key

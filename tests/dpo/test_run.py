@@ -35,6 +35,8 @@ def test_a_side_over_the_cutoff_is_cut_as_trls_collator_cuts_it(mode):
      "generalises only"),
     ("dpo.loss_weights=[1.0,0.5]", "dpo.loss_weights: one weight per loss_type"),
     ("data.packing=true", "data.packing"),
+    ("dpo.loss_type=[orpo,sft]", "dpo.loss_type: orpo needs no reference and is not combined with other losses"),
+    ("dpo.cpo_alpha=-1", "dpo.cpo_alpha: must be >= 0"),
 ])
 def test_a_bad_dpo_recipe_is_one_line_before_launch(tmp_path, override, message):
     with pytest.raises(ConfigError) as e:

@@ -52,3 +52,26 @@ def test_dpo_from_the_sft_model_prefers_the_chosen_answers_it_never_saw(sft_mode
     rows = [json.loads(x) for x in task_data["grpo_eval"].read_text().splitlines()]
     before, after = _exact(sft_model, rows), _exact(final, rows)
     assert after >= before + 0.1, (before, after)
+
+
+@pytest.mark.slow  # a 60-step run each (~17 s)
+@pytest.mark.parametrize("loss_type", ["orpo", "simpo"])
+def test_orpo_and_simpo_learn_the_pairs_without_a_reference(sft_model, task_data, tmp_path, loss_type):
+    """`dpo.loss_type: orpo` / `simpo` (TRL's experimental ORPO and CPO trainers' losses): no
+    reference is loaded or scored, the held-out preference accuracy (each side's mean logprob) rises
+    from the SFT model's 0.31 to 0.9 or more (measured 0.98 / 0.93), and the greedy exact-answer rate
+    on the held-out prompts rises with the chosen side's NLL in the loss (measured 0.08 -> 0.48 / 0.56)."""
+    from rlkit.dpo.run import run_dpo
+
+    out = tmp_path / loss_type
+    final = run_dpo(stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml",
+                                _overrides(sft_model, task_data, out, f"dpo.loss_type=[{loss_type}]")))
+    records = run_metrics(out)
+    evals = [r for r in records if "eval/loss" in r]
+    assert evals[0]["eval/rewards/accuracies"] < 0.5 and evals[-1]["eval/rewards/accuracies"] >= 0.9, evals
+    assert evals[-1]["eval/loss"] < evals[0]["eval/loss"] and evals[-1]["eval/nll_loss"] < evals[0]["eval/nll_loss"]
+    assert "no reference" in (out / "rlkit.log").read_text()  # the plan: no copy loaded, nothing scored
+    assert max(r["time/reference"] for r in records if "train/loss" in r) < 0.01
+    rows = [json.loads(x) for x in task_data["grpo_eval"].read_text().splitlines()]
+    before, after = _exact(sft_model, rows), _exact(final, rows)
+    assert after >= before + 0.2, (before, after)
