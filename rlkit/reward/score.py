@@ -13,7 +13,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from types import ModuleType
 from typing import Any, Literal
 
-from rlkit.errors import DataError, UserError
+from rlkit.errors import DataError, FaultError, UserError
 from rlkit.reward.contract import (
     Failed,
     RewardError,
@@ -168,6 +168,8 @@ class RewardScorer:
                 out, secs = wait(self._limit(r, n))
                 vals = validate(r, out, n, batch, clipped)
                 self._count_failed(r, out, vals, batch, errors)
+            except FaultError:  # a served model's actor died or passed its deadline: the run's fault, not a sample's
+                raise
             except BadValue as e:  # wrong shape/type/range: a bug in the function, never defaulted
                 if not self.collect_errors:
                     raise

@@ -1,5 +1,7 @@
 """rewards.model: a tiny offline reward model; shapes, determinism, batching."""
 
+import time
+
 import pytest
 
 from rewards.model import RewardModel
@@ -61,6 +63,15 @@ def test_the_served_reward_model_starts_as_a_named_role_with_a_deadline(tiny_rm)
         with pytest.raises(FaultError, match=r"^the reward model did not finish scoring within 0.01 s "
                                              r"\(the reward model's timeout_s\)"):
             late(["hello"] * 400, [" world"] * 400)
+        # through the scorer too, at once: not a sample's failure to isolate by calling it 400 times more
+        from rlkit.reward import RewardScorer, RewardSpec
+
+        scorer = RewardScorer([RewardSpec(fn="rewards.model:RewardModel", args={
+            "path": tiny_rm, "ray_actor": True, "num_cpus": 0, "timeout_s": 0.01})])
+        started = time.monotonic()
+        with pytest.raises(FaultError, match=r"^the reward model did not finish scoring"):
+            scorer.score(["hello"] * 400, [" world"] * 400)
+        assert time.monotonic() - started < 30
     finally:
         ray.shutdown()
 
