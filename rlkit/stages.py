@@ -60,6 +60,11 @@ TABLE: dict[str, Stage] = {s.name: s for s in (
           {"train_micro_batch_size_per_gpu": "train.micro_batch_size",
            "gradient_accumulation_steps": "train.grad_accum"}, "train.micro_batch_size, grad_accum, num_learners",
           memory="rlkit.rm.memory:MEMORY"),
+    Stage("kto", "KTO (TRL's KTOTrainer) on completions labelled desirable or not, or on pairs, from a recipe",
+          "rlkit.kto.config:KTOConfig", "rlkit.kto.run:run_kto", "train",
+          {"train_micro_batch_size_per_gpu": "train.micro_batch_size",
+           "gradient_accumulation_steps": "train.grad_accum"}, "train.micro_batch_size, grad_accum, num_learners",
+          memory="rlkit.kto.memory:MEMORY"),
     # rlkit distill: a GRPO recipe with a `distill:` section (a teacher)
     Stage("distill", "on-policy distillation: the student samples (vLLM), a frozen teacher scores its tokens",
           of="grpo", needs="distill", why="naming the teacher (distill.teacher.path); without one this is a GRPO "

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine, model_line, real_model, spread
+from benchlib import machine, model_line, quiet, real_model, spread
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -283,15 +283,7 @@ def bench_trl(model_dir: Path, ordered: list[dict], args: argparse.Namespace, pa
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import logging
-
-    import datasets
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    logging.getLogger("rlkit").setLevel(logging.ERROR)
+    quiet()
     from rlkit.tiny import build_tiny_model
 
     started = time.perf_counter()

@@ -23,6 +23,19 @@ def rlkit(*args: str, cwd: Path) -> str:
     return out.stdout
 
 
+def quiet() -> None:
+    """transformers', datasets' and rlkit's logging and progress bars off: the table is the output."""
+    import logging
+
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    logging.getLogger("rlkit").setLevel(logging.ERROR)
+
+
 def spread(xs: list[float]) -> dict[str, float]:
     """n, median, min and max of timed values (NaN for none)."""
     if not xs:

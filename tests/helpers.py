@@ -41,6 +41,55 @@ def sft_overrides(tiny_model, task_data, out_dir, *extra: str) -> list[str]:
             "logging.progress=none", "logging.tensorboard=false", *extra]
 
 
+def pair_overrides(model, task_data, out, *extra: str) -> list[str]:
+    """A tiny run's overrides on the task's preference pairs (`rlkit dpo`, `rm`, `kto`): the model
+    and pairs given, quiet."""
+    return [f"model.path={model}", f"data.train={task_data['dpo_train']}", f"data.eval={task_data['dpo_eval']}",
+            "data.build_synthetic_if_missing=null", f"output_dir={out}", "logging.progress=none",
+            "logging.tensorboard=false", *extra]
+
+
+def greedy_exact(model_dir, rows) -> float:
+    """The share of the task's rows a model folder answers with the bare number, greedily."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlkit.data.templates import render_alpaca
+
+    tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
+    hits = 0
+    for r in rows:
+        ids = tokenizer(render_alpaca(r["instruction"], r["input"]), return_tensors="pt").input_ids
+        out = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        hits += tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip() == r["output"]
+    return hits / len(rows)
+
+
+def trainable_grads(model) -> dict:
+    """Each trainable parameter's gradient, named without peft's `base_model.model.` prefix."""
+    return {n.removeprefix("base_model.model."): p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+def assert_same_grads(model, want: dict) -> None:
+    """`model`'s gradients are `want`'s (`trainable_grads` of a peer's model), parameter by parameter."""
+    import torch
+
+    grads = trainable_grads(model)
+    assert grads.keys() == want.keys() and grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, want[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def perturb_lora_b(model) -> None:
+    """LoRA's B matrices set away from 0 (seeded by name): the adapted policy then differs from
+    its reference, the base model with the adapter disabled."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+
+
 def grpo_overrides(model, task_data, out, *extra: str) -> list[str]:
     """A tiny GRPO run's overrides: one engine and one learner unless a test asks for more (the
     recipe itself runs 2 + 2), the model and task given, quiet."""

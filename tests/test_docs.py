@@ -53,6 +53,8 @@ BY = {
                                         "_it_never_saw", '"tiny-dpo.yaml"'),
     "rlkit rm recipes/tiny-rm.yaml": ("tests/e2e/test_rm.py::test_the_reward_model_ranks_held_out_pairs_and_scores_in"
                                       "_grpo_as_trained", '"tiny-rm.yaml"'),
+    "rlkit kto recipes/tiny-kto.yaml": ("tests/e2e/test_kto.py::test_kto_on_the_unpaired_pairs_separates_desirable_from"
+                                        "_undesirable_on_held_out_rows", '"tiny-kto.yaml"'),
     "rlkit sft recipes/tiny-vlm-sft.yaml": (
         "tests/grpo/test_vlm_grpo.py::test_the_tiny_vlm_task_sft_then_grpo_beats_a_text_only_model",
         '"rlkit sft recipes/tiny-vlm-sft.yaml"'),

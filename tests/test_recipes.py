@@ -75,7 +75,7 @@ def _data_files(recipe: dict, tmp: Path, task_data: dict) -> dict[str, Path | No
     data = recipe["data"]
     name = Path(data["train"]).name
     if data.get("build_synthetic_if_missing") is not None:
-        kind = {"sft": "sft", "dpo": "dpo", "rm": "dpo"}.get(recipe["stage"], "grpo")  # rm trains on the pairs
+        kind = {"sft": "sft", "dpo": "dpo", "rm": "dpo", "kto": "dpo"}.get(recipe["stage"], "grpo")  # on the pairs
         return {"train": task_data[f"{kind}_train"], "eval": task_data[f"{kind}_eval"]}
     if "/gsm8k/" in data["train"]:  # the real task's recipes: its own files, from two templates
         from rlkit.gsm8k import write_task
@@ -114,6 +114,13 @@ def test_every_recipe_loads_its_data(path, tmp_path, tiny_model, task_data):
         pairs = load_pair_data(cfg.data, tokenizer)
         assert pairs.train and pairs.eval and all(p["chosen_ids"] and p["rejected_ids"] for p in pairs.train)
         difficulties = pairs.difficulties
+    elif recipe["stage"] == "kto":
+        from rlkit.kto.run import load_unpaired_data
+
+        rows = load_unpaired_data(cfg.data, tokenizer)
+        assert rows.train and rows.eval and all(r["completion_ids"] for r in rows.train)
+        assert {r["label"] for r in rows.train} == {True, False}
+        difficulties = rows.difficulties
     else:
         from rlkit.grpo.task import load_task
 

@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import ROOT
 
 PACKAGES = ("rlkit", "rewards")
-STAGES = ("rlkit.sft", "rlkit.grpo", "rlkit.distill", "rlkit.dpo", "rlkit.rm", "rlkit.stages")
+STAGES = ("rlkit.sft", "rlkit.grpo", "rlkit.distill", "rlkit.dpo", "rlkit.rm", "rlkit.kto", "rlkit.stages")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 

@@ -44,7 +44,7 @@ def _prefixed(prefix: str, suffix: str = "", skip: tuple[str, ...] = ()) -> Call
 PANELS = (
     Panel("reward", "reward (mean over the step's completions)", "reward",
           lambda keys: _named("reward/mean")(keys) + _prefixed("reward/", "/mean")(keys), smooth=True),
-    Panel("held_out", "held-out evaluation", "score", _prefixed("eval/", skip=("eval/loss",))),
+    Panel("held_out", "held-out evaluation", "score", _prefixed("eval/", skip=("eval/loss", "eval/kl"))),
     Panel("loss", "loss", "loss", _named("train/loss", "eval/loss"), smooth=True),
     Panel("preference", "preference accuracy (chosen reward above rejected)", "share of pairs",
           _named("train/rewards/accuracies", "eval/rewards/accuracies"), smooth=True),
@@ -52,7 +52,7 @@ PANELS = (
           _named("train/rewards/margins", "eval/rewards/margins", "train/rewards/chosen", "train/rewards/rejected"),
           smooth=True),
     Panel("kl", "KL to the reference (and engine / learner mismatch)", "KL",
-          _named("train/kl_mean", "train/mismatch/kl"), smooth=True),
+          _named("train/kl_mean", "train/mismatch/kl", "train/kl", "eval/kl"), smooth=True),
     Panel("clip", "clipped fraction of tokens", "fraction", _named("train/clip_frac", "train/clip_frac_low",
                                                                     "train/clip_frac_high")),
     Panel("length", "completion length", "tokens", _named("completion/len_mean", "completion/len_max"),

@@ -90,16 +90,20 @@ def _implicit(row: dict) -> dict[str, Any]:
     return _pair(prompt, _reply(chosen[shared:], "chosen", _OPENAI), _reply(rejected[shared:], "rejected", _OPENAI))
 
 
-def _alpaca(row: dict, cols: dict[str, str]) -> dict[str, Any]:
+def alpaca_prompt(row: dict, cols: dict[str, str]) -> dict[str, Any]:
+    """The prompt fields of an alpaca row (`cols`: the field each is read from), checked."""
     history = row.get(cols["history"]) or []
     if not isinstance(history, list) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in history):
         raise _RowError(f"field {cols['history']!r} must be a list of [question, answer] string pairs")
     instruction, input_ = row.get(cols["instruction"]) or "", row.get(cols["input"]) or ""
     if not isinstance(instruction, str) or not isinstance(input_, str) or not (instruction + input_).strip():
         raise _RowError(f"field {cols['instruction']!r} must be a non-empty string")
-    prompt = {"instruction": instruction, "input": input_, "system": row.get(cols["system"]) or "",
-              "history": [list(p) for p in history]}
-    return _pair(prompt, _text(row, cols["chosen"]), _text(row, cols["rejected"]))
+    return {"instruction": instruction, "input": input_, "system": row.get(cols["system"]) or "",
+            "history": [list(p) for p in history]}
+
+
+def _alpaca(row: dict, cols: dict[str, str]) -> dict[str, Any]:
+    return _pair(alpaca_prompt(row, cols), _text(row, cols["chosen"]), _text(row, cols["rejected"]))
 
 
 def _sharegpt(row: dict, cols: dict[str, str], tags: dict[str, str]) -> dict[str, Any]:

@@ -56,19 +56,22 @@ class PairData:
     notes: list[str] = field(default_factory=list)
 
 
+def cut(prompt: list[int], response: list[int], cutoff_len: int, mode: str) -> tuple[list[int], list[int]]:
+    """Prompt + response cut to `cutoff_len` as TRL's collators cut them: `keep_start` keeps the
+    first tokens (the response loses its end), `keep_end` the last (the prompt its start)."""
+    if len(prompt) + len(response) <= cutoff_len:
+        return prompt, response
+    if mode == "keep_start":
+        return prompt, response[:cutoff_len - len(prompt)]
+    over = len(prompt) + len(response) - cutoff_len
+    return prompt[over:], response[max(0, over - len(prompt)):]
+
+
 def truncate_pair(pair: dict[str, list[int]], cutoff_len: int, mode: str) -> dict[str, list[int]]:
-    """Each side's prompt + response cut to `cutoff_len` as TRL's collator cuts it: `keep_start`
-    keeps the first tokens (the response loses its end), `keep_end` the last (the prompt its start)."""
+    """Each side's prompt + response cut to `cutoff_len` (`cut`), its prompt kept as `<side>_prompt`."""
     out: dict[str, list[int]] = {}
     for side in ("chosen", "rejected"):
-        prompt, response = pair["prompt_ids"], pair[f"{side}_ids"]
-        if len(prompt) + len(response) <= cutoff_len:
-            out[f"{side}_prompt"], out[f"{side}_ids"] = prompt, response
-        elif mode == "keep_start":
-            out[f"{side}_prompt"], out[f"{side}_ids"] = prompt, response[:cutoff_len - len(prompt)]
-        else:
-            cut = len(prompt) + len(response) - cutoff_len
-            out[f"{side}_prompt"], out[f"{side}_ids"] = prompt[cut:], response[max(0, cut - len(prompt)):]
+        out[f"{side}_prompt"], out[f"{side}_ids"] = cut(pair["prompt_ids"], pair[f"{side}_ids"], cutoff_len, mode)
     return out
 
 
@@ -115,24 +118,29 @@ def load_pair_data(data: PreferenceDataConfig, tokenizer: Any, seed: int = 0) ->
     return PairData(train, difficulties, held_out, tokenizer.pad_token_id, template, notes)
 
 
-def micro_batches(pairs: Sequence[dict[str, list[int]]], per_micro: int, pad_id: int) -> list[MicroBatch]:
-    """Consecutive groups of `per_micro` pairs, each one micro-batch of its chosen rows then its
-    rejected rows (`preference_batch`)."""
-    return [MicroBatch(preference_batch(list(pairs[i:i + per_micro]), pad_id))
-            for i in range(0, len(pairs), per_micro)]
+Collate = Callable[[list[dict[str, Any]], int], dict[str, Any]]  # rows, pad id -> a micro-batch's tensors
 
 
-def shard_step(pairs: list[dict], world: int, grad_accum: int, mbs: int, pad_id: int) -> list[list[list[MicroBatch]]]:
+def micro_batches(pairs: Sequence[dict[str, Any]], per_micro: int, pad_id: int,
+                  collate: Collate = preference_batch) -> list[MicroBatch]:
+    """Consecutive groups of `per_micro` pairs (or rows), each one micro-batch (`collate`: a pair's
+    chosen rows then its rejected rows)."""
+    return [MicroBatch(collate(list(pairs[i:i + per_micro]), pad_id)) for i in range(0, len(pairs), per_micro)]
+
+
+def shard_step(pairs: list[dict], world: int, grad_accum: int, mbs: int, pad_id: int,
+               collate: Collate = preference_batch) -> list[list[list[MicroBatch]]]:
     """One global batch as each rank's one optimizer step of `grad_accum` micro-batches."""
     per_rank = grad_accum * mbs
-    return [[micro_batches(pairs[r * per_rank:(r + 1) * per_rank], mbs, pad_id)] for r in range(world)]
+    return [[micro_batches(pairs[r * per_rank:(r + 1) * per_rank], mbs, pad_id, collate)] for r in range(world)]
 
 
 def eval_metrics(learners: LearnerGroup, pairs: list[dict], mbs: int, pad_id: int, max_batches: int | None,
-                 objective: Any, means: Callable[[dict[str, float]], dict[str, float]]) -> dict[str, float]:
+                 objective: Any, means: Callable[[dict[str, float]], dict[str, float]],
+                 collate: Collate = preference_batch) -> dict[str, float]:
     """The held-out pairs' loss and metrics (`means` of the objective's sums), split across ranks."""
     world = learners.size
-    batches = micro_batches(pairs, mbs, pad_id)[:max_batches or None]
+    batches = micro_batches(pairs, mbs, pad_id, collate)[:max_batches or None]
     batches = batches[:max(world, len(batches) - len(batches) % world)]  # as many forwards on every rank (ZeRO-3)
     return means(learners.evaluate([batches[r::world] for r in range(world)], objective))
 
@@ -149,6 +157,9 @@ class PairStage:
     reference: bool
     head: str
     describe: str
+    load: Callable[[Any, Any, int], PairData] | None = None  # data, tokenizer, seed -> rows (default: pairs)
+    collate: Collate = preference_batch
+    unit: str = "pairs"
 
 
 def run_dpo(cfg: DPOConfig, recipe_path: str | Path | None = None) -> Path:
@@ -172,7 +183,7 @@ def run_pairs(cfg: Any, stage: PairStage) -> Path:
     device = detect(cfg.device)
     cfg = prepare_inputs(cfg, device, MEMORY, learners=cfg.train.num_learners)
     tokenizer = load_tokenizer(cfg.model)
-    data = load_pair_data(cfg.data, tokenizer, cfg.seed)
+    data = (stage.load or load_pair_data)(cfg.data, tokenizer, cfg.seed)
     t = cfg.train
     global_batch = t.micro_batch_size * t.grad_accum * t.num_learners
     total = t.max_steps or max(1, math.ceil(t.epochs * len(data.train) / global_batch))
@@ -199,7 +210,7 @@ def _plan(cfg: Any, stage: PairStage, data: PairData, total: int, device: Any) -
     batch = t.micro_batch_size * t.grad_accum * t.num_learners
     per_epoch = max(1, math.ceil(len(data.train) / batch))
     held_out = f", {len(data.eval)} held out" if data.eval else ""
-    return (f"rlkit {stage.name}: {len(data.train)} training pairs{held_out}; {batch} pairs per step "
+    return (f"rlkit {stage.name}: {len(data.train)} training {stage.unit}{held_out}; {batch} {stage.unit} per step "
             f"(micro_batch_size {t.micro_batch_size} x grad_accum {t.grad_accum} x {t.num_learners} learner"
             f"{'s' * (t.num_learners > 1)}); {total} steps ({total / per_epoch:.2f} epochs); {stage.describe}; "
             f"{data.template} template; {devices_line(device, t.num_learners)}")
@@ -210,14 +221,15 @@ def _train(cfg: Any, stage: PairStage, run: RunDir, learners: LearnerGroup, samp
     """The steps from `step` to `total`; returns the last step."""
     t, objective = cfg.train, stage.objective
     evaluate = lambda: {f"eval/{k}": v for k, v in eval_metrics(  # noqa: E731
-        learners, data.eval, t.micro_batch_size, data.pad_id, cfg.eval.max_batches, objective, stage.means).items()}
+        learners, data.eval, t.micro_batch_size, data.pad_id, cfg.eval.max_batches, objective, stage.means,
+        stage.collate).items()}
     if step == 0 and data.eval:
         logger.log(0, evaluate())
     while step < total:
         t0 = time.time()
         batch = [data.train[i] for i in sampler.next_batch()]
-        results = learners.fit(shard_step(batch, learners.size, t.grad_accum, t.micro_batch_size, data.pad_id),
-                               objective)
+        results = learners.fit(shard_step(batch, learners.size, t.grad_accum, t.micro_batch_size, data.pad_id,
+                                          stage.collate), objective)
         step += 1
         steps = [r.steps[0] for r in results]
         sums: dict[str, float] = {}

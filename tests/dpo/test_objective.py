@@ -11,6 +11,7 @@ import torch
 from rlkit.dpo.loss import DPOTerms
 from rlkit.dpo.objective import DPOObjective, pair_means, preference_batch
 from rlkit.engine.objective import MicroBatch
+from tests.helpers import assert_same_grads, perturb_lora_b, trainable_grads
 
 
 def _pairs(seed: int = 0) -> list[dict[str, list[int]]]:
@@ -50,16 +51,12 @@ def test_a_dpo_micro_batch_is_trls_dpo_trainer(tiny_model, tmp_path, terms, lora
     text = Dataset.from_list([{"prompt": "a b", "chosen": " c", "rejected": " d"}])  # TRL's init reads one row
     trainer = DPOTrainer(model=load(), args=args, train_dataset=text, processing_class=tokenizer, peft_config=config)
     trainer.model.train()
-    if lora:  # B != 0: the adapted policy differs from its reference, the base model with the adapter disabled
-        with torch.no_grad():
-            for name, p in trainer.model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+    if lora:
+        perturb_lora_b(trainer.model)
     batch = DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id)(rows)
     want = trainer.compute_loss(trainer.model, batch)
     want.backward()
-    want_grads = {n.removeprefix("base_model.model."): p.grad for n, p in trainer.model.named_parameters()
-                  if p.requires_grad}
+    want_grads = trainable_grads(trainer.model)
     trl = {k: v[-1] for k, v in trainer._metrics["train"].items()}
 
     model = load()
@@ -75,10 +72,7 @@ def test_a_dpo_micro_batch_is_trls_dpo_trainer(tiny_model, tmp_path, terms, lora
     got, metrics = objective(model, mb)
     got.backward()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    grads = {n.removeprefix("base_model.model."): p.grad for n, p in model.named_parameters() if p.requires_grad}
-    assert grads.keys() == want_grads.keys() and grads
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, want_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_grads(model, want_grads)
     means = pair_means({k: float(v) for k, v in metrics.items()})
     for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                 "logps/rejected"):
@@ -118,7 +112,7 @@ def test_a_reference_free_micro_batch_is_trls_orpo_or_cpo_trainer(tiny_model, tm
     trainer.model.train()
     want, trl = trainer.get_batch_loss_metrics(trainer.model, batch, train_eval="train")
     want.backward()
-    want_grads = {n: p.grad for n, p in trainer.model.named_parameters()}
+    want_grads = trainable_grads(trainer.model)
 
     def side(name: str, i: int) -> tuple[list[int], list[int]]:
         ids, labels = batch[f"{name}_input_ids"][i], batch[f"{name}_labels"][i]
@@ -133,8 +127,7 @@ def test_a_reference_free_micro_batch_is_trls_orpo_or_cpo_trainer(tiny_model, tm
     got, metrics = objective(model, MicroBatch(preference_batch(rows, tokenizer.pad_token_id)))
     got.backward()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, want_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_grads(model, want_grads)
     means = pair_means({k: float(v) for k, v in metrics.items()})
     keys = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
             "logps/rejected", "nll_loss", *(["log_odds_ratio", "log_odds_chosen"] if loss_type == "orpo" else [])]

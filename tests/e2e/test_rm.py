@@ -10,14 +10,8 @@ import json
 import pytest
 
 from rlkit import stages
-from tests.helpers import GRPO_RECIPE, ROOT, grpo_overrides, run_metrics
+from tests.helpers import GRPO_RECIPE, ROOT, grpo_overrides, pair_overrides, run_metrics
 from tests.workers import once
-
-
-def _overrides(model, task_data, out, *extra: str) -> list[str]:
-    return [f"model.path={model}", f"data.train={task_data['dpo_train']}", f"data.eval={task_data['dpo_eval']}",
-            "data.build_synthetic_if_missing=null", f"output_dir={out}", "logging.progress=none",
-            "logging.tensorboard=false", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +20,7 @@ def trained_rm(sft_model, task_data, tmp_path_factory):
     from rlkit.rm.run import run_rm
 
     def build(out):
-        run_rm(stages.load("rm", ROOT / "recipes" / "tiny-rm.yaml", _overrides(sft_model, task_data, out)))
+        run_rm(stages.load("rm", ROOT / "recipes" / "tiny-rm.yaml", pair_overrides(sft_model, task_data, out)))
         return out
 
     return once(tmp_path_factory, "rm-full", build)
@@ -50,7 +44,7 @@ def test_the_reward_model_ranks_held_out_pairs_and_scores_in_grpo_as_trained(sft
     else:
         out = tmp_path
         lora = ["finetuning=lora", "lora.r=16", "lora.alpha=32", "optim.lr=3e-3"]
-        run_rm(stages.load("rm", ROOT / "recipes" / "tiny-rm.yaml", _overrides(sft_model, task_data, out, *lora)))
+        run_rm(stages.load("rm", ROOT / "recipes" / "tiny-rm.yaml", pair_overrides(sft_model, task_data, out, *lora)))
     final = out / "final"
     evals = [r for r in run_metrics(out) if "eval/accuracy" in r]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 60
