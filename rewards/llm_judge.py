@@ -181,9 +181,9 @@ class LLMJudge:
         seed = self.seed + self.calls
         if self._local is not None:
             return self._local.replies(questions, self.max_tokens, self.temperature, seed)
-        k = len(self._engines)
-        size = -(-len(questions) // k)
-        parts = [questions[i * size:(i + 1) * size] for i in range(k)]
+        from rlkit.engine.generation import shards
+
+        parts = shards(questions, len(self._engines))
         refs = [e.replies.remote(part, self.max_tokens, self.temperature, seed)
                 for e, part in zip(self._engines, parts) if part]
         names = self.serving.names()[:len(refs)]

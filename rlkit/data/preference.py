@@ -64,14 +64,21 @@ def _prompt_messages(msgs: list[dict[str, str]], col: str) -> dict[str, Any]:
     return {"messages": msgs}
 
 
-def _explicit(row: dict, tags: dict[str, str], prompt_col: str = "prompt") -> dict[str, Any]:
-    p = row.get(prompt_col)
+def explicit_prompt(row: dict, tags: dict[str, str], col: str = "prompt") -> dict[str, Any]:
+    """TRL's explicit prompt: messages ending with a user turn, or a string (an alpaca instruction)."""
+    p = row.get(col)
     if isinstance(p, list):
-        prompt = _prompt_messages(_messages(p, prompt_col, tags), prompt_col)
-    else:
-        prompt = {"instruction": _text(row, prompt_col), "input": "", "system": "", "history": []}
-    return _pair(prompt, *(_reply(row.get(side), side, tags) if row.get(side) is not None else _text(row, side)
-                           for side in SIDES))
+        return _prompt_messages(_messages(p, col, tags), col)
+    return {"instruction": _text(row, col), "input": "", "system": "", "history": []}
+
+
+def response(row: dict, col: str, tags: dict[str, str]) -> str:
+    """A response column: a string, one message, or a list holding one assistant message."""
+    return _reply(row.get(col), col, tags) if row.get(col) is not None else _text(row, col)
+
+
+def _explicit(row: dict, tags: dict[str, str], prompt_col: str = "prompt") -> dict[str, Any]:
+    return _pair(explicit_prompt(row, tags, prompt_col), *(response(row, side, tags) for side in SIDES))
 
 
 def _implicit(row: dict) -> dict[str, Any]:
@@ -176,28 +183,38 @@ def load_pairs(path: str, fmt: str = "auto", dataset: str | None = None, skip_ba
     return LoadedRows(rows, "pairs", skipped, source)
 
 
+def with_response(prompt: dict[str, Any], text: str) -> dict[str, Any]:
+    """The SFT row of a prompt (alpaca fields, or messages) answered with `text`: alpaca fields with
+    `output`, or the messages with an assistant turn."""
+    if "messages" in prompt:
+        return {**prompt, "messages": prompt["messages"] + [{"role": "assistant", "content": text}]}
+    return {**prompt, "output": text}
+
+
 def side_rows(pair: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The SFT row of each side of a pair (alpaca fields with `output`, or messages ending with the
-    side's assistant turn)."""
+    """The SFT row of each side of a pair (`with_response`)."""
     base = {k: v for k, v in pair.items() if k not in (*SIDES, "margin")}
-    if "messages" in base:
-        return tuple({**base, "messages": base["messages"] + [{"role": "assistant", "content": pair[s]}]}
-                     for s in SIDES)
-    return tuple({**base, "output": pair[s]} for s in SIDES)
+    return tuple(with_response(base, pair[s]) for s in SIDES)
+
+
+def encode_response(row: dict[str, Any], tokenizer: Any, template: str) -> tuple[list[int], list[int]]:
+    """The prompt's and the response's token ids of an SFT row (`encode_sft`, the last turn the
+    target, eos appended), untruncated."""
+    from rlkit.data.collate import encode_sft
+    from rlkit.data.store import IGNORE_INDEX
+
+    enc = encode_sft(row, tokenizer, template, 1 << 30, mask_history=True)
+    start = next(i for i, label in enumerate(enc["labels"]) if label != IGNORE_INDEX)
+    return enc["input_ids"][:start], enc["input_ids"][start:]
 
 
 def encode_pair(pair: dict[str, Any], tokenizer: Any, template: str) -> dict[str, list[int]]:
     """`prompt_ids`, `chosen_ids`, `rejected_ids` of a pair, untruncated (the collator cuts, as
-    TRL's does): each side rendered as its SFT row (`encode_sft`, the last turn the target, eos
-    appended); the prompt is what both renderings share before their targets."""
-    from rlkit.data.collate import encode_sft
-    from rlkit.data.store import IGNORE_INDEX
-
+    TRL's does): each side rendered as its SFT row (`encode_response`); the prompt is what both
+    renderings share before their targets."""
     out: dict[str, list[int]] = {}
     for side, row in zip(SIDES, side_rows(pair)):
-        enc = encode_sft(row, tokenizer, template, 1 << 30, mask_history=True)
-        start = next(i for i, label in enumerate(enc["labels"]) if label != IGNORE_INDEX)
-        prompt, out[f"{side}_ids"] = enc["input_ids"][:start], enc["input_ids"][start:]
+        prompt, out[f"{side}_ids"] = encode_response(row, tokenizer, template)
         if out.setdefault("prompt_ids", prompt) != prompt:
             raise DataError("the template renders the prompt differently before each response")
     return out

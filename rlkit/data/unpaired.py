@@ -17,7 +17,18 @@ from typing import Any
 
 from rlkit.data.containers import check_columns
 from rlkit.data.formats import LoadedRows, _messages, _RowError, _validate
-from rlkit.data.preference import _OPENAI, _extras, _prompt_messages, _reply, _text, alpaca_prompt, load_pairs
+from rlkit.data.preference import (
+    _OPENAI,
+    _extras,
+    _prompt_messages,
+    _text,
+    alpaca_prompt,
+    encode_response,
+    explicit_prompt,
+    load_pairs,
+    response,
+    with_response,
+)
 from rlkit.data.schema import ALPACA_COLUMNS, messages_schema
 from rlkit.data.sources import Peeked, read_records
 from rlkit.errors import DataError
@@ -35,12 +46,8 @@ def _label(row: dict, col: str) -> bool:
 
 
 def _trl(row: dict) -> dict[str, Any]:
-    p = row.get("prompt")
-    prompt = (_prompt_messages(_messages(p, "prompt", _OPENAI), "prompt") if isinstance(p, list)
-              else {"instruction": _text(row, "prompt"), "input": "", "system": "", "history": []})
-    c = row.get("completion")
-    completion = _reply(c, "completion", _OPENAI) if c is not None else _text(row, "completion")
-    return {**prompt, "completion": completion, "label": _label(row, "label")}
+    return {**explicit_prompt(row, _OPENAI), "completion": response(row, "completion", _OPENAI),
+            "label": _label(row, "label")}
 
 
 def _alpaca(row: dict, cols: dict[str, str]) -> dict[str, Any]:
@@ -112,14 +119,7 @@ def _converter(first: dict, entry: Any, source: str) -> tuple[Any, list[str]]:
 
 def encode_unpaired(row: dict[str, Any], tokenizer: Any, template: str) -> dict[str, Any]:
     """`prompt_ids`, `completion_ids` (untruncated) and `label` of a row: rendered as its SFT row
-    (the completion the last turn's target, eos appended), as a pair's side is."""
-    from rlkit.data.collate import encode_sft
-    from rlkit.data.store import IGNORE_INDEX
-
+    (`encode_response`), as a pair's side is."""
     base = {k: v for k, v in row.items() if k not in ("completion", "label")}
-    sft = ({**base, "messages": base["messages"] + [{"role": "assistant", "content": row["completion"]}]}
-           if "messages" in base else {**base, "output": row["completion"]})
-    enc = encode_sft(sft, tokenizer, template, 1 << 30, mask_history=True)
-    start = next(i for i, label in enumerate(enc["labels"]) if label != IGNORE_INDEX)
-    return {"prompt_ids": enc["input_ids"][:start], "completion_ids": enc["input_ids"][start:],
-            "label": bool(row["label"])}
+    prompt, completion = encode_response(with_response(base, row["completion"]), tokenizer, template)
+    return {"prompt_ids": prompt, "completion_ids": completion, "label": bool(row["label"])}

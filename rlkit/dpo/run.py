@@ -75,13 +75,44 @@ def truncate_pair(pair: dict[str, list[int]], cutoff_len: int, mode: str) -> dic
     return out
 
 
+@dataclass(frozen=True)
+class RowKind:
+    """What a stage on preference data trains on, for `load_encoded`: how a file is read (`load`:
+    path, format, dataset, skip_bad_rows, split, seed), the SFT row of a row (its first
+    response, for the template's choice), a row's token ids (`encode`, untruncated), their full
+    lengths (`lengths`), what is kept once cut to `data.cutoff_len` (`keep`: the encoding, the row,
+    the cutoff, the truncation mode) and the words for it in messages."""
+
+    load: Callable[..., Any]
+    sft_row: Callable[[dict], dict]
+    encode: Callable[[dict, Any, str], dict]
+    lengths: Callable[[dict], list[int]]
+    keep: Callable[[dict, dict, int, str], dict]
+    sides: str  # what the truncation line counts
+    response: str  # what a prompt must leave room for
+
+
+def _pair_kind() -> RowKind:
+    from rlkit.data.preference import encode_pair, load_pairs, side_rows
+
+    return RowKind(load_pairs, lambda row: side_rows(row)[0], encode_pair,
+                   lambda pair: [len(pair["prompt_ids"]) + len(pair[s]) for s in ("chosen_ids", "rejected_ids")],
+                   lambda pair, row, cutoff, mode: {**truncate_pair(pair, cutoff, mode),
+                                                    **({"margin": row["margin"]} if "margin" in row else {})},
+                   "chosen and rejected sides", "a response")
+
+
 def load_pair_data(data: PreferenceDataConfig, tokenizer: Any, seed: int = 0) -> PairData:
-    """Load, check and tokenise `data.train` (and `data.eval`); a bad row is one line naming the
-    file, the row and the column; a pair whose prompt leaves no room for a response under
-    `data.cutoff_len` (keep_start) is one too."""
+    """`load_encoded` of preference pairs."""
+    return load_encoded(data, tokenizer, _pair_kind(), seed)
+
+
+def load_encoded(data: PreferenceDataConfig, tokenizer: Any, kind: RowKind, seed: int = 0) -> PairData:
+    """Load, check and tokenise `data.train` (and `data.eval`) as `kind` says; a bad row is one line
+    naming the file, the row and the column; a row whose prompt leaves no room for its response
+    under `data.cutoff_len` (keep_start) is one too."""
     from jinja2 import TemplateError
 
-    from rlkit.data.preference import encode_pair, load_pairs, side_rows
     from rlkit.data.templates import resolve_template
     from rlkit.errors import DataError
 
@@ -89,29 +120,28 @@ def load_pair_data(data: PreferenceDataConfig, tokenizer: Any, seed: int = 0) ->
 
     def encode(path: str, skip_bad_rows: bool, split: str | None) -> tuple[list[dict], list[str | None]]:
         nonlocal template
-        loaded = load_pairs(path, data.format, data.dataset, skip_bad_rows, split, seed=seed)
+        loaded = kind.load(path, data.format, data.dataset, skip_bad_rows, split, seed=seed)
         if template == "auto":
-            template = resolve_template(template, side_rows(loaded.rows[0])[0], tokenizer, loaded.source)
-        pairs, difficulties, lengths = [], [], []
+            template = resolve_template(template, kind.sft_row(loaded.rows[0]), tokenizer, loaded.source)
+        rows, difficulties, lengths = [], [], []
         for n, row in enumerate(loaded.rows, 1):
             try:
-                pair = encode_pair(row, tokenizer, template)
+                enc = kind.encode(row, tokenizer, template)
             except TemplateError as e:
                 raise DataError(f"{loaded.source}: row {n}: the tokenizer's chat template refuses it ({e}); fix the "
                                 "row, or set data.template: alpaca") from None
             except DataError as e:
                 raise DataError(f"{loaded.source}: row {n}: {e}") from None
-            if data.truncation_mode == "keep_start" and len(pair["prompt_ids"]) >= data.cutoff_len:
-                raise DataError(f"{loaded.source}: row {n}: its prompt is {len(pair['prompt_ids'])} tokens, which "
-                                f"leaves no room for a response under data.cutoff_len {data.cutoff_len}: raise "
+            if data.truncation_mode == "keep_start" and len(enc["prompt_ids"]) >= data.cutoff_len:
+                raise DataError(f"{loaded.source}: row {n}: its prompt is {len(enc['prompt_ids'])} tokens, which "
+                                f"leaves no room for {kind.response} under data.cutoff_len {data.cutoff_len}: raise "
                                 "cutoff_len, or set data.truncation_mode: keep_end")
-            lengths += [len(pair["prompt_ids"]) + len(pair[s]) for s in ("chosen_ids", "rejected_ids")]
-            pairs.append({**truncate_pair(pair, data.cutoff_len, data.truncation_mode),
-                          **({"margin": row["margin"]} if "margin" in row else {})})
+            lengths += kind.lengths(enc)
+            rows.append(kind.keep(enc, row, data.cutoff_len, data.truncation_mode))
             difficulties.append(row.get("difficulty"))
-        note = report_truncation(f"{loaded.source} (chosen and rejected sides)", lengths, data.cutoff_len)
+        note = report_truncation(f"{loaded.source} ({kind.sides})", lengths, data.cutoff_len)
         notes.extend([note] if note else [])
-        return pairs, difficulties
+        return rows, difficulties
 
     train, difficulties = encode(data.train, data.skip_bad_rows, data.split)
     held_out = encode(data.eval, False, data.eval_split)[0] if data.eval else []
