@@ -94,23 +94,36 @@ def pair_means(sums: dict[str, float]) -> dict[str, float]:
     return {k: v / pairs for k, v in sums.items() if k not in ("pairs", "tokens")}
 
 
+def cut(prompt: list[int], response: list[int], cutoff_len: int, mode: str) -> tuple[list[int], list[int]]:
+    """Prompt + response cut to `cutoff_len` as TRL's collators cut them: `keep_start` keeps the
+    first tokens (the response loses its end), `keep_end` the last (the prompt its start)."""
+    if len(prompt) + len(response) <= cutoff_len:
+        return prompt, response
+    if mode == "keep_start":
+        return prompt, response[:max(0, cutoff_len - len(prompt))]
+    over = len(prompt) + len(response) - cutoff_len
+    return prompt[over:], response[max(0, over - len(prompt)):]
+
+
+def padded_rows(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, Tensor]:
+    """`input_ids`, `attention_mask` and `completion_mask` [N, L] of N (prompt, completion) token
+    rows, right-padded to the longest; `completion_mask` 1 on each completion's tokens."""
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention, completion = torch.zeros_like(ids), torch.zeros_like(ids)
+    for i, (p, c) in enumerate(rows):
+        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+        attention[i, :len(p) + len(c)] = 1
+        completion[i, len(p):len(p) + len(c)] = 1
+    return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
+
+
 def preference_batch(pairs: list[dict[str, list[int]]], pad_id: int) -> dict[str, Tensor]:
     """[2B, L] tensors of B tokenised pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`; a side cut
     on its own has its prompt as `chosen_prompt` / `rejected_prompt`): the chosen rows, then the
-    rejected ones, right-padded; `completion_mask` 1 on each completion's tokens; `margin` [B] where
-    the pairs carry one (TRL's reward-model margin)."""
-    prompt = lambda p, side: p.get(f"{side}_prompt", p.get("prompt_ids"))  # noqa: E731
-    rows = [prompt(p, side) + p[f"{side}_ids"] for side in ("chosen", "rejected") for p in pairs]
-    prompts = [len(prompt(p, side)) for side in ("chosen", "rejected") for p in pairs]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    completion = torch.zeros_like(ids)
-    for i, (row, prompt) in enumerate(zip(rows, prompts)):
-        ids[i, :len(row)] = torch.tensor(row)
-        attention[i, :len(row)] = 1
-        completion[i, prompt:len(row)] = 1
-    out = {"input_ids": ids, "attention_mask": attention, "completion_mask": completion}
+    rejected ones (`padded_rows`); `margin` [B] where the pairs carry one (TRL's reward-model margin)."""
+    out = padded_rows([(p.get(f"{side}_prompt", p.get("prompt_ids")), p[f"{side}_ids"])
+                       for side in ("chosen", "rejected") for p in pairs], pad_id)
     if all("margin" in p for p in pairs):
         out["margin"] = torch.tensor([float(p["margin"]) for p in pairs])
     return out

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlkit.dpo.config import DPOConfig, PreferenceDataConfig
 from rlkit.dpo.memory import MEMORY
-from rlkit.dpo.objective import DPOObjective, ReferenceFreeObjective, pair_means, preference_batch
+from rlkit.dpo.objective import DPOObjective, ReferenceFreeObjective, cut, pair_means, preference_batch
 from rlkit.engine.objective import MicroBatch
 from rlkit.engine.perf import perf_metrics
 from rlkit.run.checkpoint import dir_bytes
@@ -54,17 +54,6 @@ class PairData:
     pad_id: int
     template: str = "alpaca"
     notes: list[str] = field(default_factory=list)
-
-
-def cut(prompt: list[int], response: list[int], cutoff_len: int, mode: str) -> tuple[list[int], list[int]]:
-    """Prompt + response cut to `cutoff_len` as TRL's collators cut them: `keep_start` keeps the
-    first tokens (the response loses its end), `keep_end` the last (the prompt its start)."""
-    if len(prompt) + len(response) <= cutoff_len:
-        return prompt, response
-    if mode == "keep_start":
-        return prompt, response[:cutoff_len - len(prompt)]
-    over = len(prompt) + len(response) - cutoff_len
-    return prompt[over:], response[max(0, over - len(prompt)):]
 
 
 def truncate_pair(pair: dict[str, list[int]], cutoff_len: int, mode: str) -> dict[str, list[int]]:

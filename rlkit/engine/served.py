@@ -80,9 +80,8 @@ class Serving:
             raise UserError(f"{self.what}'s {asks} {_res(short)}; the cluster has "
                             f"{_res({k: has.get(k, 0) for k in short})} (start a node with them, or change devices / "
                             "num_cpus / resources)")
-        info = self.info
-        role = Role(cls, actor_resources(info, self.cpus, self.devices if info.is_accelerator else 0, self.resources),
-                    worker_env(info, env))
+        info = self.info  # a CPU kind asks for no device (`actor_resources`)
+        role = Role(cls, actor_resources(info, self.cpus, self.devices, self.resources), worker_env(info, env))
         return [role.start(*args, name=name, **({"index": i} if indexed else {}), **kwargs)
                 for i, name in enumerate(self.names())]
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from rlkit.dpo.loss import kto_loss
+from rlkit.dpo.objective import cut, padded_rows
 from rlkit.engine.logprobs import token_logprobs
 
 KEYS = ("input_ids", "attention_mask", "completion_mask")
@@ -27,25 +28,11 @@ def unpaired_batch(rows: list[dict[str, Any]], pad_id: int, kl: bool = True,
     """[N, L] (with `kl`, [2N, L]) tensors of N tokenised rows (`prompt_ids`, `completion_ids`,
     `label`), right-padded, a KL row cut to `cutoff_len` as the rows were, and `label` [N]."""
     seqs = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
-    if kl:
-        seqs += [_cut_kl(rows[i]["prompt_ids"], rows[i - 1]["completion_ids"], cutoff_len)
+    if kl:  # a KL row kept within cutoff_len as TRL's collator keeps it: its first tokens
+        limit = cutoff_len or 1 << 30
+        seqs += [cut(rows[i]["prompt_ids"], rows[i - 1]["completion_ids"], limit, "keep_start")
                  for i in range(len(rows))]
-    width = max(len(p) + len(c) for p, c in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention, completion = torch.zeros_like(ids), torch.zeros_like(ids)
-    for i, (p, c) in enumerate(seqs):
-        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        attention[i, :len(p) + len(c)] = 1
-        completion[i, len(p):len(p) + len(c)] = 1
-    return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion,
-            "label": torch.tensor([bool(r["label"]) for r in rows])}
-
-
-def _cut_kl(prompt: list[int], completion: list[int], cutoff_len: int | None) -> tuple[list[int], list[int]]:
-    """A KL row kept within `cutoff_len` as TRL's collator keeps it: its first tokens."""
-    if cutoff_len is None or len(prompt) + len(completion) <= cutoff_len:
-        return prompt, completion
-    return prompt, completion[:max(0, cutoff_len - len(prompt))]
+    return {**padded_rows(seqs, pad_id), "label": torch.tensor([bool(r["label"]) for r in rows])}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from rlkit.dpo.run import PairData, PairStage, RowKind, cut, load_encoded, run_pairs
+from rlkit.dpo.objective import cut
+from rlkit.dpo.run import PairData, PairStage, RowKind, load_encoded, run_pairs
 from rlkit.kto.config import KTOConfig
 from rlkit.kto.objective import KTOObjective, kto_means, unpaired_batch
 
