@@ -4,7 +4,7 @@
     python scripts/bench_dpo.py                      # 25m model, 30 steps, 8 pairs a step, fp32, 2 runs a side
     python scripts/bench_dpo.py --size tiny --steps 4 --warmup 1 --micro-batch 4 --rows 32 --repeat 1
 
-For each stage (dpo, rm) both trainers run one after the other, `--repeat` times each in alternating
+For each stage (dpo, dpo-pf, rm) both trainers run one after the other, `--repeat` times each in alternating
 order; the script prints a table of tokens/s and peak memory, and the ratios rlkit / TRL.
 
 What is compared
@@ -19,7 +19,9 @@ What is compared
           for the reward model) in rlkit's step order (`train_sampling_strategy="sequential"`),
           so both sides see the same pairs at every step.
   batch   `--micro-batch` pairs a step (chosen and rejected rows in one forward), grad_accum 1,
-          one learner; padded to the longest row on both sides.
+          one learner; padded to the longest row on both sides, except dpo-pf's rlkit side
+          (`dpo.padding_free`: the rows one after another in one row, each attending to itself;
+          TRL 1.16's DPOTrainer turns its own `padding_free` off and pads).
   loss    DPO: TRL's sigmoid loss, beta 0.1, the reference a frozen copy scored every step (TRL:
           `precompute_ref_log_probs=False`, its default). RM: TRL's Bradley-Terry loss.
   optim   AdamW, same lr, weight decay 0, grad clip 1.0, cosine schedule with the same warm-up.
@@ -58,14 +60,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-STAGES = ("dpo", "rm")
+STAGES = ("dpo", "dpo-pf", "rm")  # dpo-pf: rlkit's DPO with dpo.padding_free against TRL's DPO
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", default="25m", help="rlkit.tiny model size (tiny, 25m)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="each side's precision")
-    p.add_argument("--stages", default="dpo,rm", help="comma list of: dpo, rm")
+    p.add_argument("--stages", default="dpo,dpo-pf,rm", help="comma list of: dpo, dpo-pf, rm")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
     p.add_argument("--warmup", type=int, default=5, help="first steps left out of the timing (>= 1)")
     p.add_argument("--micro-batch", type=int, default=8, help="pairs per step (grad_accum 1)")
@@ -102,7 +104,9 @@ def bench_pairs(n: int, seed: int) -> list[dict[str, str]]:
 def stage_config(stage: str, model_dir: Path, data: Path, args: argparse.Namespace, out: Path) -> Any:
     from rlkit import stages
 
-    return stages.load(stage, ROOT / "recipes" / f"tiny-{stage}.yaml", [
+    kind = stage.split("-")[0]
+    return stages.load(kind, ROOT / "recipes" / f"tiny-{kind}.yaml", [
+        *(["dpo.padding_free=true"] if stage == "dpo-pf" else []),
         f"output_dir={out}", f"seed={args.seed}", f"model.path={model_dir}", f"model.dtype={args.dtype}", "device=cpu",
         f"data.train={data}", "data.eval=null", "data.build_synthetic_if_missing=null",
         f"data.cutoff_len={args.cutoff}",
@@ -124,7 +128,7 @@ def bench_rlkit(stage: str, cfg: Any, pairs: list[dict], schedule: list[list[int
     from rlkit.rm.run import run_rm
     from rlkit.run.metrics import read_jsonl
 
-    (run_dpo if stage == "dpo" else run_rm)(cfg)
+    (run_rm if stage == "rm" else run_dpo)(cfg)
     records = [r for r in read_jsonl(Path(cfg.output_dir) / "metrics.jsonl") if "time/step" in r]
     if len(records) != args.steps:
         raise RuntimeError(f"{cfg.output_dir}: {len(records)} step records, expected {args.steps}")
@@ -160,7 +164,7 @@ def bench_trl(stage: str, model_dir: str, ordered: list[dict], args: dict[str, A
                   seed=args["seed"], disable_tqdm=True, train_sampling_strategy="sequential",
                   max_length=args["cutoff"], dataloader_num_workers=0)
     text = Dataset.from_list([{"prompt": "1+1=", "chosen": "2", "rejected": "3"}])  # what its init prepares
-    if stage == "dpo":
+    if stage != "rm":  # TRL 1.16 has no padding-free DPO (it falls back to padding): dpo-pf's TRL side pads
         from trl import DPOConfig, DPOTrainer
 
         base = DPOTrainer

@@ -191,3 +191,18 @@ def pack_collate(samples: Sequence[dict[str, list[int]]]) -> dict[str, torch.Ten
         positions += range(n)
     return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]),
             "position_ids": torch.tensor([positions])}
+
+
+def padding_free(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The model's input of right-padded rows [b, l] as one padding-free row: `input_ids` and
+    `position_ids` [1, T] hold the rows' real tokens one after another (T = their total length;
+    the positions restart per row, so the model attends within each; no attention mask), and
+    `unpack` long [b, l] gives each row's position its place in the packed row (-1 past its end),
+    which `rlkit.engine.logprobs.token_logprobs` reads to return its logprobs in the padded layout."""
+    lengths = attention_mask.sum(1)
+    starts = torch.cumsum(lengths, 0) - lengths
+    steps = torch.arange(attention_mask.shape[1])
+    real = steps[None, :] < lengths[:, None]
+    unpack = torch.where(real, starts[:, None] + steps[None, :], torch.full_like(real, -1, dtype=torch.long))
+    return {"input_ids": input_ids[real][None, :], "position_ids": steps.expand_as(real)[real][None, :],
+            "unpack": unpack}

@@ -19,7 +19,7 @@ class PreferenceDataConfig(DataConfig):
     truncation_mode: Literal["keep_start", "keep_end"] = "keep_start"
 
     READ_ELSEWHERE: ClassVar[dict[str, str]] = {
-        "packing": "SFT only: DPO pads each micro-batch's chosen and rejected rows",
+        "packing": "SFT only: DPO's rows go padding-free with dpo.padding_free",
         "mask_history": "SFT only: a pair's target is its last (chosen or rejected) turn"}
 
     def __post_init__(self):
@@ -30,7 +30,7 @@ class PreferenceDataConfig(DataConfig):
 
 @dataclass(frozen=True)
 class DPOLossConfig:
-    """TRL 1.16's `DPOConfig` loss keys, their defaults and checks."""
+    """TRL 1.16's `DPOConfig` keys (the loss, the reference, padding-free rows), their defaults and checks."""
 
     loss_type: tuple[str, ...] = ("sigmoid",)  # one or several (combined with loss_weights: RPO = sigmoid + sft)
     loss_weights: tuple[float, ...] | None = None  # one per loss_type (default: 1.0 each)
@@ -44,6 +44,15 @@ class DPOLossConfig:
     # the reference-free losses (loss_type orpo, simpo, cpo: TRL's experimental ORPO and CPO trainers)
     cpo_alpha: float = 1.0  # simpo / cpo: weight of the chosen side's NLL (SimPO proper: 0)
     simpo_gamma: float = 0.5  # simpo: the target reward margin
+    use_weighting: bool = False  # WPO: each pair weighted by its sides' length-normalised probabilities
+    # the reference's logprobs of every pair computed once before the first step (by the starting
+    # policy itself: full fine-tuning then holds no frozen copy), kept with the checkpoints
+    precompute_ref_log_probs: bool = False
+    # TR-DPO: every ref_model_sync_steps steps the reference becomes alpha * policy + (1 - alpha) * reference
+    sync_ref_model: bool = False
+    ref_model_mixup_alpha: float = 0.6  # TR-DPO: the policy's share of the moved reference
+    ref_model_sync_steps: int = 512  # TR-DPO: steps between moves of the reference
+    padding_free: bool = False  # each micro-batch's rows as one row without padding (attention per row)
 
     def __post_init__(self):
         known = (*DPO_LOSSES, *REFERENCE_FREE)
@@ -67,6 +76,19 @@ class DPOLossConfig:
               f"robust needs label_smoothing in [0, 0.5), got {self.label_smoothing}")
         check(self.ld_alpha is None or 0.0 <= self.ld_alpha <= 1.0, "ld_alpha",
               f"must be in [0, 1], got {self.ld_alpha}")
+        sorting = sorted({"aot", "aot_unpaired"} & set(self.loss_type))
+        check(not (self.use_weighting and sorting), "use_weighting",
+              f"{(sorting or [''])[0]} sorts the pairs' ratios, so a pair's weight would not meet its own loss (TRL "
+              "refuses it too): set use_weighting: false")
+        for key in ("use_weighting", "precompute_ref_log_probs", "sync_ref_model"):
+            check(not (getattr(self, key) and free), key, f"{(free or [''])[0]} is not a DPO loss on a reference: "
+                  f"set {key}: false")
+        check(not (self.sync_ref_model and self.precompute_ref_log_probs), "sync_ref_model",
+              "a reference that moves (TR-DPO) cannot be computed once before training: set "
+              "precompute_ref_log_probs: false")
+        check(0.0 < self.ref_model_mixup_alpha <= 1.0, "ref_model_mixup_alpha",
+              f"must be in (0, 1], got {self.ref_model_mixup_alpha}")
+        check(self.ref_model_sync_steps >= 1, "ref_model_sync_steps", f"must be >= 1, got {self.ref_model_sync_steps}")
 
     @property
     def reference_free(self) -> bool:
@@ -75,7 +97,7 @@ class DPOLossConfig:
 
     def terms(self) -> DPOTerms:
         return DPOTerms(self.loss_type, self.loss_weights, self.beta, self.label_smoothing, self.f_divergence_type,
-                        self.f_alpha_divergence_coef, self.ld_alpha, False, self.discopop_tau)
+                        self.f_alpha_divergence_coef, self.ld_alpha, self.use_weighting, self.discopop_tau)
 
 
 @dataclass(frozen=True)
@@ -99,7 +121,10 @@ class DPOConfig(StageConfig):
         "pref_loss": "dpo.loss_type", "per_device_train_batch_size": "train.micro_batch_size",
         "gradient_accumulation_steps": "train.grad_accum", "max_length": "data.cutoff_len",
         "truncation_mode": "data.truncation_mode", "rpo_alpha": "dpo.loss_weights", "simpo_gamma": "dpo.simpo_gamma",
-        "cpo_alpha": "dpo.cpo_alpha"}
+        "cpo_alpha": "dpo.cpo_alpha", "use_weighting": "dpo.use_weighting",
+        "precompute_ref_log_probs": "dpo.precompute_ref_log_probs", "sync_ref_model": "dpo.sync_ref_model",
+        "ref_model_mixup_alpha": "dpo.ref_model_mixup_alpha", "ref_model_sync_steps": "dpo.ref_model_sync_steps",
+        "padding_free": "dpo.padding_free"}
     RESUME_FIXED: ClassVar[tuple[str, ...]] = (
         *StageConfig.RESUME_FIXED, "data.cutoff_len", "data.truncation_mode", "train.num_learners",
         "train.micro_batch_size", "train.grad_accum", "dpo")
@@ -108,3 +133,6 @@ class DPOConfig(StageConfig):
         super().__post_init__()
         check(not (self.ray.resources.engine or self.ray.resources.teacher), "ray.resources",
               "a DPO run has learners only: put their resources under ray.resources.learner")
+        check(not (self.dpo.sync_ref_model and self.finetuning != "full"), "dpo.sync_ref_model",
+              f"with {self.finetuning} the reference is the policy with its adapters disabled, not a copy that can "
+              "move: set sync_ref_model: false, or finetuning: full")

@@ -26,4 +26,5 @@ def pair_memory(reference: Callable[[Any], bool]) -> MemoryModel:
                        "data.cutoff_len")
 
 
-MEMORY = pair_memory(reference=lambda cfg: not cfg.dpo.reference_free)  # ORPO, SimPO, CPO: none
+# ORPO, SimPO, CPO: no reference; logprobs computed once: the starting policy itself computed them
+MEMORY = pair_memory(reference=lambda cfg: not (cfg.dpo.reference_free or cfg.dpo.precompute_ref_log_probs))

@@ -10,14 +10,16 @@ rows in the same order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from rlkit.data.collate import padding_free
 from rlkit.dpo.loss import REFERENCE_FREE, DPOTerms, cpo_loss, dpo_loss, orpo_loss, sequence_logps
-from rlkit.engine.logprobs import token_logprobs
+from rlkit.engine.logprobs import logprobs_and_sum_sq, token_logprobs
 
 # DPO's metrics, summed over the pairs of a micro-batch (the driver divides by `pairs`)
 PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
@@ -26,10 +28,11 @@ PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rew
 
 @dataclass(frozen=True)
 class DPOObjective:
-    """TRL's DPO loss (`terms`: loss types and weights, beta, f-divergence, LD-DPO; not WPO's
-    weighting, which needs every position's sum of squared probabilities) of each micro-batch, the
-    mean over its pairs; metrics: each of `PAIR_METRICS` summed over the pairs, `pairs`, `loss`
-    (the loss times the pairs) and `tokens` (completion tokens)."""
+    """TRL's DPO loss (`terms`: loss types and weights, beta, f-divergence, LD-DPO, WPO's weights
+    from each position's sum of squared probabilities) of each micro-batch, the mean over its
+    pairs, against the reference's logprobs the learner attaches (`needs`) or the batch's
+    `ref_logps` (computed before training: `needs` empty); metrics: each of `PAIR_METRICS` summed
+    over the pairs, `pairs`, `loss` (the loss times the pairs) and `tokens` (completion tokens)."""
 
     terms: DPOTerms = DPOTerms()
     temperature: float = 1.0
@@ -41,10 +44,17 @@ class DPOObjective:
 
     def __call__(self, model: Any, batch: Any) -> tuple[Tensor, dict[str, Any]]:
         positions = self.positions(batch)
-        logp, _ = token_logprobs(model, batch, positions=positions)
+        sum_sq = None
+        if self.terms.use_weighting:
+            logp, sum_sq = logprobs_and_sum_sq(model, batch, positions)
+        else:
+            logp, _ = token_logprobs(model, batch, positions=positions)
         mask = batch["completion_mask"]
-        ref = sequence_logps(batch["ref_logp"].to(logp.dtype) * positions, mask, self.terms.ld_alpha)
-        loss, metrics = dpo_loss(self.terms, logp, mask, ref)
+        if "ref_logps" in batch:  # the reference's sequence logprobs, computed before training
+            ref = batch["ref_logps"].to(logp.dtype)
+        else:
+            ref = sequence_logps(batch["ref_logp"].to(logp.dtype) * positions, mask, self.terms.ld_alpha)
+        loss, metrics = dpo_loss(self.terms, logp, mask, ref, sum_sq)
         pairs = mask.shape[0] // 2
         sums = {k: metrics[k] * pairs for k in PAIR_METRICS}
         return loss, {**sums, "pairs": pairs, "loss": loss.detach() * pairs, "tokens": positions.sum()}
@@ -121,9 +131,23 @@ def padded_rows(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
 def preference_batch(pairs: list[dict[str, list[int]]], pad_id: int) -> dict[str, Tensor]:
     """[2B, L] tensors of B tokenised pairs (`prompt_ids`, `chosen_ids`, `rejected_ids`; a side cut
     on its own has its prompt as `chosen_prompt` / `rejected_prompt`): the chosen rows, then the
-    rejected ones (`padded_rows`); `margin` [B] where the pairs carry one (TRL's reward-model margin)."""
+    rejected ones (`padded_rows`); `margin` [B] where the pairs carry one (TRL's reward-model
+    margin), `ref_logps` [2B] where they carry the reference's (`ref_chosen`, `ref_rejected`)."""
     out = padded_rows([(p.get(f"{side}_prompt", p.get("prompt_ids")), p[f"{side}_ids"])
                        for side in ("chosen", "rejected") for p in pairs], pad_id)
     if all("margin" in p for p in pairs):
         out["margin"] = torch.tensor([float(p["margin"]) for p in pairs])
+    if all("ref_chosen" in p for p in pairs):
+        out["ref_logps"] = torch.tensor([p[f"ref_{side}"] for side in ("chosen", "rejected") for p in pairs])
     return out
+
+
+def without_padding(collate: Callable[[list[dict], int], dict[str, Tensor]]) -> Callable[[list[dict], int], dict]:
+    """`collate` with the model's input of its rows padding-free (`rlkit.data.collate.padding_free`:
+    one row, positions restarting per sequence); the masks and the loss keep the padded layout."""
+
+    def packed(rows: list[dict], pad_id: int) -> dict[str, Tensor]:
+        out = collate(rows, pad_id)
+        return {**out, **padding_free(out["input_ids"], out["attention_mask"])}
+
+    return packed

@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from rlkit.dpo.config import DPOConfig, PreferenceDataConfig
 from rlkit.dpo.memory import MEMORY
-from rlkit.dpo.objective import DPOObjective, ReferenceFreeObjective, cut, pair_means, preference_batch
+from rlkit.dpo.objective import (
+    DPOObjective,
+    ReferenceFreeObjective,
+    cut,
+    pair_means,
+    preference_batch,
+    without_padding,
+)
+from rlkit.dpo.reference import ReferenceOnce
 from rlkit.engine.objective import MicroBatch
 from rlkit.engine.perf import perf_metrics
 from rlkit.run.checkpoint import dir_bytes
@@ -54,6 +62,7 @@ class PairData:
     pad_id: int
     template: str = "alpaca"
     notes: list[str] = field(default_factory=list)
+    kept: dict[str, Any] | None = None  # what checkpoints keep beside the learners (reference logprobs computed once)
 
 
 def truncate_pair(pair: dict[str, list[int]], cutoff_len: int, mode: str) -> dict[str, list[int]]:
@@ -179,18 +188,43 @@ class PairStage:
     load: Callable[[Any, Any, int], PairData] | None = None  # data, tokenizer, seed -> rows (default: pairs)
     collate: Collate = preference_batch
     unit: str = "pairs"
+    checks: tuple[Callable[[Any, Any], None], ...] = ()  # (cfg, device) -> None, before launch
+    layout: str = "padded rows"  # how a micro-batch's rows reach the model, for the plan line
+    reference_once: ReferenceOnce | None = None  # the reference's logprobs computed before the first step
+    mix_reference: tuple[int, float] | None = None  # TR-DPO: every so many steps, the policy's share
 
 
 def run_dpo(cfg: DPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run DPO from a loaded recipe; returns the final model directory."""
     d = cfg.dpo
+    rows = {"collate": without_padding(preference_batch) if d.padding_free else preference_batch,
+            "checks": (_check_padding_free,), "layout": "padding-free rows" if d.padding_free else "padded rows"}
     if d.reference_free:
         objective = ReferenceFreeObjective(d.loss_type[0], d.beta, d.cpo_alpha, d.simpo_gamma, d.label_smoothing)
         return run_pairs(cfg, PairStage("dpo", objective, pair_means, False, "lm",
-                                        f"loss {d.loss_type[0]}, beta {d.beta}; no reference"))
-    reference = "the policy with its adapters disabled" if cfg.finetuning != "full" else "a frozen copy"
-    return run_pairs(cfg, PairStage("dpo", DPOObjective(d.terms()), pair_means, True, "lm",
-                                    f"loss {'+'.join(d.loss_type)}, beta {d.beta}; reference: {reference}"))
+                                        f"loss {d.loss_type[0]}, beta {d.beta}; no reference", **rows))
+    full = cfg.finetuning == "full"
+    once = ReferenceOnce("policy" if full else "reference", d.ld_alpha) if d.precompute_ref_log_probs else None
+    reference = "a frozen copy" if full else "the policy with its adapters disabled"
+    if once:
+        reference = f"{'the starting policy' if full else reference}, once before training"
+    mix = (d.ref_model_sync_steps, d.ref_model_mixup_alpha) if d.sync_ref_model else None
+    if mix:
+        reference += f", moved toward the policy every {mix[0]} steps (alpha {mix[1]})"
+    objective = DPOObjective(d.terms(), needs=() if once else ("ref_logp",))
+    return run_pairs(cfg, PairStage("dpo", objective, pair_means, not (once and full), "lm",
+                                    f"loss {'+'.join(d.loss_type)}, beta {d.beta}; reference: {reference}",
+                                    reference_once=once, mix_reference=mix, **rows))
+
+
+def _check_padding_free(cfg: DPOConfig, device: Any) -> None:
+    """Before launch: `dpo.padding_free` only for a model without layers that carry a state."""
+    from rlkit.model.attention import check_packable
+    from rlkit.model.load import model_config
+
+    if cfg.dpo.padding_free:
+        check_packable(model_config(cfg.model), cfg.model.path, "dpo.padding_free",
+                       "set dpo.padding_free: false (a row per side, padded)")
 
 
 def run_pairs(cfg: Any, stage: PairStage) -> Path:
@@ -200,7 +234,7 @@ def run_pairs(cfg: Any, stage: PairStage) -> Path:
     from rlkit.model.load import load_tokenizer
 
     device = detect(cfg.device)
-    cfg = prepare_inputs(cfg, device, MEMORY, learners=cfg.train.num_learners)
+    cfg = prepare_inputs(cfg, device, MEMORY, checks=list(stage.checks), learners=cfg.train.num_learners)
     tokenizer = load_tokenizer(cfg.model)
     data = (stage.load or load_pair_data)(cfg.data, tokenizer, cfg.seed)
     t = cfg.train
@@ -215,6 +249,15 @@ def run_pairs(cfg: Any, stage: PairStage) -> Path:
     with run.session(), learner_group(cfg, spec, t.num_learners, device, [wanted]) as learners:
         resumed = run.resume(learners, sampler)
         step = resumed.step
+        if stage.reference_once:
+            t0 = time.time()
+            batches = lambda pairs: micro_batches(pairs, t.micro_batch_size, data.pad_id, stage.collate)  # noqa: E731
+            data, kept = stage.reference_once.attach(learners, data, stage.objective, batches,
+                                                     (resumed.payload or {}).get("reference"))
+            data.kept = {"reference": kept}
+            if not resumed.payload:
+                run.announce(f"rlkit {stage.name}: the reference's logprobs of {len(data.train) + len(data.eval)} "
+                             f"{stage.unit} computed in {time.time() - t0:.1f} s")
         logger = run.logger(cfg.logging, total, step)
         try:
             with run.stops.caught():
@@ -231,7 +274,8 @@ def _plan(cfg: Any, stage: PairStage, data: PairData, total: int, device: Any) -
     held_out = f", {len(data.eval)} held out" if data.eval else ""
     return (f"rlkit {stage.name}: {len(data.train)} training {stage.unit}{held_out}; {batch} {stage.unit} per step "
             f"(micro_batch_size {t.micro_batch_size} x grad_accum {t.grad_accum} x {t.num_learners} learner"
-            f"{'s' * (t.num_learners > 1)}); {total} steps ({total / per_epoch:.2f} epochs); {stage.describe}; "
+            f"{'s' * (t.num_learners > 1)}); {total} steps ({total / per_epoch:.2f} epochs); {stage.layout}; "
+            f"{stage.describe}; "
             f"{data.template} template; {devices_line(device, t.num_learners)}")
 
 
@@ -250,6 +294,8 @@ def _train(cfg: Any, stage: PairStage, run: RunDir, learners: LearnerGroup, samp
         results = learners.fit(shard_step(batch, learners.size, t.grad_accum, t.micro_batch_size, data.pad_id,
                                           stage.collate), objective)
         step += 1
+        if stage.mix_reference and step % stage.mix_reference[0] == 0:
+            learners.mix_reference(stage.mix_reference[1])
         steps = [r.steps[0] for r in results]
         sums: dict[str, float] = {}
         for s in steps:
@@ -268,6 +314,6 @@ def _train(cfg: Any, stage: PairStage, run: RunDir, learners: LearnerGroup, samp
             metrics.update(memory_metrics(learners))
         logger.log(step, metrics)
         if run.checkpoint_due(step, cfg.checkpoint.every):
-            run.checkpoint(step, learners, sampler.state_dict(), {})
+            run.checkpoint(step, learners, sampler.state_dict(), {}, payload=data.kept)
         run.stops.stop_if_signalled(step)
     return step

@@ -86,6 +86,17 @@ class LearnerGroup:
                 total[key] = total.get(key, 0.0) + value
         return total
 
+    def logprobs(self, per_rank: Sequence[list[MicroBatch]], model: str,
+                 positions: Callable[[MicroBatch], Any] | None = None) -> list[list[Any]]:
+        """Each rank's `Learner.logprobs` of its micro-batches under `model` ("policy",
+        "reference"), at `positions(micro_batch)`: [B, L-1] CPU tensors per micro-batch."""
+        return self._each(Learner.logprobs, [(mbs, 1.0, model, positions) for mbs in per_rank],
+                          phase=f"the {model}'s logprobs")
+
+    def mix_reference(self, alpha: float) -> None:
+        """`Learner.mix_reference` on every rank (TR-DPO)."""
+        self._all(Learner.mix_reference, alpha)
+
     # ------------------------------------------------------------------ weights
 
     def push_weights(self, request: SyncRequest) -> list[dict[str, Any] | None]:

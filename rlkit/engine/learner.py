@@ -324,6 +324,17 @@ class Learner(EngineHost, Saving):
                 return None
             return {f.name: f.read_bytes() for f in Path(tmp).iterdir() if f.is_file()}
 
+    @torch.no_grad()
+    def mix_reference(self, alpha: float) -> None:
+        """TR-DPO's reference update on every rank: reference <- alpha * policy + (1 - alpha) *
+        reference, parameter by parameter (a ZeRO-3 policy gathered one module at a time)."""
+        if self.reference is None or self.reference.copy is None:
+            raise RuntimeError("this learner holds no frozen reference copy to move (full fine-tuning only)")
+        own = dict(self.reference.copy.named_parameters())
+        for name, tensor in self._named_weights(all_ranks=True):
+            own[name].mul_(1.0 - alpha).add_(tensor.to(own[name].dtype), alpha=alpha)
+        self.reference.moved = True
+
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """(HF name, CPU tensor) of the current policy with LoRA merged; only rank 0 returns tensors."""
         return [(name, t.detach().cpu()) for name, t in self._named_weights()]

@@ -62,34 +62,61 @@ def token_logprobs(model: Any, batch: dict[str, Tensor], temperature: float = 1.
                         type(hf).__name__)
             return _full_logits_path(model, hf, batch, temperature, with_entropy, positions)
     rows = positions.nonzero(as_tuple=True)
-    states, targets = hidden[:, :-1][rows], ids[:, 1:][rows]  # [N, H], [N]
+    scored, entropy = score_states(hidden[:, :-1][rows], ids[:, 1:][rows], head, temperature, with_entropy,
+                                   chunk_elements, keep_bytes)
+    logp = ids.new_zeros(positions.shape, dtype=scored.dtype).index_put(rows, scored)
+    return logp, ids.new_zeros(positions.shape, dtype=scored.dtype).index_put(rows, entropy) if with_entropy else None
+
+
+def score_states(states: Tensor, targets: Tensor, head: Any, temperature: float = 1.0, with_entropy: bool = False,
+                 chunk_elements: int = CHUNK_ELEMENTS, keep_bytes: int | None = None) -> tuple[Tensor, Tensor]:
+    """logp [N] of `targets` [N] under softmax(head(states) / T) for final hidden states [N, H],
+    and the entropy [N] (no grad; zeros unless asked): rlkit's fused head (`head.py`) where the
+    lm_head is a plain linear layer, else the module's own call on chunks of `chunk_elements //
+    vocab` positions, each recomputed in the backward pass."""
     step = max(1, chunk_elements // head.out_features)
     if fusable(head):
         scored, entropy = head_logprobs(states, head, targets, temperature, with_entropy, step, keep_bytes)
-        logp = ids.new_zeros(positions.shape, dtype=scored.dtype).index_put(rows, scored)
-        return logp, ids.new_zeros(positions.shape, dtype=scored.dtype).index_put(rows, entropy) \
-            if with_entropy else None
+        return scored, entropy if entropy is not None else scored.new_zeros(scored.shape)
 
     def score(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
         logits = scaled_logits(head(h), 1.0 / temperature)  # in place where it can be; no copy at 1.0
         lse = torch.logsumexp(logits, dim=-1)
         logp = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - lse
         with torch.no_grad():
-            entropy = lse - (logits.softmax(-1) * logits).sum(-1) if with_entropy else lse.new_zeros(())
+            entropy = lse - (logits.softmax(-1) * logits).sum(-1) if with_entropy else torch.zeros_like(lse)
         return logp, entropy
 
     grad = torch.is_grad_enabled() and states.requires_grad
     chunks = list(zip(states.split(step), targets.split(step)))
     chunks += [(states[:0], targets[:0])] * (head_calls_on_every_rank(len(chunks), head, states.device) - len(chunks))
     parts = [checkpoint(score, h, t, use_reentrant=False) if grad else score(h, t) for h, t in chunks]
-    logp = ids.new_zeros(positions.shape, dtype=upcast(hidden[:, :0]).dtype)
-    logp = logp.index_put(rows, torch.cat([p[0] for p in parts]) if parts else logp.new_zeros(0))
-    entropy = None
-    if with_entropy:
-        entropy = torch.zeros_like(logp, requires_grad=False)
-        if parts:
-            entropy[rows] = torch.cat([p[1] for p in parts]).detach()
-    return logp, entropy
+    if not parts:
+        empty = upcast(states[:0, 0])
+        return empty, empty
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]).detach()
+
+
+def logprobs_and_sum_sq(model: Any, batch: dict[str, Tensor], positions: Tensor,
+                        chunk_elements: int = CHUNK_ELEMENTS) -> tuple[Tensor, Tensor]:
+    """`token_logprobs` at temperature 1 (padded or padding-free batches) and, at the same
+    positions, log sum_v p_v^2 [B, L-1] (no grad): what WPO's weights (`dpo.use_weighting`) are
+    made of, from the same forward; the second projection of each chunk runs without gradients."""
+    states, head = completion_states(model, batch, positions)
+    rows = positions.nonzero(as_tuple=True)
+    if "unpack" in batch:
+        targets = batch["input_ids"][0, batch["unpack"][:, 1:][rows]]
+    else:
+        targets = batch["input_ids"][:, 1:][rows]
+    scored, _ = score_states(states, targets, head, chunk_elements=chunk_elements)
+    step = max(1, chunk_elements // head.out_features)
+    with torch.no_grad():
+        chunks = list(states.detach().split(step))
+        chunks += [states[:0]] * (head_calls_on_every_rank(len(chunks), head, states.device) - len(chunks))
+        sums = [torch.logsumexp(2 * z, -1) - 2 * torch.logsumexp(z, -1) for z in (upcast(head(h)) for h in chunks)]
+    logp = positions.new_zeros(positions.shape, dtype=scored.dtype).index_put(rows, scored)
+    sum_sq = logp.new_zeros(positions.shape).index_put(rows, torch.cat(sums).to(logp.dtype) if sums else scored[:0])
+    return logp, sum_sq
 
 
 def head_calls_on_every_rank(calls: int, head: Any, device: torch.device) -> int:
@@ -214,6 +241,7 @@ class Reference:
     def __init__(self, policy: Any, finetuning: str, load_copy: Any):
         self.policy = policy
         self.copy = None
+        self.moved = False  # the copy is no longer the starting model (TR-DPO): checkpoints keep it
         if finetuning == "full":
             self.copy = load_copy().eval()
             self.copy.requires_grad_(False)

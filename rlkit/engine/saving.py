@@ -1,5 +1,6 @@
 """What a learner writes and reads back (`Learner` takes these methods): checkpoints (DeepSpeed's
-engine state, with the optimizer and the lr schedule, and each rank's RNG states), the final
+engine state, with the optimizer and the lr schedule, each rank's RNG states, and a reference
+copy that has moved from the starting model: TR-DPO's), the final
 model, and a LoRA adapter's files (a push of the adapter sends them too)."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import torch
 
 from rlkit import faults
 
+REFERENCE_FILE = "reference.pt"  # a moved reference copy's weights (rank 0's; every rank holds the same)
+
 
 class Saving:
     """Checkpoints and the final model of one learner rank."""
@@ -20,6 +23,7 @@ class Saving:
     spec: Any  # the `LearnerSpec`
     rank: int
     world_size: int
+    reference: Any  # the `Reference` (or None)
     _named_weights: Any  # the learner's (HF name, tensor) of the policy, LoRA merged (ZeRO-3: every rank gathers)
 
     def save_checkpoint(self, ckpt_dir: str) -> None:
@@ -30,6 +34,8 @@ class Saving:
                                     exclude_frozen_parameters=self.spec.finetuning != "full")
         rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
         torch.save(rng, Path(ckpt_dir) / f"rng_rank{self.rank}.pt")
+        if self.rank == 0 and self.reference is not None and self.reference.moved:  # the same on every rank
+            torch.save(self.reference.copy.state_dict(), Path(ckpt_dir) / REFERENCE_FILE)
 
     def load_checkpoint(self, ckpt_dir: str) -> None:
         """This rank's part of checkpoint `ckpt_dir`; a checkpoint whose optimizer state this learner
@@ -56,6 +62,10 @@ class Saving:
                             f"stage, precision or offload); {weights_only}", "checkpoint.resume") from None
         if path is None:
             raise RuntimeError(f"{ckpt_dir}: DeepSpeed found no engine checkpoint to load")
+        moved = Path(ckpt_dir) / REFERENCE_FILE
+        if moved.exists() and self.reference is not None and self.reference.copy is not None:
+            self.reference.copy.load_state_dict(torch.load(moved, weights_only=True))
+            self.reference.moved = True
         rng = torch.load(Path(ckpt_dir) / f"rng_rank{self.rank}.pt", weights_only=False)
         random.setstate(rng["python"])
         torch.set_rng_state(rng["torch"])

@@ -123,15 +123,11 @@ class GRPOBatch:
         Not for rows with images (their pixels follow the padded rows)."""
         if self.images is not None:
             raise ValueError("rows with images are not packed: plan padded micro-batches")
+        from rlkit.data.collate import padding_free
+
         padded = dict(self.micro_batch(rows))
         mask = padded.pop("attention_mask")
-        lengths = mask.sum(1)
-        starts = torch.cumsum(lengths, 0) - lengths
-        steps = torch.arange(mask.shape[1])
-        real = steps[None, :] < lengths[:, None]
-        unpack = torch.where(real, starts[:, None] + steps[None, :], torch.full_like(real, -1, dtype=torch.long))
-        return MicroBatch({**padded, "input_ids": padded["input_ids"][real][None, :], "unpack": unpack,
-                           "position_ids": steps.expand_as(real)[real][None, :]})
+        return MicroBatch({**padded, **padding_free(padded["input_ids"], mask)})
 
     def completion_tokens(self, rows: Sequence[int] | None = None) -> int:
         """Loss tokens (shifted space: positions 1..L-1) of `rows` (all rows by default)."""

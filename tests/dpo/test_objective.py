@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from rlkit.dpo.loss import DPOTerms
-from rlkit.dpo.objective import DPOObjective, pair_means, preference_batch
+from rlkit.dpo.objective import DPOObjective, pair_means, preference_batch, without_padding
+from rlkit.dpo.reference import ReferenceOnce, with_reference
+from rlkit.dpo.run import micro_batches
 from rlkit.engine.objective import MicroBatch
 from tests.helpers import assert_same_grads, perturb_lora_b, trainable_grads
 
@@ -24,11 +26,32 @@ def _pairs(seed: int = 0) -> list[dict[str, list[int]]]:
     return rows
 
 
-@pytest.mark.parametrize("terms", [DPOTerms(), DPOTerms(loss_type=("ipo",), beta=0.5),
-                                   DPOTerms(loss_type=("sigmoid", "sft"), loss_weights=(1.0, 0.3), ld_alpha=0.5)],
-                         ids=["sigmoid", "ipo", "rpo-ld"])
+RPO_LD = DPOTerms(loss_type=("sigmoid", "sft"), loss_weights=(1.0, 0.3), ld_alpha=0.5)
+WPO = DPOTerms(loss_type=("sigmoid", "ipo"), use_weighting=True)
+
+
+@pytest.mark.parametrize("terms", [DPOTerms(), DPOTerms(loss_type=("ipo",), beta=0.5), RPO_LD,
+                                   WPO],
+                         ids=["sigmoid", "ipo", "rpo-ld", "wpo"])
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_a_dpo_micro_batch_is_trls_dpo_trainer(tiny_model, tmp_path, terms, lora):
+    _same_as_trl(tiny_model, tmp_path, terms, lora, "padded")
+
+
+@pytest.mark.parametrize("variant", ["padding_free", "precomputed"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_padding_free_rows_and_a_reference_computed_before_training_are_the_same_step(tiny_model, tmp_path, variant,
+                                                                                       lora):
+    """`dpo.padding_free` (the chosen and rejected rows as one row, the masks padded) and
+    `dpo.precompute_ref_log_probs` (the reference's sequence logprobs scored before training,
+    in micro-batches of 2 pairs, and carried by the pairs): the same loss, gradients and metrics
+    as TRL's padded step with the reference in it (padding-free: with WPO's weights, which read
+    every position's probabilities; precomputed: RPO with LD-DPO's token weights)."""
+    terms = WPO if variant == "padding_free" else RPO_LD  # (TRL fails on LD-DPO with WPO: no such case)
+    _same_as_trl(tiny_model, tmp_path, terms, lora, variant)
+
+
+def _same_as_trl(tiny_model, tmp_path, terms, lora, variant):
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,12 +70,17 @@ def test_a_dpo_micro_batch_is_trls_dpo_trainer(tiny_model, tmp_path, terms, lora
     rows = _pairs()
     args = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=3, max_steps=1, report_to="none",
                      use_cpu=True, bf16=False, save_strategy="no", beta=terms.beta, loss_type=list(terms.loss_type),
-                     loss_weights=list(terms.loss_weights) if terms.loss_weights else None, ld_alpha=terms.ld_alpha)
+                     loss_weights=list(terms.loss_weights) if terms.loss_weights else None, ld_alpha=terms.ld_alpha,
+                     use_weighting=terms.use_weighting)
     text = Dataset.from_list([{"prompt": "a b", "chosen": " c", "rejected": " d"}])  # TRL's init reads one row
     trainer = DPOTrainer(model=load(), args=args, train_dataset=text, processing_class=tokenizer, peft_config=config)
     trainer.model.train()
     if lora:
         perturb_lora_b(trainer.model)
+    else:  # the policy away from its reference (the starting model), so that each pair's rewards differ
+        with torch.no_grad():
+            head = trainer.model.get_output_embeddings().weight
+            head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(1)) * 0.02)
     batch = DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id)(rows)
     want = trainer.compute_loss(trainer.model, batch)
     want.backward()
@@ -62,13 +90,26 @@ def test_a_dpo_micro_batch_is_trls_dpo_trainer(tiny_model, tmp_path, terms, lora
     model = load()
     if lora:
         model = get_peft_model(model, config)
-        model.load_state_dict(trainer.model.state_dict())
+    model.load_state_dict(trainer.model.state_dict())
     mine = preference_batch(rows, tokenizer.pad_token_id)
     assert all(torch.equal(mine[k], batch[k]) for k in mine)  # TRL's collator's layout
     objective = DPOObjective(terms)
     reference = Reference(model, "lora" if lora else "full", load)
-    mb = MicroBatch(mine)
-    mb = mb.attach("ref_logp", reference.logprobs(mb, 1.0, objective.positions(mb)))
+    if variant == "precomputed":
+        class OneRank:  # the learner group's side of the call: rank 0 scores its micro-batches
+            size = 1
+
+            def logprobs(self, per_rank, model_name, positions):
+                return [[reference.logprobs(mb, 1.0, positions(mb)) for mb in per_rank[0]]]
+
+        once = ReferenceOnce("reference", terms.ld_alpha)
+        scored = once.score(OneRank(), micro_batches(rows, 2, tokenizer.pad_token_id), len(rows), objective)
+        mb, objective = MicroBatch(preference_batch(with_reference(rows, scored), tokenizer.pad_token_id)), \
+            DPOObjective(terms, needs=())
+    else:
+        mb = MicroBatch(without_padding(preference_batch)(rows, tokenizer.pad_token_id) if variant == "padding_free"
+                        else mine)
+        mb = mb.attach("ref_logp", reference.logprobs(mb, 1.0, objective.positions(mb)))
     got, metrics = objective(model, mb)
     got.backward()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

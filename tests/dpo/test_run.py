@@ -37,6 +37,13 @@ def test_a_side_over_the_cutoff_is_cut_as_trls_collator_cuts_it(mode):
     ("data.packing=true", "data.packing"),
     ("dpo.loss_type=[orpo,sft]", "dpo.loss_type: orpo needs no reference and is not combined with other losses"),
     ("dpo.cpo_alpha=-1", "dpo.cpo_alpha: must be >= 0"),
+    ("finetuning=lora lora.r=4 lora.alpha=8 lora.target_modules=[q_proj] dpo.sync_ref_model=true",
+     "dpo.sync_ref_model: with lora the reference is the policy with its adapters disabled"),
+    ("dpo.sync_ref_model=true dpo.precompute_ref_log_probs=true", "dpo.sync_ref_model: a reference that moves"),
+    ("dpo.loss_type=[simpo] dpo.precompute_ref_log_probs=true", "dpo.precompute_ref_log_probs: simpo is not "
+     "a DPO loss on a reference"),
+    ("dpo.loss_type=[aot] dpo.use_weighting=true", "dpo.use_weighting: aot sorts the pairs' ratios"),
+    ("dpo.ref_model_mixup_alpha=0", "dpo.ref_model_mixup_alpha: must be in (0, 1]"),
 ])
 def test_a_bad_dpo_recipe_is_one_line_before_launch(tmp_path, override, message):
     with pytest.raises(ConfigError) as e:
@@ -58,3 +65,15 @@ def test_a_prompt_that_leaves_no_room_for_a_response_is_one_line(tiny_model, tmp
         load_pair_data(PreferenceDataConfig(train=str(path), cutoff_len=32, template="alpaca"),
                        AutoTokenizer.from_pretrained(tiny_model))
     assert str(e.value).startswith(f"{path}: row 2: its prompt is ") and "data.cutoff_len 32" in str(e.value)
+
+
+@pytest.mark.parametrize("override, copy", [((), True), (("dpo.precompute_ref_log_probs=true",), False),
+                                            (("dpo.loss_type=[orpo]",), False)])
+def test_the_estimate_counts_the_reference_copy_only_where_the_learners_hold_one(override, copy):
+    """Full fine-tuning holds a frozen reference copy, unless the reference is scored once before
+    training (by the starting policy) or the loss needs none."""
+    from rlkit import estimate as est
+
+    cfg = stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml", ["model.path=facebook/opt-6.7b", *override])
+    (learner,) = est.estimate(cfg, stages.memory("dpo"), est.Arch.from_config(*est.model_config("facebook/opt-6.7b")))
+    assert ("reference copy" in learner.parts) is copy

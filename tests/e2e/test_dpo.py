@@ -4,8 +4,11 @@ synthetic task's pairs (`rlkit/tiny.py`) learns what the pairs prefer on prompts
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
+import torch
 
 from rlkit import stages
 from tests.helpers import ROOT, greedy_exact, pair_overrides, run_metrics
@@ -55,3 +58,49 @@ def test_orpo_learns_the_pairs_without_a_reference(sft_model, task_data, tmp_pat
     rows = [json.loads(x) for x in task_data["grpo_eval"].read_text().splitlines()]
     before, after = greedy_exact(sft_model, rows), greedy_exact(final, rows)
     assert after >= before + 0.2, (before, after)
+
+
+@pytest.mark.slow  # three 6-step runs (~35 s)
+@pytest.mark.parametrize("variant", ["precomputed-padding-free", "tr-dpo"])
+def test_a_dpo_run_killed_mid_run_resumes_to_the_uninterrupted_runs_end(sft_model, task_data, tmp_path, monkeypatch,
+                                                                       variant):
+    """Learner 0 dies in step 5 of 6 (checkpoints every 2 steps): the rerun resumes from step 4
+    and logs the uninterrupted run's losses and rewards at steps 5-6 and on the held-out pairs,
+    and ends with its weights. `precompute_ref_log_probs` (with padding-free rows): the checkpoint
+    carries the reference's logprobs, scored once before step 1 by the starting policy (the
+    learners hold no frozen copy, and the resumed policy is no longer the reference).
+    `sync_ref_model` (TR-DPO): the checkpoint carries the reference copy the learners moved
+    toward the policy at steps 2 and 4."""
+    from safetensors.torch import load_file
+
+    from rlkit.dpo.run import run_dpo
+    from rlkit.errors import FaultError
+
+    extra = {"precomputed-padding-free": ["dpo.precompute_ref_log_probs=true", "dpo.padding_free=true"],
+             "tr-dpo": ["dpo.sync_ref_model=true", "dpo.ref_model_sync_steps=2", "dpo.ref_model_mixup_alpha=0.5"]}
+
+    def run(out):
+        return run_dpo(stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml", pair_overrides(
+            sft_model, task_data, out, "train.max_steps=6", "checkpoint.every=2", "eval.every=3",
+            "eval.max_batches=2", *extra[variant])))
+
+    clean = run(tmp_path / "clean")
+    monkeypatch.setenv("RLKIT_FAULT", "die:fit:learner0:4")
+    with pytest.raises(FaultError, match="learner 0 died during the training step"):
+        run(tmp_path / "broken")
+    monkeypatch.delenv("RLKIT_FAULT")
+    assert sorted(p.name for p in (tmp_path / "broken" / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    resumed = run(tmp_path / "broken")
+    keys = ("train/loss", "train/rewards/chosen", "train/rewards/margins", "eval/loss", "eval/rewards/accuracies")
+    want = {r["step"]: [r.get(k) for k in keys] for r in run_metrics(tmp_path / "clean") if r["step"] > 4}
+    got = {r["step"]: [r.get(k) for k in keys] for r in run_metrics(tmp_path / "broken") if r["step"] > 4}
+    assert got == want and len(want) == 2 and want[6][3] is not None
+    weights = [load_file(next(Path(d).glob("*.safetensors"))) for d in (clean, resumed)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    plan = (tmp_path / "clean" / "rlkit.log").read_text()
+    if variant == "tr-dpo":
+        assert (tmp_path / "broken" / "checkpoints" / "step-4" / "reference.pt").is_file()
+        assert "moved toward the policy every 2 steps (alpha 0.5)" in plan
+    else:
+        assert "; padding-free rows; " in plan and "reference: the starting policy, once before training" in plan
+        assert re.search(r"the reference's logprobs of \d+ pairs computed in", plan)
