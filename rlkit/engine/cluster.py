@@ -231,15 +231,38 @@ def ship_by_value(modules: Sequence[Any]) -> list[str]:
 
 def rendezvous() -> tuple[str, int]:
     """(this node's Ray address, a free TCP port there): where rank 0 hosts a process group that
-    ranks on other nodes join; never localhost, which each node resolves to itself."""
+    ranks on other nodes join; never localhost, which each node resolves to itself. The port is
+    drawn below the kernel's ephemeral range, so that no outgoing connection (Ray's own, by the
+    hundred) takes it between this check and the process group's bind; the kernel's pick if none
+    there is free."""
+    import random
     import socket
 
     import ray
 
     address = ray.util.get_node_ip_address()
+    low = _ephemeral_start()
+    for port in random.Random().sample(range(PORTS_FROM, low), min(32, max(0, low - PORTS_FROM))):
+        with socket.socket() as s:
+            try:
+                s.bind((address, port))
+            except OSError:
+                continue
+            return address, port
     with socket.socket() as s:
         s.bind((address, 0))
         return address, s.getsockname()[1]
+
+
+PORTS_FROM = 20000  # rendezvous ports are drawn from here up to the ephemeral range
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux's /proc; its default elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def gloo_interface_env() -> dict[str, str]:

@@ -3,6 +3,8 @@ error, the rendezvous address and the gloo interface (the cross-host runs: tests
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rlkit.engine.cluster import Demand, interface_of, shortfall
@@ -114,6 +116,9 @@ def test_rendezvous_is_the_nodes_address_and_gloo_its_interface(ray_local, monke
 
     address, port = rendezvous()
     assert address == ray.util.get_node_ip_address() and address not in ("localhost", "") and port > 0
+    # below the kernel's ephemeral range: no outgoing connection takes it before the group binds it
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert all(20000 <= p < low for _, p in [(address, port), *(rendezvous() for _ in range(5))])
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     assert gloo_interface_env() == {"GLOO_SOCKET_IFNAME": interface_of(address)}
     assert interface_of(address) is not None and interface_of("192.0.2.77") is None  # TEST-NET: nobody's
