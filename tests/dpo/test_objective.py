@@ -174,3 +174,39 @@ def test_a_reference_free_micro_batch_is_trls_orpo_or_cpo_trainer(tiny_model, tm
             "logps/rejected", "nll_loss", *(["log_odds_ratio", "log_odds_chosen"] if loss_type == "orpo" else [])]
     for key in keys:
         assert means[key] == pytest.approx(float(trl[key]), abs=1e-5), key
+
+
+def test_a_bf16_micro_batch_is_the_fp32_one_within_bf16_noise(tiny_model):
+    """The same weights in bf16 (the learners' precision with `model.dtype: bf16`) and fp32, the
+    policy moved away from its reference: the loss within 0.01, each side's sequence logprob
+    within 0.1 nats a token on average (bf16 keeps 8 significant bits: the learner's bound), the
+    reward accuracy the same, and the gradient pointing the same way (cosine above 0.99); a wrong
+    cast or position is off by whole nats."""
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.engine.logprobs import Reference
+
+    rows = _pairs()
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        def load(dtype=dtype):
+            return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype)
+
+        model = load()
+        with torch.no_grad():
+            head = model.get_output_embeddings().weight
+            head.add_((torch.randn(head.shape, generator=torch.Generator().manual_seed(1)) * 0.05).to(dtype))
+        objective = DPOObjective(DPOTerms(beta=0.5))
+        mb = MicroBatch(preference_batch(rows, 0))
+        mb = mb.attach("ref_logp", Reference(model, "full", load).logprobs(mb, 1.0, objective.positions(mb)))
+        loss, metrics = objective(model, mb)
+        loss.backward()
+        grad = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+        results[dtype] = float(loss), pair_means({k: float(v) for k, v in metrics.items()}), grad, metrics["tokens"]
+    (loss32, m32, g32, tokens), (loss16, m16, g16, _) = results[torch.float32], results[torch.bfloat16]
+    assert abs(loss16 - loss32) < 0.01 and m32["rewards/margins"] != 0
+    per_token = float(tokens) / len(rows) / 2
+    for side in ("logps/chosen", "logps/rejected"):
+        assert abs(m16[side] - m32[side]) < 0.1 * per_token, (side, m16[side], m32[side])
+    assert m16["rewards/accuracies"] == m32["rewards/accuracies"]
+    assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.99

@@ -104,3 +104,28 @@ def test_a_dpo_run_killed_mid_run_resumes_to_the_uninterrupted_runs_end(sft_mode
     else:
         assert "; padding-free rows; " in plan and "reference: the starting policy, once before training" in plan
         assert re.search(r"the reference's logprobs of \d+ pairs computed in", plan)
+
+
+@pytest.mark.slow  # a one-learner and a two-learner ZeRO-3 run of 5 steps (~35 s)
+def test_tr_dpo_on_two_zero3_learners_logs_the_one_learner_runs_losses(sft_model, task_data, tmp_path):
+    """TR-DPO (the reference moved at steps 2 and 4) on two ZeRO-3 learners with padding-free rows
+    (each rank gathers the partitioned policy to move its whole reference copy; the lm_head's calls
+    evened across ranks) logs the losses and rewards of one ZeRO-0 learner with padded rows on the
+    same 8 pairs a step: a reference moved toward a partition rather than the whole policy, or a
+    row scored across another, would part them after step 2."""
+    from rlkit.dpo.run import run_dpo
+
+    common = ["train.max_steps=5", "dpo.sync_ref_model=true", "dpo.ref_model_sync_steps=2", "optim.lr=1e-3",
+              "dpo.ref_model_mixup_alpha=0.5", "eval.every=0", "eval.max_batches=2"]
+    layouts = {"one": ["train.num_learners=1", "train.micro_batch_size=8"],
+               "zero3": ["train.num_learners=2", "train.micro_batch_size=4", "deepspeed.zero_stage=3",
+                         "dpo.padding_free=true"]}
+    keys = ("train/loss", "train/rewards/margins", "train/logps/chosen")
+    logged = {}
+    for name, layout in layouts.items():
+        run_dpo(stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml",
+                            pair_overrides(sft_model, task_data, tmp_path / name, *common, *layout)))
+        logged[name] = [[r[k] for k in keys] for r in run_metrics(tmp_path / name) if "train/loss" in r]
+    assert len(logged["one"]) == 5 and logged["one"][4][0] < logged["one"][0][0]
+    for one, zero3 in zip(logged["one"], logged["zero3"], strict=True):
+        assert zero3 == pytest.approx(one, rel=1e-3, abs=1e-4), (logged["one"], logged["zero3"])
