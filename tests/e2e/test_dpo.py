@@ -60,29 +60,22 @@ def test_orpo_learns_the_pairs_without_a_reference(sft_model, task_data, tmp_pat
     assert after >= before + 0.2, (before, after)
 
 
-@pytest.mark.slow  # three 6-step runs (~35 s)
-@pytest.mark.parametrize("variant", ["precomputed-padding-free", "tr-dpo"])
-def test_a_dpo_run_killed_mid_run_resumes_to_the_uninterrupted_runs_end(sft_model, task_data, tmp_path, monkeypatch,
-                                                                       variant):
+@pytest.mark.slow  # three 6-step runs (~30 s)
+def test_a_dpo_run_killed_mid_run_resumes_to_the_uninterrupted_runs_end(sft_model, task_data, tmp_path, monkeypatch):
     """Learner 0 dies in step 5 of 6 (checkpoints every 2 steps): the rerun resumes from step 4
     and logs the uninterrupted run's losses and rewards at steps 5-6 and on the held-out pairs,
-    and ends with its weights. `precompute_ref_log_probs` (with padding-free rows): the checkpoint
-    carries the reference's logprobs, scored once before step 1 by the starting policy (the
-    learners hold no frozen copy, and the resumed policy is no longer the reference).
-    `sync_ref_model` (TR-DPO): the checkpoint carries the reference copy the learners moved
-    toward the policy at steps 2 and 4."""
+    and ends with its weights. With `precompute_ref_log_probs` (and padding-free rows) the
+    checkpoint carries the reference's logprobs, scored once before step 1 by the starting policy
+    (the learners hold no frozen copy, and the resumed policy is no longer the reference)."""
     from safetensors.torch import load_file
 
     from rlkit.dpo.run import run_dpo
     from rlkit.errors import FaultError
 
-    extra = {"precomputed-padding-free": ["dpo.precompute_ref_log_probs=true", "dpo.padding_free=true"],
-             "tr-dpo": ["dpo.sync_ref_model=true", "dpo.ref_model_sync_steps=2", "dpo.ref_model_mixup_alpha=0.5"]}
-
     def run(out):
         return run_dpo(stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml", pair_overrides(
             sft_model, task_data, out, "train.max_steps=6", "checkpoint.every=2", "eval.every=3",
-            "eval.max_batches=2", *extra[variant])))
+            "eval.max_batches=2", "dpo.precompute_ref_log_probs=true", "dpo.padding_free=true")))
 
     clean = run(tmp_path / "clean")
     monkeypatch.setenv("RLKIT_FAULT", "die:fit:learner0:4")
@@ -98,34 +91,44 @@ def test_a_dpo_run_killed_mid_run_resumes_to_the_uninterrupted_runs_end(sft_mode
     weights = [load_file(next(Path(d).glob("*.safetensors"))) for d in (clean, resumed)]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     plan = (tmp_path / "clean" / "rlkit.log").read_text()
-    if variant == "tr-dpo":
-        assert (tmp_path / "broken" / "checkpoints" / "step-4" / "reference.pt").is_file()
-        assert "moved toward the policy every 2 steps (alpha 0.5)" in plan
-    else:
-        assert "; padding-free rows; " in plan and "reference: the starting policy, once before training" in plan
-        assert re.search(r"the reference's logprobs of \d+ pairs computed in", plan)
+    assert "; padding-free rows; " in plan and "reference: the starting policy, once before training" in plan
+    assert re.search(r"the reference's logprobs of \d+ pairs computed in", plan)
 
 
-@pytest.mark.slow  # a one-learner and a two-learner ZeRO-3 run of 5 steps (~35 s)
-def test_tr_dpo_on_two_zero3_learners_logs_the_one_learner_runs_losses(sft_model, task_data, tmp_path):
-    """TR-DPO (the reference moved at steps 2 and 4) on two ZeRO-3 learners with padding-free rows
-    (each rank gathers the partitioned policy to move its whole reference copy; the lm_head's calls
-    evened across ranks) logs the losses and rewards of one ZeRO-0 learner with padded rows on the
-    same 8 pairs a step: a reference moved toward a partition rather than the whole policy, or a
-    row scored across another, would part them after step 2."""
+@pytest.mark.slow  # a one-learner run and a two-learner ZeRO-3 run stopped and resumed, 6 steps each (~35 s)
+def test_tr_dpo_on_two_zero3_learners_killed_and_resumed_logs_the_one_learner_runs_losses(sft_model, task_data,
+                                                                                          tmp_path, monkeypatch):
+    """TR-DPO (the reference moved toward the policy at steps 2 and 4, alpha 0.5) on two ZeRO-3
+    learners with padding-free rows, learner 1 killed in step 5 and the run resumed from step 4,
+    logs the losses and rewards of one uninterrupted ZeRO-0 learner with padded rows on the same 8
+    pairs a step, at every step. Each rank gathers the partitioned policy to move its whole
+    reference copy, and the checkpoint carries the moved copy: a copy moved toward a partition, or
+    the starting model read back on resume, parts the runs after step 2 or step 4."""
     from rlkit.dpo.run import run_dpo
+    from rlkit.errors import FaultError
 
-    common = ["train.max_steps=5", "dpo.sync_ref_model=true", "dpo.ref_model_sync_steps=2", "optim.lr=1e-3",
-              "dpo.ref_model_mixup_alpha=0.5", "eval.every=0", "eval.max_batches=2"]
+    common = ["train.max_steps=6", "dpo.sync_ref_model=true", "dpo.ref_model_sync_steps=2", "optim.lr=1e-3",
+              "dpo.ref_model_mixup_alpha=0.5", "eval.every=0", "eval.max_batches=2", "checkpoint.every=2"]
     layouts = {"one": ["train.num_learners=1", "train.micro_batch_size=8"],
                "zero3": ["train.num_learners=2", "train.micro_batch_size=4", "deepspeed.zero_stage=3",
                          "dpo.padding_free=true"]}
+
+    def run(name):
+        return run_dpo(stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml",
+                                   pair_overrides(sft_model, task_data, tmp_path / name, *common, *layouts[name])))
+
+    run("one")
+    monkeypatch.setenv("RLKIT_FAULT", "die:fit:learner1:4")
+    with pytest.raises(FaultError, match="learner 1 died during the training step"):
+        run("zero3")
+    monkeypatch.delenv("RLKIT_FAULT")
+    assert (tmp_path / "zero3" / "checkpoints" / "step-4" / "reference.pt").is_file()
+    run("zero3")
     keys = ("train/loss", "train/rewards/margins", "train/logps/chosen")
-    logged = {}
-    for name, layout in layouts.items():
-        run_dpo(stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml",
-                            pair_overrides(sft_model, task_data, tmp_path / name, *common, *layout)))
-        logged[name] = [[r[k] for k in keys] for r in run_metrics(tmp_path / name) if "train/loss" in r]
-    assert len(logged["one"]) == 5 and logged["one"][4][0] < logged["one"][0][0]
-    for one, zero3 in zip(logged["one"], logged["zero3"], strict=True):
-        assert zero3 == pytest.approx(one, rel=1e-3, abs=1e-4), (logged["one"], logged["zero3"])
+    logged = {name: {r["step"]: [r[k] for k in keys] for r in run_metrics(tmp_path / name) if "train/loss" in r}
+              for name in layouts}
+    assert sorted(logged["one"]) == sorted(logged["zero3"]) == list(range(1, 7))
+    assert logged["one"][6][0] < logged["one"][1][0]
+    for step, one in logged["one"].items():
+        assert logged["zero3"][step] == pytest.approx(one, rel=1e-3, abs=1e-4), (step, logged)
+    assert "moved toward the policy every 2 steps (alpha 0.5)" in (tmp_path / "zero3" / "rlkit.log").read_text()
