@@ -62,6 +62,8 @@ class LoraConfig:
         check(self.alpha > 0, "alpha", f"must be > 0 (the adapter's scale is alpha / r), got {self.alpha}")
         check(0.0 <= self.dropout < 1.0, "dropout", f"must be in [0, 1), got {self.dropout}")
         check(len(self.target_modules) > 0, "target_modules", "name at least one module")
+        check("all-linear" not in self.target_modules or len(self.target_modules) == 1, "target_modules",
+              "all-linear (every linear layer) stands alone: name it, or the modules")
 
 
 @dataclass(frozen=True)

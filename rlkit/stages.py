@@ -99,9 +99,12 @@ def config_types() -> dict[str, type]:
 def load(name: str, path: str | Path, overrides: list[str] | None = None) -> Any:
     """Read a recipe for stage `name`, apply overrides, return the frozen config. Raises ConfigError."""
     from rlkit.engine.ds_config import check_batch_claims, fold_config_file
+    from rlkit.llamafactory import is_llamafactory, translate
 
     row = stage(name)
     data = read_yaml(path)
+    if is_llamafactory(data):
+        data = translate(data, path)
     declared = data.pop("stage", name)
     if declared not in TABLE or stage(declared) is not row:
         raise ConfigError(f"{path}: stage: this recipe is for {declared!r}, not {name!r}")

@@ -116,7 +116,13 @@ def _pair(rng: random.Random, row: dict) -> dict:
 
 
 TASK_FILES = ("sft_train.jsonl", "sft_eval.jsonl", "grpo_train.jsonl", "grpo_eval.jsonl", "dpo_train.jsonl",
-              "dpo_eval.jsonl")  # `write_task_data`'s
+              "dpo_eval.jsonl", "dataset_info.json")  # `write_task_data`'s
+# LLaMA-Factory's dataset_info.json of the task's files (what a LLaMA-Factory recipe names them by)
+DATASET_INFO = {
+    "tiny_sft": {"file_name": "sft_train.jsonl"},
+    **{f"tiny_{name}": {"file_name": f"{name}.jsonl", "ranking": True, "columns": {
+        "prompt": "instruction", "query": "input", "chosen": "chosen", "rejected": "rejected"}}
+       for name in ("dpo_train", "dpo_eval")}}
 HOME = "tiny"  # the folder the tiny recipes build into (runs/tiny/model, runs/tiny/data)
 VLM = "vlm"  # build_tiny_if_missing's name of the tiny vision-language model (`rlkit/tiny_vlm.py`)
 VLM_HOME = "tiny-vlm"  # where the tiny VLM recipes build it, and write the shape task (same file names)
@@ -160,7 +166,7 @@ def ensure_task_data(data: Any, shapes: Any = None) -> None:
 def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_eval: int = 64,
                     n_prompts: int = 256, held_out: float = 0.25) -> dict[str, Path]:
     """Write `sft_train.jsonl`, `sft_eval.jsonl`, `grpo_train.jsonl`, `grpo_eval.jsonl`, `dpo_train.jsonl`,
-    `dpo_eval.jsonl`.
+    `dpo_eval.jsonl`, and a LLaMA-Factory `dataset_info.json` naming the SFT rows and the pairs.
 
     SFT rows cover every fact (each once, the rest drawn at random), answers in the teacher's
     mixed styles. GRPO rows carry the bare answer. A `held_out` share of each level's facts is kept out of
@@ -202,6 +208,8 @@ def write_task_data(out_dir: str | Path, seed: int = 0, n_train: int = 2000, n_e
         path = out / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data), encoding="utf-8")
         paths[name] = path
+    paths["dataset_info"] = out / "dataset_info.json"
+    paths["dataset_info"].write_text(json.dumps(DATASET_INFO, indent=1), encoding="utf-8")
     return paths
 
 

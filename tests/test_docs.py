@@ -51,6 +51,8 @@ BY = {
     "rlkit doctor": ("tests/test_doctor.py::test_doctor_passes_on_this_host", '"doctor"'),
     "rlkit dpo recipes/tiny-dpo.yaml": ("tests/e2e/test_dpo.py::test_dpo_from_the_sft_model_prefers_the_chosen_answers"
                                         "_it_never_saw", '"tiny-dpo.yaml"'),
+    "rlkit dpo recipes/llamafactory/tiny_lora_dpo.yaml": (
+        "tests/e2e/test_dpo.py::test_llamafactorys_dpo_example_form_runs_as_it_is", '"tiny_lora_dpo.yaml"'),
     "rlkit rm recipes/tiny-rm.yaml": ("tests/e2e/test_rm.py::test_the_reward_model_ranks_held_out_pairs_and_scores_in"
                                       "_grpo_as_trained", '"tiny-rm.yaml"'),
     "rlkit kto recipes/tiny-kto.yaml": ("tests/e2e/test_kto.py::test_kto_on_the_unpaired_pairs_separates_desirable_from"

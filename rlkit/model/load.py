@@ -219,6 +219,8 @@ def wrap_for_training(model: Any, finetuning: str, lora: LoraConfig | None, cfg:
             model, use_gradient_checkpointing=bool(getattr(model, "is_gradient_checkpointing", False)))
         keep_4bit_weights_trainable(model)
     targets: Any = list(lora.target_modules)
+    if targets == ["all-linear"]:  # peft's name for every linear layer but the output head: a string, not a list
+        targets = "all-linear"
     whole_modules = None
     if vlm:
         targets, whole_modules = vision_language_targets(model, lora.target_modules, cfg)

@@ -44,6 +44,8 @@ def test_a_side_over_the_cutoff_is_cut_as_trls_collator_cuts_it(mode):
      "a DPO loss on a reference"),
     ("dpo.loss_type=[aot] dpo.use_weighting=true", "dpo.use_weighting: aot sorts the pairs' ratios"),
     ("dpo.ref_model_mixup_alpha=0", "dpo.ref_model_mixup_alpha: must be in (0, 1]"),
+    ("finetuning=lora lora.r=4 lora.alpha=8 lora.target_modules=[all-linear,q_proj]",
+     "lora.target_modules: all-linear (every linear layer) stands alone"),
 ])
 def test_a_bad_dpo_recipe_is_one_line_before_launch(tmp_path, override, message):
     with pytest.raises(ConfigError) as e:
