@@ -134,19 +134,22 @@ def test_tr_dpo_on_two_zero3_learners_killed_and_resumed_logs_the_one_learner_ru
     assert "moved toward the policy every 2 steps (alpha 0.5)" in (tmp_path / "zero3" / "rlkit.log").read_text()
 
 
-@pytest.mark.slow  # an 8-step LoRA run (~12 s)
-def test_llamafactorys_dpo_example_form_runs_as_it_is(sft_model, task_data, tmp_path):
+@pytest.mark.slow  # an 8-step LoRA or QLoRA run (~12 s)
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_llamafactorys_dpo_example_form_runs_as_it_is(sft_model, task_data, tmp_path, method):
     """`rlkit dpo recipes/llamafactory/tiny_lora_dpo.yaml`: LLaMA-Factory's LoRA DPO example in its
     own flat form, the pairs named by their dataset_info.json entry, trains (here 8 steps from
-    the SFT model): the policy starts as its reference (LoRA's B is 0: the loss log 2), the loss
+    the SFT model; and with 4-bit base weights): the policy starts as its reference (LoRA's B is
+    0, and the reference is the policy with its adapters disabled: the loss is log 2), the loss
     falls, and the final folder holds the adapter and the merged model."""
     from rlkit.dpo.run import run_dpo
 
-    out = tmp_path / "lf"
+    out = tmp_path / method
+    quantised = ["finetuning=qlora", "qlora.compute_dtype=fp32"] if method == "qlora" else []
     cfg = stages.load("dpo", ROOT / "recipes" / "llamafactory" / "tiny_lora_dpo.yaml", [
         f"model.path={sft_model}", f"data.train={task_data['dataset_info']}", f"output_dir={out}", "train.max_steps=8",
-        "logging.progress=none", "logging.tensorboard=false"])
-    assert cfg.finetuning == "lora" and cfg.data.dataset == "tiny_dpo_train"
+        "logging.progress=none", "logging.tensorboard=false", *quantised])
+    assert cfg.finetuning == method and cfg.data.dataset == "tiny_dpo_train"
     final = run_dpo(cfg)
     losses = [r["train/loss"] for r in run_metrics(out) if "train/loss" in r]
     assert losses[0] == pytest.approx(0.6931, abs=1e-3) and losses[-1] < losses[0] - 0.015, losses  # 0.665 measured
