@@ -50,6 +50,8 @@ def task_containers(task_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("task-containers")
     copies: dict[str, dict] = {ext: {} for ext in CONTAINERS}
     for name, path in task_data.items():
+        if path.suffix != ".jsonl":  # the dataset_info.json that names them
+            continue
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         table = pa.Table.from_pylist(rows)
         for ext in CONTAINERS:

@@ -115,17 +115,22 @@ def completion(ident: str, calls: list[dict[str, Any]], content: str, finish: st
                       "total_tokens": prompt_tokens + completion_tokens}}
 
 
-def chunks(answer: dict[str, Any]) -> Iterator[bytes]:
-    """A Chat Completion as server-sent `chat.completion.chunk` events, then `[DONE]`."""
+def chunks(answer: dict[str, Any], include_usage: bool = False) -> Iterator[bytes]:
+    """A Chat Completion as server-sent `chat.completion.chunk` events, then `[DONE]`; with
+    `include_usage` (the request's `stream_options`) every chunk has `usage: null` and one more
+    chunk, with no choices, carries the turn's usage, as OpenAI streams it."""
     message, finish = answer["choices"][0]["message"], answer["choices"][0]["finish_reason"]
     deltas = [{"role": "assistant", "content": message["content"] or ""}]
     if message.get("tool_calls"):
         deltas.append({"tool_calls": [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]})
-    head = {k: answer[k] for k in ("id", "created", "model")}
+    head = {**{k: answer[k] for k in ("id", "created", "model")}, "object": "chat.completion.chunk"}
+    usage = {"usage": None} if include_usage else {}
     for i, delta in enumerate([*deltas, {}]):
-        chunk = {**head, "object": "chat.completion.chunk",
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish if i == len(deltas) else None}]}
+        last = finish if i == len(deltas) else None
+        chunk = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": last}], **usage}
         yield f"data: {json.dumps(chunk)}\n\n".encode()
+    if include_usage:
+        yield f"data: {json.dumps({**head, 'choices': [], 'usage': answer['usage']})}\n\n".encode()
     yield b"data: [DONE]\n\n"
 
 

@@ -58,6 +58,9 @@ class Endpoint:
         self.url: str | None = None
         self._runner: Any = None
         self._lock = threading.Lock()
+        # no token of this tokenizer spells more characters: a request whose text exceeds
+        # max_model_len times this cannot fit, whatever the template adds
+        self.max_chars = max_model_len * max((len(t) for t in tokenizer.get_vocab()), default=1)
 
     # ------------------------------------------------------------------ life
 
@@ -192,7 +195,8 @@ class Endpoint:
             return web.json_response({"error": {"message": str(e), "type": "invalid_request_error", "code": e.kind}},
                                      status=e.status)
         if not responses and body.get("stream"):
-            return await self._stream(request, answer)
+            options = body.get("stream_options")
+            return await self._stream(request, answer, isinstance(options, dict) and bool(options.get("include_usage")))
         return web.json_response(answer)
 
     async def _turn(self, session: Session, body: Any) -> tuple[dict[str, Any], float]:
@@ -200,9 +204,12 @@ class Endpoint:
         from jinja2 import TemplateError
 
         messages, tools = check_request(body, self.cfg.sampling, self.recipe, session.overridden)
-        try:
-            ids = list(self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                                          tokenize=True, return_dict=False))
+        chars = sum(_text_chars(m.get("content")) for m in messages)
+        if chars > self.max_chars:  # refused before the template renders and the tokenizer reads it
+            raise RequestError(400, "context_length_exceeded", f"the conversation holds {chars} characters, more "
+                               f"than {self.max_model_len} tokens (rollout.max_model_len) can spell")
+        try:  # off the loop: a long render or tokenization delays no other session's request
+            ids = await asyncio.to_thread(self._render, messages, tools)
         except (TemplateError, TypeError, ValueError, KeyError) as e:
             raise RequestError(400, "malformed", "the policy's chat template cannot render these messages: "
                                f"{' '.join(str(e).split())[:200]}") from None
@@ -241,6 +248,11 @@ class Endpoint:
         seg.messages = messages + [answer["choices"][0]["message"]]
         return answer, seconds
 
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The request's prompt tokens: its messages and tools through the policy's chat template."""
+        return list(self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                                       tokenize=True, return_dict=False))
+
     def _parse(self, sampled: list[int], prefix: list[int], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
         """The model's turn as a chat message (transformers' response parsing, as the turn loop)."""
         from trl.chat_template_utils import parse_response
@@ -257,13 +269,23 @@ class Endpoint:
         """The turn's id: the session's and its count of turns."""
         return f"{session.id}_{sum(s.turns for s in session.segments)}"
 
-    async def _stream(self, request: Any, answer: dict[str, Any]) -> Any:
-        """The answer as server-sent chunks (the whole turn is generated first)."""
+    async def _stream(self, request: Any, answer: dict[str, Any], include_usage: bool = False) -> Any:
+        """The answer as server-sent chunks (the whole turn is generated first), its usage last
+        when the request's `stream_options` asks for it."""
         from aiohttp import web
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        for chunk in chunks(answer):
+        for chunk in chunks(answer, include_usage):
             await response.write(chunk)
         await response.write_eof()
         return response
+
+
+def _text_chars(content: Any) -> int:
+    """The characters of a message's text: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(str(p.get("text") or "")) for p in content if isinstance(p, dict))
+    return 0

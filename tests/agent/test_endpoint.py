@@ -38,14 +38,34 @@ def calculator(row, client, exclude_none=True):
     messages = [{"role": "user", "content": f"What is {row['a']} + {row['b']}?"}]
     for _ in range(4):
         reply = client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=exclude_none))
-        if not message.tool_calls:
-            return float(str(row["a"] + row["b"]) in (message.content or ""))
-        for call in message.tool_calls:
-            args = json.loads(call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])})
+        reward = _take(row, messages, reply.choices[0].message, exclude_none)
+        if reward is not None:
+            return reward
     return 0.0
+
+
+async def async_calculator(row, client):
+    """`calculator` written against `openai.AsyncOpenAI`, as asynchronous harnesses are (the Agents
+    SDK's `Runner.run`, LangGraph): every request awaited."""
+    messages = [{"role": "user", "content": f"What is {row['a']} + {row['b']}?"}]
+    for _ in range(4):
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=[ADD])
+        reward = _take(row, messages, reply.choices[0].message)
+        if reward is not None:
+            return reward
+    return 0.0
+
+
+def _take(row, messages, message, exclude_none=True):
+    """The harness's side of a turn: the answer's reward (1.0 when it holds the sum), or None once
+    the model's tool calls are run and their results appended to `messages`."""
+    messages.append(message.model_dump(exclude_none=exclude_none))
+    if not message.tool_calls:
+        return float(str(row["a"] + row["b"]) in (message.content or ""))
+    for call in message.tool_calls:
+        args = json.loads(call.function.arguments)
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])})
+    return None
 
 
 def agent(tok, program, **cfg):
@@ -123,11 +143,20 @@ def test_a_history_the_program_rewrote_forks_a_new_sample_never_a_splice(tok):
 
 
 def test_streaming_gives_the_same_turn_in_chunks(tok):
+    """A streamed turn comes as chunks ending in its finish reason; with `stream_options:
+    {include_usage: true}` one more chunk, without choices, carries the turn's token counts (what
+    a harness that counts tokens reads), and the other chunks' usage is null."""
     def streaming(row, client):
         messages = [{"role": "user", "content": f"What is {row['a']} + {row['b']}?"}]
         chunks = list(client.chat.completions.create(model="policy", messages=messages, tools=[ADD], stream=True))
         calls = [c for ch in chunks for c in (ch.choices[0].delta.tool_calls or [])]
-        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert chunks[-1].choices[0].finish_reason == "tool_calls" and all(ch.usage is None for ch in chunks)
+        counted = list(client.chat.completions.create(model="policy", messages=messages, tools=[ADD], stream=True,
+                                                      stream_options={"include_usage": True}))
+        assert counted[-2].choices[0].finish_reason == "tool_calls" and counted[-1].choices == []
+        usage = counted[-1].usage
+        assert usage.completion_tokens > 0 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        assert all(ch.usage is None for ch in counted[:-1])
         return float(json.loads(calls[0].function.arguments) == {"a": row["a"], "b": row["b"]})
 
     a = agent(tok, streaming)
@@ -180,6 +209,77 @@ def test_crash_hang_flood_and_malformed_requests_cost_only_their_rollout(tok, ca
     assert any("bad result" in x and "'yes'" in x for x in lines) and batch.samples[5].turns == 2
     assert any("timed out" in x for x in lines) and any("flooded" in x for x in lines)
     assert any("refused" in x and "malformed" in x for x in lines)
+
+
+def test_an_async_program_is_awaited_with_an_async_client_and_cancelled_at_its_deadline(tok):
+    """`async def run(row, client)`: each rollout's coroutine runs on an event loop with an
+    `openai.AsyncOpenAI` client bound to its session, so its turns are generated and recorded as a
+    synchronous program's are (reward 1.0, two turns, one tool call); one that hangs is cancelled
+    at `timeout_s` and costs its rollout only. (Before, the coroutine was never awaited: every
+    rollout a bad result.)"""
+    import asyncio
+
+    async def program(row, client):
+        if row["kind"] == "hang":
+            await asyncio.sleep(30)
+        return await async_calculator(row, client)
+
+    rows = [{"prompt": "q", "a": 2, "b": 3, "kind": k} for k in ("ok", "hang", "ok")]
+    a = agent(tok, program, timeout_s=3.0)
+    t0 = time.monotonic()
+    try:
+        batch = a.generate(rows, Engine(tok), Sampling(max_tokens=300), n=1, seed=0)
+    finally:
+        a.close()
+    assert time.monotonic() - t0 < 10
+    m = batch.metrics
+    assert m["program/timed_out"] == 1.0 and m["program/bad_result"] == 0.0 and m["program/crashed"] == 0.0
+    good = [batch.samples[0], batch.samples[2]]
+    assert [s.env_reward for s in good] == [1.0, 1.0] and [(s.turns, s.tool_calls) for s in good] == [(2, 1)] * 2
+
+
+def test_a_request_too_long_to_fit_is_refused_unread_and_a_slow_render_delays_no_other_session(tok, monkeypatch):
+    """A 600,000-character message is refused (400, context_length_exceeded) before the template
+    renders it: the tokenizer never sees it. A render that takes 3 s (a long conversation) runs
+    off the endpoint's event loop: another session's request, sent while it runs, is answered at
+    once. (Before, both ran on the loop, and every other session waited for them.)"""
+    import openai
+
+    rendered = []
+    render = type(tok).apply_chat_template
+
+    def slow_render(self, messages, *args, **kwargs):
+        rendered.append(sum(len(str(m.get("content") or "")) for m in messages))
+        if "SLOW" in str(messages[0].get("content")):
+            time.sleep(3.0)
+        return render(self, messages, *args, **kwargs)
+
+    monkeypatch.setattr(type(tok), "apply_chat_template", slow_render)
+
+    def program(row, client):
+        if row["kind"] == "huge":
+            try:
+                client.chat.completions.create(model="p", messages=[{"role": "user", "content": "x" * 600_000}])
+            except openai.BadRequestError as e:
+                return float(e.code == "context_length_exceeded")
+            return 0.0
+        if row["kind"] == "slow":
+            client.chat.completions.create(model="p", messages=[{"role": "user", "content": "SLOW What is 1 + 2?"}])
+            return 1.0
+        time.sleep(0.5)  # the slow render has begun
+        t0 = time.monotonic()
+        client.models.list()
+        return float(time.monotonic() - t0 < 1.0)
+
+    rows = [{"prompt": "q", "a": 1, "b": 2, "kind": k} for k in ("huge", "slow", "quick")]
+    a = agent(tok, program, timeout_s=20.0)
+    try:
+        batch = a.generate(rows, Engine(tok), Sampling(max_tokens=300), n=1, seed=0)
+    finally:
+        a.close()
+    assert [s.env_reward for s in batch.samples] == [1.0, 1.0, 1.0]
+    assert rendered and max(rendered) < 1000  # the huge message was never rendered
+    assert batch.metrics["program/refused"] == 1.0
 
 
 def test_a_harness_sampling_settings_are_overridden_or_refused(tok, caplog):
