@@ -45,14 +45,10 @@ IGNORED = ("do_train", "overwrite_cache", "preprocessing_num_workers", "dataload
            "flash_attn", "enable_liger_kernel", "use_unsloth", "upcast_layernorm", "resize_vocab",
            "new_special_tokens", "streaming", "buffer_size", "mix_strategy", "interleave_probs",
            "disable_gradient_checkpointing", "dataloader_pin_memory", "remove_unused_columns", "do_eval")
-# keys whose meaning rlkit cannot keep: what to write instead
+# keys whose meaning rlkit cannot keep, refused wherever they appear: what to write instead
 REFUSED = {
     "val_size": "rlkit holds out a file of its own: split the rows and set data.eval",
     "eval_dataset": "name the held-out rows' file as data.eval (one dataset_info.json entry: data.dataset)",
-    "finetuning_type: freeze": "rlkit trains full, lora or qlora: write finetuning_type: full or lora",
-    "pref_loss: kto_pair": "kto_pair is not one of TRL's DPO losses: run rlkit kto on the same pairs",
-    "stage": "rlkit trains the stages sft, dpo, rm and kto (LLaMA-Factory's ppo: rlkit grpo)",
-    "quantization_bit": "rlkit's QLoRA is 4-bit: write quantization_bit: 4, or leave it out",
 }
 
 
@@ -66,13 +62,14 @@ def translate(raw: dict[str, Any], path: str | Path) -> dict[str, Any]:
     out are named in one warning. A key rlkit cannot keep is a `ConfigError` naming it."""
     stage = str(raw.get("stage", "sft"))
     if stage not in STAGES:
-        _refuse(path, "stage", f"{stage!r}: {REFUSED['stage']}")
+        _refuse(path, "stage", f"{stage!r}: rlkit trains the stages sft, dpo, rm and kto (LLaMA-Factory's ppo: "
+                "rlkit grpo)")
     out: dict[str, Any] = {"stage": STAGES[stage]}
     left: list[str] = []
     for key, value in raw.items():
         if key in SAME:
             _put(out, SAME[key].format(stage=stage), value)
-        elif key in REFUSED and key not in ("stage", "quantization_bit"):
+        elif key in REFUSED:
             _refuse(path, key, REFUSED[key])
         elif key in IGNORED:
             left.append(key)
@@ -97,10 +94,10 @@ _READ_BELOW = ("stage", "finetuning_type", "lora_target", "quantization_bit", "q
 def _method(raw: dict[str, Any], out: dict[str, Any], path: str | Path) -> None:
     kind = str(raw.get("finetuning_type", "lora"))  # LLaMA-Factory's default
     if kind not in ("full", "lora"):
-        _refuse(path, "finetuning_type", REFUSED["finetuning_type: freeze"])
+        _refuse(path, "finetuning_type", "rlkit trains full, lora or qlora: write finetuning_type: full or lora")
     bits = raw.get("quantization_bit")
     if bits is not None and (bits != 4 or kind != "lora"):
-        _refuse(path, "quantization_bit", REFUSED["quantization_bit"])
+        _refuse(path, "quantization_bit", "rlkit's QLoRA is 4-bit: write quantization_bit: 4, or leave it out")
     out["finetuning"] = "qlora" if bits == 4 else kind
     if kind == "lora":
         target = str(raw.get("lora_target", "all"))
@@ -141,7 +138,7 @@ def _preference(raw: dict[str, Any], out: dict[str, Any], path: str | Path) -> N
     """DPO's `pref_loss` and `pref_ftx` (the chosen side's NLL added with that weight) as TRL's names."""
     loss, ftx = str(raw.get("pref_loss", "sigmoid")), float(raw.get("pref_ftx", 0.0))
     if loss == "kto_pair":
-        _refuse(path, "pref_loss", REFUSED["pref_loss: kto_pair"])
+        _refuse(path, "pref_loss", "kto_pair is not one of TRL's DPO losses: run rlkit kto on the same pairs")
     dpo = out.setdefault("dpo", {})
     if loss == "simpo":  # SimPO's NLL weight is CPO's alpha (0: SimPO proper, LLaMA-Factory's default)
         dpo.update(loss_type=[loss], cpo_alpha=ftx)

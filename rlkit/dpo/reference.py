@@ -36,10 +36,10 @@ class ReferenceOnce:
     ld_alpha: float | None = None
 
     def attach(self, learners: LearnerGroup, data: Any, objective: Any,
-               batches: Callable[[Sequence[dict]], list[MicroBatch]], saved: dict[str, Any] | None) -> tuple[Any, dict]:
-        """`data` (a `PairData`) whose pairs carry `ref_chosen` and `ref_rejected`, and what a
-        checkpoint keeps of them (`saved`: a resumed run's, used as they are); `batches` splits
-        pairs into micro-batches."""
+               batches: Callable[[Sequence[dict]], list[MicroBatch]], saved: dict[str, Any] | None) -> Any:
+        """`data` (a `PairData`) whose pairs carry `ref_chosen` and `ref_rejected`, with what a
+        checkpoint keeps of them as its `kept` (`saved`: a resumed run's, used as they are);
+        `batches` splits pairs into micro-batches."""
         from rlkit.errors import UserError
 
         if saved is None:
@@ -51,7 +51,7 @@ class ReferenceOnce:
                                 f"{split} pairs, the data now has {len(pairs)}: resume with the data it was written "
                                 "with, or start again with checkpoint.resume: never", "checkpoint.resume")
         return dataclasses.replace(data, train=with_reference(data.train, saved.get("train")),
-                                   eval=with_reference(data.eval, saved.get("eval"))), saved
+                                   eval=with_reference(data.eval, saved.get("eval")), kept={"reference": saved})
 
     def score(self, learners: LearnerGroup, batches: list[MicroBatch], pairs: int, objective: Any) -> torch.Tensor:
         """[pairs, 2]: each pair's (chosen, rejected) sequence logprob under the reference, from its
@@ -64,7 +64,7 @@ class ReferenceOnce:
             scored = learners.logprobs([even[r::world] for r in range(world)], self.model, objective.positions)
             for r, per_batch in enumerate(scored):
                 for j, logp in enumerate(per_batch):
-                    if (i := a + r + j * world) < min(a + len(part), len(batches)):
+                    if (i := a + r + j * world) < a + len(part):  # not a rank's evening repeat
                         sides = sequence_logps(logp * objective.positions(batches[i]), batches[i]["completion_mask"],
                                                self.ld_alpha).chunk(2)
                         out[starts[i]:starts[i + 1]] = torch.stack(sides, 1)

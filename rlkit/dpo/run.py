@@ -252,9 +252,8 @@ def run_pairs(cfg: Any, stage: PairStage) -> Path:
         if stage.reference_once:
             t0 = time.time()
             batches = lambda pairs: micro_batches(pairs, t.micro_batch_size, data.pad_id, stage.collate)  # noqa: E731
-            data, kept = stage.reference_once.attach(learners, data, stage.objective, batches,
-                                                     (resumed.payload or {}).get("reference"))
-            data.kept = {"reference": kept}
+            data = stage.reference_once.attach(learners, data, stage.objective, batches,
+                                               (resumed.payload or {}).get("reference"))
             if not resumed.payload:
                 run.announce(f"rlkit {stage.name}: the reference's logprobs of {len(data.train) + len(data.eval)} "
                              f"{stage.unit} computed in {time.time() - t0:.1f} s")

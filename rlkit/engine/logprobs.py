@@ -152,8 +152,9 @@ def completion_states(model: Any, batch: dict[str, Tensor], positions: Tensor) -
     if _HEAD_ONLY.get(hf) is None:
         _HEAD_ONLY[hf] = _same_logits(head(hidden[:, -1:]), last)
     if not _HEAD_ONLY[hf]:
-        raise ValueError(f"{type(hf).__name__} changes its logits after the lm_head (soft-capping or a scale): the "
-                         "full-vocabulary distillation loss projects hidden states through the lm_head alone")
+        raise ValueError(f"{type(hf).__name__} changes its logits after the lm_head (soft-capping or a scale): a loss "
+                         "that projects hidden states through the lm_head alone (full-vocabulary distillation, "
+                         "DPO's use_weighting) cannot score it")
     return states, head
 
 
