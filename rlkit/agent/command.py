@@ -32,6 +32,7 @@ from typing import Any
 
 from rlkit.errors import ConfigError
 from rlkit.program_config import ProgramConfig
+from rlkit.reward import uids
 
 SOCKET_DIR = "/run/rlkit"  # where the endpoint's Unix socket is inside the sandbox
 
@@ -120,14 +121,17 @@ class CommandProgram:
         env = {"OPENAI_BASE_URL": str(client.base_url).rstrip("/"), "OPENAI_API_KEY": client.api_key,
                "RLKIT_ROW": row_json, "PATH": self._path(), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         if self.cfg.isolation == "namespaces":
-            cmd, fds = self._sandboxed(env)
+            cmd, fds, uid = self._sandboxed(env)
             env = {"PATH": "/usr/bin:/bin"}  # bubblewrap's own: it sets the program's
         else:
-            cmd, fds = self.argv, ()
+            cmd, fds, uid = self.argv, (), None
             env = {**env, "HOME": os.environ.get("HOME", "/tmp")}
         try:
             proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
+        except BaseException:
+            uids.release(uid)
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
@@ -138,14 +142,16 @@ class CommandProgram:
             raise TimeoutError(f"still running after {self.cfg.timeout_s:g} s") from None
         finally:
             _kill_tree(proc)
+            uids.release(uid)  # its processes ended with bubblewrap's PID namespace
         if proc.returncode != 0:
             tail = err.decode("utf-8", "replace").strip().splitlines()
             raise RuntimeError(f"exit status {proc.returncode}" + (f": {tail[-1][:160]}" if tail else ""))
         return _reward(out)
 
-    def _sandboxed(self, env: dict[str, str]) -> tuple[list[str], tuple[int, ...]]:
+    def _sandboxed(self, env: dict[str, str]) -> tuple[list[str], tuple[int, ...], int | None]:
         """bubblewrap's command line: the code sandbox's, with the Python environment, the recipe's
-        folder and the endpoint's socket folder mounted, the environment set, the launcher first."""
+        folder and the endpoint's socket folder mounted, the environment set, the launcher first; the
+        descriptors it is passed, and as root the throwaway uid it drops to (claimed: `uids.release`)."""
         from rlkit.reward import seccomp
         from rlkit.reward.sandbox import Limits, _bwrap_args, interpreter, next_uid, running_as_root
 
@@ -175,7 +181,8 @@ class CommandProgram:
         launcher = {"port": self.port, "socket": f"{SOCKET_DIR}/{os.path.basename(self.socket_path)}",
                     "limits": rlimits, "uid": uid, "argv": self.argv}
         fd = seccomp.filter_fd()
-        return [*args, "--seccomp", str(fd), "--", python, "-I", "-S", "-c", LAUNCHER, json.dumps(launcher)], (fd,)
+        return ([*args, "--seccomp", str(fd), "--", python, "-I", "-S", "-c", LAUNCHER, json.dumps(launcher)], (fd,),
+                uid)
 
 
 def _reward(stdout: bytes) -> Any:

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlkit.reward import uids
+
 if TYPE_CHECKING:
     from rlkit.reward.cgroup import Cap
 
@@ -115,6 +117,7 @@ def reap(run: Started) -> None:
             _sweep(uid)
     if run.cap is not None:
         run.cap.close()
+    uids.release(uid)  # after its processes and leftovers are gone: another run may hold it now
 
 
 def _sweep(uid: int) -> None:

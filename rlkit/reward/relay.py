@@ -14,6 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from rlkit.reward import uids
 from rlkit.reward.pipes import reap
 from rlkit.reward.sandbox import Sandbox
 
@@ -127,8 +128,9 @@ def converse(box: Sandbox, tests: str, tests_payload: tuple[bytes, int | None], 
     limit = box.limits.output_kb << 10
     t0 = time.perf_counter()
     deadline = t0 + box.limits.timeout_s
-    spawned = [box.spawn(tests, tests_payload[1])]
+    spawned = []
     try:
+        spawned.append(box.spawn(tests, tests_payload[1]))
         spawned.append(box.spawn(candidate, candidate_payload[1]))
         sel = selectors.DefaultSelector()
         t = _Side(spawned[0].proc, tests_payload[0], sel)
@@ -144,6 +146,8 @@ def converse(box: Sandbox, tests: str, tests_payload: tuple[bytes, int | None], 
     finally:
         for run in spawned:
             reap(run)
+        if len(spawned) < 2:  # a program that never started: its claimed uid back (`spawn` gave back its own)
+            uids.release(candidate_payload[1])
     talk.seconds = time.perf_counter() - t0
     if not (talk.timed_out or talk.flooded) and (not t.ready or c.refused):  # (the tests may be done before it spoke)
         talk.started = False

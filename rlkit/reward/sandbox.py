@@ -45,22 +45,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
 from rlkit.errors import RewardError
-from rlkit.reward import cgroup, seccomp
+from rlkit.reward import cgroup, seccomp, uids
 from rlkit.reward.pipes import Exchange, Started, reap
 
 ISOLATIONS = ("namespaces", "remote", "process")
 # the program's whole environment (HOME: its working directory), in both local modes
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-_UID_BASE = 1_000_000_000
-_uid_lock = threading.Lock()
-_uid_counter = 0
 
 
 @dataclass(frozen=True)
@@ -108,11 +104,9 @@ def running_as_root() -> bool:
 
 
 def next_uid() -> int:
-    """A throwaway uid for one run as root (unique per process and run)."""
-    global _uid_counter
-    with _uid_lock:
-        _uid_counter += 1
-        return _UID_BASE + (os.getpid() % 100_000) * 1000 + _uid_counter % 1000
+    """A throwaway uid for one run as root, held by no other run on this host until its run is reaped
+    (`rlkit.reward.uids`)."""
+    return uids.claim()
 
 
 @functools.lru_cache(maxsize=16)
@@ -267,6 +261,7 @@ class Sandbox:
         except BaseException:
             if work is not None:
                 shutil.rmtree(work, ignore_errors=True)
+            uids.release(uid)
             raise
         finally:
             for fd in fds:

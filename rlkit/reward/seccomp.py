@@ -22,7 +22,8 @@ DENIED_SYSCALLS = (
     "reboot", "acct", "quotactl", "open_by_handle_at", "name_to_handle_at", "syslog",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
     "memfd_create", "memfd_secret",  # memory files: each up to the file-size limit, outside the address-space one
-    "shmget", "msgget", "semget")  # SysV IPC objects: memory outside every process's bound, and they outlive it
+    "shmget", "msgget", "semget",  # SysV IPC objects: memory outside every process's bound, and they outlive it
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr")  # POSIX queues: too
 # clone(2)'s namespace flags (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET): each refused
 CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 

@@ -132,6 +132,12 @@ ATTACKS = {
                   "        libc.shmat(seg, None, 0)\n    except Exception:\n        pass\n"
                   "    if os.fork() == 0:\n        os.setsid(); import time; time.sleep(60)\n    return 0",
                   ["assert solve() == 1"]),
+    # a POSIX message queue: kernel memory outside every process's bound that outlives the sample (10 x 8 KiB)
+    "message_queue": ("import ctypes, os\ndef solve():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+                      "    attr = (ctypes.c_long * 8)(0, 10, 8192, 0)\n"
+                      "    q = libc.mq_open(b'/rlkit-attack-mq', os.O_CREAT | os.O_WRONLY, 0o666, attr)\n"
+                      "    return 0 if q < 0 else sum(libc.mq_send(q, b'x' * 8192, 8192, 0) == 0 for _ in range(10))",
+                      ["assert solve() == 1"]),
     "disk_fill": ("def solve():\n    with open('fill', 'wb') as f:\n        for _ in range(4096):\n"
                   "            f.write(b'x' * (1 << 20))\n    return 0", ["assert solve() == 1"]),
     "output_flood": ("import os, sys\nfor fd in (*range(3, 16), 1, 2):\n    try:\n        for _ in range(4096):\n"
@@ -186,6 +192,17 @@ def _sysv_shm() -> set[str]:
             return {line.split()[1] for line in f.readlines()[1:]}
     except OSError:
         return set()
+
+
+def _message_queue_left() -> list[str]:
+    """The attack's POSIX message queue where the driver can open it (then removed)."""
+    libc = _libc()
+    q = libc.mq_open(b"/rlkit-attack-mq", os.O_RDONLY)
+    if q < 0:
+        return []
+    libc.mq_close(q)
+    libc.mq_unlink(b"/rlkit-attack-mq")
+    return ["left POSIX message queue /rlkit-attack-mq"]
 
 
 def _sandbox_processes() -> list[str]:
@@ -286,6 +303,7 @@ def scenario(name: str, audit: bool, isolation: str = "namespaces") -> dict:
     escaped += [f"left {p}" for p in new]
     escaped += [f"left SysV shared memory {k}" for k in sorted(_sysv_shm() - shm_before)]
     escaped += _keys_left(secret_key)
+    escaped += _message_queue_left()
     escaped += [f"left process {p}" for p in _lasting_processes()]
     if seconds > 8:
         escaped.append(f"took {seconds:.1f} s")
