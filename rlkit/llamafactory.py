@@ -98,6 +98,10 @@ def _method(raw: dict[str, Any], out: dict[str, Any], path: str | Path) -> None:
     bits = raw.get("quantization_bit")
     if bits is not None and (bits != 4 or kind != "lora"):
         _refuse(path, "quantization_bit", "rlkit's QLoRA is 4-bit: write quantization_bit: 4, or leave it out")
+    method = str(raw.get("quantization_method", "bnb"))  # LLaMA-Factory's default: bitsandbytes
+    if bits is not None and method != "bnb":
+        _refuse(path, "quantization_method", f"{method!r}: rlkit's QLoRA quantises with bitsandbytes: write "
+                "quantization_method: bnb (or leave it out)")
     out["finetuning"] = "qlora" if bits == 4 else kind
     if kind == "lora":
         target = str(raw.get("lora_target", "all"))

@@ -60,6 +60,8 @@ def test_each_preference_loss_and_method_is_trls_name(tmp_path, change, loss, we
     ({"pref_loss": "kto_pair"}, "pref_loss: kto_pair is not one of TRL's DPO losses: run rlkit kto"),
     ({"stage": "ppo"}, "stage: 'ppo': rlkit trains the stages sft, dpo, rm and kto"),
     ({"quantization_bit": 8}, "quantization_bit: rlkit's QLoRA is 4-bit"),
+    ({"quantization_bit": 4, "quantization_method": "gptq"}, "quantization_method: 'gptq': rlkit's QLoRA quantises "
+                                                             "with bitsandbytes"),
     ({"max_samples": 1000}, "max_samples: rlkit reads every row"),
     ({"pref_loss": "orpo", "pref_ftx": 0.1}, "pref_ftx: ORPO always trains the chosen side's NLL"),
     ({"mask_history_x": True}, "mask_history_x: not a LLaMA-Factory key rlkit reads"),

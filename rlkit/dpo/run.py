@@ -198,7 +198,7 @@ def run_dpo(cfg: DPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run DPO from a loaded recipe; returns the final model directory."""
     d = cfg.dpo
     rows = {"collate": without_padding(preference_batch) if d.padding_free else preference_batch,
-            "checks": (_check_padding_free,), "layout": "padding-free rows" if d.padding_free else "padded rows"}
+            "checks": (_check_model,), "layout": "padding-free rows" if d.padding_free else "padded rows"}
     if d.reference_free:
         objective = ReferenceFreeObjective(d.loss_type[0], d.beta, d.cpo_alpha, d.simpo_gamma, d.label_smoothing)
         return run_pairs(cfg, PairStage("dpo", objective, pair_means, False, "lm",
@@ -217,14 +217,21 @@ def run_dpo(cfg: DPOConfig, recipe_path: str | Path | None = None) -> Path:
                                     reference_once=once, mix_reference=mix, **rows))
 
 
-def _check_padding_free(cfg: DPOConfig, device: Any) -> None:
-    """Before launch: `dpo.padding_free` only for a model without layers that carry a state."""
+def _check_model(cfg: DPOConfig, device: Any) -> None:
+    """Before launch: `dpo.padding_free` only for a model without layers that carry a state, and
+    `dpo.use_weighting` only for one whose logits are its lm_head's."""
     from rlkit.model.attention import check_packable
+    from rlkit.model.checks import check_head_only
     from rlkit.model.load import model_config
 
-    if cfg.dpo.padding_free:
-        check_packable(model_config(cfg.model), cfg.model.path, "dpo.padding_free",
-                       "set dpo.padding_free: false (a row per side, padded)")
+    d = cfg.dpo
+    if d.padding_free or d.use_weighting:
+        config = model_config(cfg.model)
+        if d.padding_free:
+            check_packable(config, cfg.model.path, "dpo.padding_free",
+                           "set dpo.padding_free: false (a row per side, padded)")
+        if d.use_weighting:
+            check_head_only(config, cfg.model.path, "dpo.use_weighting", "set dpo.use_weighting: false")
 
 
 def run_pairs(cfg: Any, stage: PairStage) -> Path:

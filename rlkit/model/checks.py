@@ -140,3 +140,22 @@ def hub_problem(repo_id: str, timeout_s: float = 10.0) -> str | None:
         return f"{constants.ENDPOINT} cannot be reached ({type(e).__name__}: {str(e)[:120]}): {fetch}, or set " \
                "HF_ENDPOINT to a mirror"
     return None
+
+
+# config fields of models whose logits are not the lm_head's alone, and the value that changes nothing
+_AFTER_HEAD = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0}
+
+
+def check_head_only(config: Any, path: str, key: str, instead: str) -> None:
+    """Before launch, where a loss projects hidden states through the lm_head alone (`key`): one line
+    for a model whose config changes its logits after the lm_head (Gemma 2's soft-capping, Cohere's
+    scale, Granite's scaling), saying what to set (`instead`). The learner also checks at its first call."""
+    from rlkit.errors import ConfigError
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field, neutral in _AFTER_HEAD.items():
+        value = getattr(text, field, neutral)
+        if value not in (neutral, None, 0):
+            raise ConfigError(f"{path} ({text.model_type}) changes its logits after the lm_head ({field} {value}): "
+                              f"{key} projects hidden states through the lm_head alone, so rlkit cannot score it: "
+                              f"{instead}", key)

@@ -79,3 +79,27 @@ def test_the_estimate_counts_the_reference_copy_only_where_the_learners_hold_one
     cfg = stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml", ["model.path=facebook/opt-6.7b", *override])
     (learner,) = est.estimate(cfg, stages.memory("dpo"), est.Arch.from_config(*est.model_config("facebook/opt-6.7b")))
     assert ("reference copy" in learner.parts) is copy
+
+
+@pytest.mark.parametrize("kind, extra, refused", [
+    ("gemma2", {}, "final_logit_softcapping 30.0"), ("cohere", {}, "logit_scale 0.0625"),
+    ("granite", {"logits_scaling": 8.0}, "logits_scaling 8.0"), ("llama", {}, None),
+    ("gemma3", {}, None),  # Gemma 3 dropped soft-capping: its text config's field is None
+])
+def test_wpo_on_a_model_that_changes_its_logits_after_the_lm_head_is_one_line_before_launch(tmp_path, kind, extra,
+                                                                                             refused):
+    """`dpo.use_weighting` projects hidden states through the lm_head alone: a soft-capped or scaled
+    model is refused before launch (the learner's own check would only fail at the first step)."""
+    from transformers import AutoConfig
+
+    from rlkit.dpo.run import _check_model
+
+    AutoConfig.for_model(kind, **extra).save_pretrained(tmp_path)
+    cfg = stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml", [f"model.path={tmp_path}", "dpo.use_weighting=true"])
+    if refused is None:
+        _check_model(cfg, None)
+        return
+    with pytest.raises(ConfigError) as e:
+        _check_model(cfg, None)
+    assert str(e.value).startswith(f"dpo.use_weighting: {tmp_path} ({kind}) changes its logits after the lm_head "
+                                   f"({refused})") and "set dpo.use_weighting: false" in str(e.value)
