@@ -115,6 +115,13 @@ def test_sandbox_probes_show_each_verdict(work, capsys):
         "rlkit reward test: code.jsonl: row 2: rewards[0] (code_reward) cannot judge it: test case "
         "\"assert eval('add(0, 2)') == 2\" calls eval(): the test runs apart from the candidate's code, with the "
         "standard library and the candidate's functions by name only"]
+    rows[1]["test_cases"][1] = "assert pow(2, 3) == 8"  # never calls the candidate: any completion passes it
+    (work / "code.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert cli("rewards.code:code_reward", "--data", "code.jsonl") == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "rlkit reward test: code.jsonl: row 2: rewards[0] (code_reward) cannot judge it: test case "
+        "'assert pow(2, 3) == 8' uses no name the candidate defines: the tests' side computes it alone, so every "
+        "completion, however wrong, passes it; call the function under test in it, or remove it"]
 
 
 def test_failing_call_exits_1_with_the_sample(work, capsys):

@@ -76,6 +76,10 @@ def check_test(test: str) -> None:
         if why:
             raise TestError(f"test case {test[:80]!r} {why}: the test runs apart from the candidate's code, "
                             "with the standard library and the candidate's functions by name only")
+    if not scope_of(test)[0]:
+        raise TestError(f"test case {test[:80]!r} uses no name the candidate defines: the tests' side computes it "
+                        "alone, so every completion, however wrong, passes it; call the function under test in "
+                        "it, or remove it")
 
 
 _HELPERS = {"isclose"}  # comparison helpers a test uses by name: the test's own (math's), never the candidate's

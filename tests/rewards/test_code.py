@@ -158,7 +158,11 @@ def test_a_test_the_judge_cannot_split_is_one_line():
         run_tests("def f(): pass", ["check(f)"])
     for test, why in [("assert eval('f()') == 1", "calls eval()"), ("assert f.__name__ == 'f'", "dunder attribute"),
                       ("from solution import f\nassert f() == 1", "imports 'solution', not a standard-library"),
-                      ("assert globals()['f']() == 1", "calls globals()")]:
+                      ("assert globals()['f']() == 1", "calls globals()"),
+                      # computed on the tests' side alone: any completion, however wrong, would pass it
+                      ("assert pow(2, 3) == 8", "uses no name the candidate defines"),
+                      ("assert hex(255) == '0xff'", "uses no name the candidate defines"),
+                      ("import math\nassert math.isqrt(9) == 3", "uses no name the candidate defines")]:
         with pytest.raises(judge.TestError, match=why):
             run_tests("def f(): return 1", [test])
     with pytest.raises(judge.TestError, match="mix assert strings and"):
