@@ -16,6 +16,10 @@ host cut off from the network keeps its Ray node, and the node its actors (block
 collective, or idle), long after the driver has given up on them. An actor that cannot reach the
 cluster's head for its collective timeout ends itself and what it started.
 
+Files the run's processes write to a host's disk for their own use (the engines' LoRA adapter
+versions) go under the run's folder (`run_folder`), which the watcher removes after the run, however
+it ended, and an engine started again removes its predecessor's part of at its start.
+
     python -m rlkit.engine.reaper TOKEN DRIVER_PID   (started by `watch`, not by hand)
 """
 
@@ -23,14 +27,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 TOKEN_ENV = "RLKIT_RUN_TOKEN"
 GRACE_S = 3.0  # SIGTERM, then SIGKILL for what is still there after this
@@ -57,6 +64,20 @@ def watch() -> Callable[[], None]:
         except (OSError, subprocess.TimeoutExpired):
             pass
     return stop
+
+
+def run_folder(part: str | None = None, token: str | None = None) -> Path | None:
+    """The watched run's folder on this host (its `part`, made when missing) for files its processes keep
+    on disk: removed by the watcher when the run ends, however it ends. None outside a watched run (a run
+    that joined a cluster: its processes keep their files where they did)."""
+    token = token or os.environ.get(TOKEN_ENV)
+    if not token:
+        return None
+    folder = Path(tempfile.gettempdir()) / f"rlkit-run-{token}"
+    if part:
+        folder /= part
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
 
 
 def carrying(token: str, name: str = TOKEN_ENV) -> list[int]:
@@ -207,6 +228,7 @@ def main(argv: list[str]) -> int:
             break
         said += got or b""
     end(token, None if STOP in said else noted)  # a driver that died: everything it started goes
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"rlkit-run-{token}", ignore_errors=True)
     return 0
 
 

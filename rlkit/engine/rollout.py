@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from rlkit import faults
-from rlkit.engine.reaper import exit_when_cut_off
+from rlkit.engine.reaper import exit_when_cut_off, run_folder
 from rlkit.engine.vllm_ext import dtype_name
 from rlkit.engine.weights import FlatBucket
 from rlkit.model.attention import carried_state
@@ -136,6 +136,9 @@ class RolloutWorker:
         name_worker_log(f"engine-{index}")
         exit_when_cut_off(cut_off_s, f"engine {index}")
         self.index, self.adapters, self.max_loras = index, [], max_loras  # adapters: LoRARequests, newest last
+        self.adapter_dir = run_folder(f"engine{index}")  # the run's; None: the temporary folder
+        if self.adapter_dir is not None:  # what an engine of this index left when it was killed
+            shutil.rmtree(self.adapter_dir, ignore_errors=True)
         llm = llm_kwargs or {}
         from transformers import AutoConfig
         from vllm import LLM
@@ -273,8 +276,9 @@ class RolloutWorker:
 
     def load_adapter(self, files: dict[str, bytes]) -> int:
         """Serve a new LoRA adapter version from now on: `files` are a peft adapter directory's
-        files (`adapter_config.json`, `adapter_model.safetensors`), written to a local temporary
-        directory; the oldest version beyond `max_loras` is dropped. Returns the bytes received."""
+        files (`adapter_config.json`, `adapter_model.safetensors`), written to a folder of its own
+        under the run's (`reaper.run_folder`: removed after the run however it ends; outside a watched run, a
+        temporary folder); the oldest version beyond `max_loras` is dropped. Returns the bytes received."""
         import tempfile
         from pathlib import Path
 
@@ -283,7 +287,9 @@ class RolloutWorker:
         faults.hang_here("weight_sync", self.index)
         faults.crash_here("weight_sync", f"engine{self.index}")
         number = (self.adapters[-1].lora_int_id + 1) if self.adapters else 1
-        path = Path(tempfile.mkdtemp(prefix=f"rlkit-adapter-e{self.index}-v{number}-"))
+        if self.adapter_dir is not None:
+            self.adapter_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix=f"rlkit-adapter-e{self.index}-v{number}-", dir=self.adapter_dir))
         for name, data in files.items():
             (path / Path(name).name).write_bytes(data)
         request = LoRARequest(f"policy-{number}", number, str(path))

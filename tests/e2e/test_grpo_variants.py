@@ -192,7 +192,9 @@ def test_off_policy_variants_learn(ray_module, sft_model, task_data, tmp_path, v
     cfg = stages.load("grpo", GRPO_RECIPE, grpo_overrides(sft_model, task_data, out, "grpo.steps=24",
                                                           "eval.every=24", "checkpoint.every=0",
                                                           "curriculum.enabled=false", *variant))
-    adapters_before = set(Path(tempfile.gettempdir()).glob("rlkit-adapter-e*"))
+    adapters = lambda: {*Path(tempfile.gettempdir()).glob("rlkit-adapter-e*"),  # noqa: E731
+                        *Path(tempfile.gettempdir()).glob("rlkit-run-*/engine*/rlkit-adapter-e*")}
+    adapters_before = adapters()
     run_grpo(cfg, GRPO_RECIPE)
     rows = run_metrics(out)
     evals = [r["eval/reward"] for r in rows if r.get("eval/reward") is not None]
@@ -208,7 +210,7 @@ def test_off_policy_variants_learn(ray_module, sft_model, task_data, tmp_path, v
         assert sorted(checks) == [0, 8, 16, 24] and max(checks.values()) < 1e-4, checks
         assert all(r["sync/mib"] < 1 for r in rows if "reward/mean" in r)  # r=16 on the tiny model: 0.26 MiB
         # the engines' adapter files went with them (before, each run left its last max_loras behind)
-        assert set(Path(tempfile.gettempdir()).glob("rlkit-adapter-e*")) - adapters_before == set()
+        assert adapters() - adapters_before == set()
 
 
 def test_colocated_engines_in_two_zero2_learners(ray_module, sft_model, task_data, tmp_path):

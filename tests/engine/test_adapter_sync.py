@@ -20,7 +20,7 @@ def _adapter_files(peft_model) -> dict[str, bytes]:
         return {f.name: f.read_bytes() for f in Path(tmp).iterdir()}
 
 
-def test_engine_serves_each_adapter_version_like_peft(tiny_models):
+def test_engine_serves_each_adapter_version_like_peft(tiny_models, tmp_path, monkeypatch):
     from peft import LoraConfig, get_peft_model
 
     from rlkit.engine.rollout import RolloutWorker
@@ -29,8 +29,16 @@ def test_engine_serves_each_adapter_version_like_peft(tiny_models):
     peft_model = get_peft_model(load_hf(base), LoraConfig(r=4, lora_alpha=8, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     seq = list(range(5, 40))
+    from rlkit.engine.reaper import TOKEN_ENV
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # a watched run's: its engines keep their adapters in its folder
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setenv(TOKEN_ENV, "adapter-test")
+    stale = tmp_path / "rlkit-run-adapter-test" / "engine0" / "rlkit-adapter-e0-v1-killed"
+    stale.mkdir(parents=True)  # what an engine of this index left when it was killed
     worker = RolloutWorker(str(base), dtype="float32", kv_cache_gib=0.25, max_model_len=128, lora_rank=4,
                            max_loras=2)
+    assert not stale.exists()
     try:
         base_logp = hf_logprobs(load_hf(base), seq)
         torch.testing.assert_close(torch.tensor(worker.sequence_logprobs([seq])[0]), base_logp, atol=1e-4, rtol=0)
@@ -50,5 +58,6 @@ def test_engine_serves_each_adapter_version_like_peft(tiny_models):
         # Only the newest two versions stay registered and on disk.
         assert worker.llm.llm_engine.list_loras() == {2, 3}
         assert [Path(r.lora_path).exists() for r in worker.adapters] == [True, True]
+        assert {Path(r.lora_path).parent for r in worker.adapters} == {stale.parent}
     finally:
         worker.shutdown()
