@@ -157,7 +157,7 @@ class DeepSpeedConfig:
     offload_optimizer: bool = False  # optimizer states in CPU memory (ZeRO >= 1)
     offload_param: bool = False  # parameters in CPU memory (ZeRO-3)
     torch_adam: bool = True  # torch AdamW instead of DeepSpeed's JIT-compiled fused/CPU Adam
-    dist_timeout_s: int = 600  # collective timeout: a hang fails; a cut-off host's learner exits after it
+    dist_timeout_s: int = 600  # collective timeout: a hang fails (a cut-off host's learner exits after this or 60 s)
     extra: dict[str, Any] = field(default_factory=dict)  # merged into the generated DeepSpeed config
     # a DeepSpeed JSON (e.g. ds_config.json, beside the recipe or from the working folder), folded
     # into these keys, model.dtype, optim.* and the micro-batch size at load (see ds_config.py)

@@ -14,7 +14,8 @@ joins a cluster (`ray.address`) starts no watcher: the cluster's processes are n
 On every node, each learner and engine actor also watches the way back (`exit_when_cut_off`): a
 host cut off from the network keeps its Ray node, and the node its actors (blocked in a
 collective, or idle), long after the driver has given up on them. An actor that cannot reach the
-cluster's head for its collective timeout ends itself and what it started.
+cluster's head for as long as Ray waits for it (60 s), or for its collective timeout if that is
+shorter, ends itself and what it started.
 
 Files the run's processes write to a host's disk for their own use (the engines' LoRA adapter
 versions) go under the run's folder (`run_folder`), which the watcher removes after the run, however
@@ -163,17 +164,30 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+def head_window_s() -> float:
+    """How long Ray's own processes keep trying to reach the cluster's head before they give up (its GCS
+    reconnect window, `RAY_gcs_rpc_server_reconnect_timeout_s`, 60 s by default)."""
+    try:
+        return float(os.environ.get("RAY_gcs_rpc_server_reconnect_timeout_s", 60))  # noqa: SIM112 (Ray's spelling)
+    except ValueError:
+        return 60.0
+
+
 def exit_when_cut_off(limit_s: float | None, what: str, every_s: float = 2.0) -> threading.Thread | None:
     """In a Ray actor (`what`: "learner 1"): a daemon thread that connects to the cluster's head
-    (Ray's GCS address) every `every_s` seconds and, once it has failed to for `limit_s` seconds
-    (the actor's collective timeout: a collective would fail by then anyway, and nothing can tell
-    the actor to stop), says so in the actor's log and ends the process and its children. None
-    (no thread) outside a Ray actor, or without a limit."""
+    (Ray's GCS address) every `every_s` seconds and, once it has failed to for as long as Ray waits for
+    its head (`head_window_s`) or for `limit_s` (the actor's collective timeout) if that is shorter (a
+    slow collective is not a lost head: nothing else can tell the actor to stop), says so in the
+    actor's log and ends the process and its children. None (no thread) outside a Ray actor, or
+    without a limit."""
     import ray
 
     if not limit_s or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return None
     host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+    window = head_window_s()
+    why = "Ray's reconnect window" if window < limit_s else "its collective timeout"
+    limit_s = min(limit_s, window)
 
     def reachable() -> bool:
         try:
@@ -191,7 +205,7 @@ def exit_when_cut_off(limit_s: float | None, what: str, every_s: float = 2.0) ->
                 since = time.monotonic()
             elif time.monotonic() - since >= limit_s:
                 print(f"rlkit: {what}: the cluster's head at {host}:{port} has not been reachable for {limit_s:.0f} s "
-                      "(its collective timeout): this host is cut off, and the process ends", flush=True)
+                      f"({why}): this host is cut off, and the process ends", flush=True)
                 end_children()
                 os._exit(70)
             time.sleep(every_s)
