@@ -6,8 +6,13 @@ what it returned, its last answer)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from rlkit import console
 from rlkit.errors import UserError
 
 
@@ -35,11 +40,15 @@ def dry_run(cfg: Any, base_dir: str | None, engine: Any = None) -> list[str]:
                      on_cpu=not detect(cfg.device).is_accelerator)
     if not task.rows:
         return []
-    engine = engine or LocalEngine(cfg)
-    try:
-        batch = task.agent.generate(task.rows[:1], engine, sampling(cfg.rollout), 1, cfg.seed)
-    finally:
-        task.agent.close()
+    quiet = contextlib.nullcontext()
+    if engine is None:  # vLLM's start-up and the rollout's own warnings to a log: the outcome is the lines below
+        quiet = console.output_to(Path(tempfile.gettempdir()) / f"rlkit-dry-run-{os.getpid()}.log")
+    with quiet:
+        engine = engine or LocalEngine(cfg)
+        try:
+            batch = task.agent.generate(task.rows[:1], engine, sampling(cfg.rollout), 1, cfg.seed)
+        finally:
+            task.agent.close()
     m, s = batch.metrics, batch.samples[0]
     failed = [k for k in FAILURES if m.get(f"program/{k}")]
     if failed:
