@@ -33,7 +33,8 @@ NODE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cluster" / "ray
 SUBNET = "10.213.7"  # private addresses of the test hosts: 10.213.7.1, .2, ...
 PORT = 6379
 HEALTH_CHECKS = {"RAY_health_check_period_ms": "2000", "RAY_health_check_timeout_ms": "3000",
-                 "RAY_health_check_failure_threshold": "3"}
+                 "RAY_health_check_failure_threshold": "3",
+                 "RAY_gcs_rpc_server_reconnect_timeout_s": "30"}  # a node gives an unreachable head up after 30 s
 MARKER = "RLKIT_TEST_RUN"  # the variable every process started in the hosts carries (its value: the cluster's tag)
 
 
@@ -62,7 +63,8 @@ class NetnsCluster:
                     "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex * 2,
                     # the head gives a node up after 3 missed health checks 2 s apart, each waited on for 3 s
                     # (Ray's defaults: 5, 3 s, 10 s), as an operator may set it: a lost or cut-off host is
-                    # found in about 6 or 15 s instead of 15 or 65, and a node must be silent 9 s to be lost
+                    # found in about 6 or 15 s instead of 15 or 65, and a node must be silent 9 s to be lost;
+                    # a node's processes wait 30 s for an unreachable head (Ray's default: 60)
                     **HEALTH_CHECKS, **(env or {})}
         self.nodes: dict[int, subprocess.Popen] = {}
 

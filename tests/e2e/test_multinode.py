@@ -319,11 +319,10 @@ def test_a_learner_on_a_host_cut_off_from_the_network_ends_once_ray_would_give_i
     """Host B's link goes down during SFT: its Ray node stays up and keeps the learner it hosts,
     blocked in a collective, after the driver has stopped (over 150 s, measured before the
     watch). The learner ends itself once the head has been unreachable for as long as Ray waits for
-    it (60 s), not its collective timeout (deepspeed.dist_timeout_s, 600 s: a slow collective is not a
-    lost head), saying so in its log; the driver stops in one line as for a lost node."""
-    from rlkit.engine.reaper import head_window_s
-
-    out, limit = tmp_path / "cut", head_window_s()
+    it (Ray's GCS reconnect window: 30 s on this cluster, 60 by default), not its collective timeout
+    (deepspeed.dist_timeout_s, 600 s: a slow collective is not a lost head), saying so in its log; the
+    driver stops in one line as for a lost node."""
+    out, limit = tmp_path / "cut", float(hosts.env["RAY_gcs_rpc_server_reconnect_timeout_s"])
     args = [*RLKIT, "sft", str(SFT_RECIPE), *sft_overrides(
         tiny_model, task_data, out, "train.num_learners=2", "deepspeed.zero_stage=2", "train.max_steps=200",
         "eval.every=0", "checkpoint.every=0", "ray.placement=strict_spread", "deepspeed.dist_timeout_s=600"),
