@@ -103,6 +103,18 @@ def running_as_root() -> bool:
     return os.geteuid() == 0
 
 
+def undumpable() -> None:
+    """"process" mode without root: the candidate runs as this process's uid, and a process may read and
+    write another of its uid's memory and descriptors through /proc (`/proc/PID/mem`, `/proc/PID/fd/N`)
+    unless that one is undumpable: this process (the driver's side of a sample) becomes so. Its own
+    /proc files are then root's: its user's debuggers and `py-spy` cannot attach to it either. As root
+    the candidate has a uid of its own: nothing to do."""
+    if not running_as_root():
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0 (until the next exec: children start dumpable)
+
+
 def next_uid() -> int:
     """A throwaway uid for one run as root, held by no other run on this host until its run is reaped
     (`rlkit.reward.uids`)."""
@@ -210,6 +222,9 @@ class Sandbox:
                                   f"{out.stdout[:80]!r} ({out.stderr or 'no message'}); is it a SandboxFusion "
                                   "`/run_code` service?")
 
+        if self.isolation == "process":
+            undumpable()  # the driver: it holds the rows' tests before any sample runs
+
     def config(self, **cfg: object) -> dict:
         """What a program of `rlkit.reward.runners` applies to itself before anything else (its
         stdin's first line): its limits; as root, the throwaway uid it drops to; in "process" mode
@@ -249,6 +264,7 @@ class Sandbox:
             cmd = _bwrap_command(python, self.limits, fds[0], "-I", "-S", "-c", program)
             cwd, env = "/", {"PATH": _ENV["PATH"]}  # bubblewrap's own: it clears it for the program
         else:
+            undumpable()  # this process holds the tests and the pipes the verdicts come back on
             work = tempfile.mkdtemp(prefix="rlkit-sandbox-")
             os.chmod(work, 0o700)
             if uid is not None:

@@ -67,6 +67,25 @@ ATTACKS = {
                      "            continue\n        if b'RLKIT_ATTACK_SECRET=' in data:\n"
                      "            return data.split(b'RLKIT_ATTACK_SECRET=')[1].split(b'\\0')[0].decode()",
                      ["assert solve() == {secret!r}"]),
+    # the process that runs the candidate (its parent: the driver's side of the sample, which holds the
+    # tests and the pipes the verdicts come back on), through /proc: its memory, and its pipes written to
+    "parent_memory": ("import os, re\ndef solve():\n    pid = os.getppid()\n    try:\n"
+                      "        maps = open('/proc/%d/maps' % pid).read().splitlines()\n"
+                      "        mem = open('/proc/%d/mem' % pid, 'rb', 0)\n    except OSError:\n        return None\n"
+                      "    for line in maps:\n        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+                      "        if 'r' not in line.split()[1] or hi - lo > 1 << 28:\n            continue\n"
+                      "        try:\n            mem.seek(lo); data = mem.read(hi - lo)\n        except OSError:\n"
+                      "            continue\n        found = re.search(b's3' + b'cret-[0-9a-f]{{32}}', data)\n"
+                      "        if found:\n            return found.group(0).decode()",
+                      ["assert solve() == {secret!r}"]),
+    "parent_pipes": ("import os\nforged = b'{{\"ready\": true}}\\n{{\"i\": 0, \"ok\": true}}\\n{{\"done\": true}}\\n'\n"
+                     "fds = '/proc/%d/fd' % os.getppid()\ntry:\n    names = os.listdir(fds)\nexcept OSError:\n"
+                     "    names = []\nfor n in names:\n    try:\n"
+                     "        if os.readlink(fds + '/' + n).startswith('pipe:'):\n"
+                     "            fd = os.open(fds + '/' + n, os.O_WRONLY | os.O_NONBLOCK)\n"
+                     "            os.write(fd, forged); os.close(fd)\n    except OSError:\n        pass\n"
+                     "def solve(): return 0",
+                     ["assert solve() == {secret!r}"]),
     "read_checkout": ("def solve():\n    return len(open({checkout_file!r}).read())",
                       ["assert solve() == {checkout_len}"]),
     # reaching out

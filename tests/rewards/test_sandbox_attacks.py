@@ -124,7 +124,8 @@ def test_contained_as_an_ordinary_user(attack, isolation, ordinary_user_reports)
 ROW = {"file_secret": "the driver's files", "proc_environ": "the driver's environment", "env_secret":
        "the driver's environment", "read_checkout": "the checkout", "write_outside": "writing",
        "leftovers": "writing", "tcp_loopback": "network", "unix_sockets": "network",
-       "signals": "the driver's processes"}
+       "signals": "the driver's processes", "parent_memory": "the driver's memory and pipes (`/proc/PID/mem`, "
+       "`/proc/PID/fd`)", "parent_pipes": "the driver's memory and pipes (`/proc/PID/mem`, `/proc/PID/fd`)"}
 
 
 def test_the_docs_table_says_what_the_tests_show():
