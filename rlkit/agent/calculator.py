@@ -104,12 +104,12 @@ class Calculator(Agent):
     def episodes(self, rows: Sequence[Mapping[str, Any]], n: int) -> list[Episode]:
         """`n` episodes per row (prompt-major): the prompt as the run's template renders it, token
         ids as the engines tokenize text."""
-        from rlkit.data.templates import _prompt_messages
+        from rlkit.data.templates import prompt_messages
 
         out = []
         for i, row in enumerate(row for row in rows for _ in range(n)):
             ids = self.tokenizer(self.render(row)).input_ids
-            out.append(Episode(i // n, [dict(m) for m in _prompt_messages(dict(row))], {}, [], list(ids)))
+            out.append(Episode(i // n, [dict(m) for m in prompt_messages(dict(row))], {}, [], list(ids)))
         return out
 
     def run(self, episodes: list[Episode], generate: Callable[[list[list[int]], Sampling, int], list[Sample]],

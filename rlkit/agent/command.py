@@ -153,12 +153,12 @@ class CommandProgram:
         folder and the endpoint's socket folder mounted, the environment set, the launcher first; the
         descriptors it is passed, and as root the throwaway uid it drops to (claimed: `uids.release`)."""
         from rlkit.reward import seccomp
-        from rlkit.reward.sandbox import Limits, _bwrap_args, interpreter, next_uid, running_as_root
+        from rlkit.reward.sandbox import Limits, bwrap_args, interpreter, next_uid, running_as_root
 
         python = interpreter()
         limits = Limits(timeout_s=self.cfg.timeout_s, memory_mb=self.cfg.memory_mb, max_procs=self.cfg.max_procs,
                         scratch_mb=256)
-        args = list(_bwrap_args(python, limits)[:-2])
+        args = list(bwrap_args(python, limits)[:-2])
         at = args.index("--chdir")
         del args[at:at + 2]  # the recipe's folder instead
         mounts = []  # before the root is remounted read-only: their mount points are made in it

@@ -1,9 +1,8 @@
-"""The multi-turn rollout (TRL 1.16's ``_tool_call_loop`` semantics, rlkit's own code): generate
-until the model ends its turn; parse the turn with transformers' response parsing (the
-tokenizer's ``response_template``, through ``trl.chat_template_utils.parse_response``); run the
-tool calls it holds; append the tool results, rendered by the chat template, to the sequence;
-generate again; until a turn has no tool call, ``rollout.max_tool_calls`` rounds were run, or the
-completion budget (``rollout.max_tokens``) is spent.
+"""The multi-turn rollout (TRL 1.16's ``_tool_call_loop`` semantics, rlkit's own code): generate until the
+model ends its turn; parse the turn with transformers' response parsing (the tokenizer's ``response_template``,
+through ``trl.chat_template_utils.parse_response``); run the tool calls it holds; append the tool results,
+rendered by the chat template, to the sequence; generate again; until a turn has no tool call,
+``rollout.max_tool_calls`` rounds were run, or the completion budget (``rollout.max_tokens``) is spent.
 
 All turns of a rollout are one completion: the model's tokens (``tool_mask`` 1, the engine's
 logprobs) and the tool results' tokens (``tool_mask`` 0, logprob 0.0: not sampled, out of the
@@ -17,9 +16,8 @@ Beyond TRL, a gym-style interaction (``rollout.interaction``) answers each turn 
 call with ``step(message) -> (observation, reward, done)``: the observation is the next user turn
 (rendered and masked as tool results are), the rewards add up to the rollout's reward from it.
 
-Differs from TRL where noted: a turn cut at the token budget never calls its tools (its text
-may hold a half-written call); a tool call that runs past ``rollout.tool_timeout_s`` fails like
-a raising tool.
+Differs from TRL where noted: a turn cut at the token budget never calls its tools (its text may hold a
+half-written call); a tool call that runs past ``rollout.tool_timeout_s`` fails like a raising tool.
 
 The loop runs on the driver, in a thread (`Agent.start`), against any engines with
 ``generate(prompts, n, sampling, seed)``; each round sends only the rollouts still going.
@@ -139,13 +137,13 @@ class Agent:
     def episodes(self, rows: Sequence[Mapping[str, Any]], n: int) -> list[Episode]:
         """`n` episodes per row (prompt-major), each with an environment instance of its own
         (reset with the row's columns; the text it returns joins the last user message)."""
-        from rlkit.data.templates import _prompt_messages
+        from rlkit.data.templates import prompt_messages
 
         expanded = [row for row in rows for _ in range(n)]
         instances = self.environments.draw(expanded) if self.environments else [None] * len(expanded)
         out = []
         for i, (row, env) in enumerate(zip(expanded, instances)):
-            prompt = [dict(m) for m in _prompt_messages(dict(row))]
+            prompt = [dict(m) for m in prompt_messages(dict(row))]
             tools, schemas = list(self.tools), list(self._schemas)
             if env is not None:
                 observation = self._reset(env, row)

@@ -218,9 +218,9 @@ class ProgramAgent(Agent):
         """The rollout's sample (its earlier forks on `forks`) and its prompt messages."""
         samples = [self._segment_sample(row_index, seg, reward) for seg in session.segments]
         if not samples:  # no turn recorded: an empty completion, out of the loss
-            from rlkit.data.templates import _prompt_messages
+            from rlkit.data.templates import prompt_messages
 
-            prompt = [dict(m) for m in _prompt_messages(row)]
+            prompt = [dict(m) for m in prompt_messages(row)]
             ids = list(self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
                                                           return_dict=False))
             eos = self.tokenizer.eos_token_id

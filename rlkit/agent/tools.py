@@ -36,10 +36,10 @@ NOT_TOOLS = ("reset", "get_reward")
 
 def _import(ref: str, base_dir: str | None, key: str) -> Any:
     """The object `module:name` or `path/to/file.py:name` names (as reward functions are found)."""
-    from rlkit.reward.resolve import _find
+    from rlkit.reward.resolve import find_object
 
     try:
-        return _find(RewardSpec(fn=ref), base_dir, key)[0]
+        return find_object(RewardSpec(fn=ref), base_dir, key)[0]
     except RewardError as e:
         raise ConfigError(str(e).replace(f"{key}.fn: ", "", 1), key) from None
 

@@ -71,7 +71,7 @@ def served_messages(row: dict[str, Any]) -> list[dict[str, str]]:
     `chat_template_for` wrote, `apply_chat_template(..., add_generation_prompt=True)` on them is
     the training prompt (an alpaca input goes in the user message's `input` field)."""
     if "instruction" not in row:
-        return _prompt_messages(row)
+        return prompt_messages(row)
     msgs = [{"role": "system", "content": row["system"]}] if row.get("system") else []
     for q, a in row.get("history") or []:
         msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
@@ -158,7 +158,7 @@ def row_turns(row: dict[str, Any]) -> list[dict[str, Any]]:
     return row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
 
 
-def _prompt_messages(row: dict[str, Any]) -> list[dict[str, str]]:
+def prompt_messages(row: dict[str, Any]) -> list[dict[str, str]]:
     """Prompt turns (ending with a user turn) for any row shape."""
     if "instruction" in row:
         return alpaca_to_messages(row, with_output=False)
@@ -177,11 +177,11 @@ def render_prompt(row: dict[str, Any], template: str, tokenizer: Any = None) -> 
     _check(template, tokenizer)
     images = _images(row, template)
     if template == "chat":
-        return _chat(tokenizer, _prompt_messages(row), True, row.get("tools"), images)
+        return _chat(tokenizer, prompt_messages(row), True, row.get("tools"), images)
     if "instruction" in row:
         f = row
     elif "messages" in row or isinstance(row["prompt"], list):
-        f = messages_to_alpaca(_prompt_messages(row))
+        f = messages_to_alpaca(prompt_messages(row))
     else:
         f = {"instruction": row["prompt"]}
     return render_alpaca(f["instruction"], f.get("input", ""), f.get("system", ""),

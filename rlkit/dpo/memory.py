@@ -9,7 +9,7 @@ from typing import Any
 
 from rlkit.estimate.arch import Arch
 from rlkit.estimate.memory import Hardware, MemoryModel, Process, context_bytes, learner_process, width_bytes
-from rlkit.sft.memory import _fit_devices, _half_micro_batch
+from rlkit.sft.memory import fit_devices, half_micro_batch
 
 
 def pair_memory(reference: Callable[[Any], bool]) -> MemoryModel:
@@ -22,7 +22,7 @@ def pair_memory(reference: Callable[[Any], bool]) -> MemoryModel:
                                 2 * t.micro_batch_size * cfg.data.cutoff_len, context_bytes(hardware),
                                 reference=reference(cfg) and cfg.finetuning == "full")]
 
-    return MemoryModel(processes, lambda cfg: cfg.train.num_learners, (_half_micro_batch, _fit_devices),
+    return MemoryModel(processes, lambda cfg: cfg.train.num_learners, (half_micro_batch, fit_devices),
                        "data.cutoff_len")
 
 

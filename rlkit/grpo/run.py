@@ -13,9 +13,8 @@ engines load it meanwhile, and the next generation is sent once they have. A che
 for the generations in flight and keeps their samples, so a resumed run trains on exactly what
 the uninterrupted one would have.
 
-With `online_difficulty` every scored group tells the sampler whether its prompt was all solved
-or all failed; such prompts are drawn less (`grpo/difficulty.py`), and that state is in the
-sampler's checkpoint state.
+With `online_difficulty` every scored group tells the sampler whether its prompt was all solved or all
+failed; such prompts are drawn less (`grpo/difficulty.py`), a state the sampler's checkpoint keeps.
 """
 
 from __future__ import annotations

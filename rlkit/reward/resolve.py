@@ -156,7 +156,7 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
     ``args``; an instance's ``setup()``, if any, is deferred to the first call. Raises
     RewardError (one line, prefixed with ``key``).
     """
-    obj, attr = _find(spec, base_dir, key)
+    obj, attr = find_object(spec, base_dir, key)
     factory = obj.func if isinstance(obj, functools.partial) else obj
     is_instance = inspect.isclass(factory)
     if is_instance:
@@ -166,7 +166,7 @@ def resolve(spec: RewardSpec, base_dir: str | None = None, columns: set[str] | N
                                   "**kwargs)` returning one float per completion (its constructor takes `args`; "
                                   "an optional `setup()` runs once before the first call)")
     else:
-        call, fn_args = obj, spec.args  # `_find` checked it is callable
+        call, fn_args = obj, spec.args  # `find_object` checked it is callable
     setup = _setup(call, attr, spec, key)
     named, var_kw = _check_signature(call, attr, fn_args, columns, spec, key)
     name = spec.name or _default_name(obj, attr)
@@ -223,7 +223,7 @@ def _default_name(obj: Any, attr: str) -> str:
     return attr.rpartition(".")[2]
 
 
-def _find(spec: RewardSpec, base_dir: str | None, key: str) -> tuple[Any, str]:
+def find_object(spec: RewardSpec, base_dir: str | None, key: str) -> tuple[Any, str]:
     """The callable `spec.fn` names, and its attribute path (``Class.method`` after a colon)."""
     ref = spec.fn.strip()
     if ":" in ref:

@@ -122,7 +122,7 @@ def next_uid() -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _bwrap_args(python: str, limits: Limits) -> tuple[str, ...]:
+def bwrap_args(python: str, limits: Limits) -> tuple[str, ...]:
     """bubblewrap's command line: the namespaces and the read-only view described above (the same
     for every run with these limits: built once)."""
     bwrap = shutil.which("bwrap")
@@ -160,7 +160,7 @@ def _bwrap_args(python: str, limits: Limits) -> tuple[str, ...]:
 
 def _bwrap_command(python: str, limits: Limits, filter_fd: int, *program: str) -> list[str]:
     """bubblewrap's command line for one run: the seccomp filter at `filter_fd` (inherited)."""
-    args = _bwrap_args(python, limits)
+    args = bwrap_args(python, limits)
     return [*args[:-2], "--seccomp", str(filter_fd), *args[-2:], *program]
 
 

@@ -36,14 +36,12 @@ class _Timeout(Exception):
 class RewardScorer:
     """Resolve the recipe's rewards once, then score batches.
 
-    specs: the recipe's ``rewards`` list. base_dir: the recipe's folder (for
-    ``file.py:function``). columns: the dataset's column names (checked against required
-    parameters; None skips the check). default: total for a sample where every function
-    returned None (None: such a sample is an error). parallel: ``"thread"`` runs each
-    function's call in its own thread (I/O, async and GIL-releasing rewards),
-    ``"process"`` in a spawned process pool (CPU-bound pure-Python rewards; the function
-    is re-imported there by its path), ``"none"`` one after another in the caller's thread
-    (no timeouts; for debugging).
+    specs: the recipe's ``rewards`` list. base_dir: the recipe's folder (for ``file.py:function``).
+    columns: the dataset's column names (checked against required parameters; None skips the check).
+    default: total for a sample where every function returned None (None: such a sample is an error).
+    parallel: ``"thread"`` runs each function's call in its own thread (I/O, async and GIL-releasing
+    rewards), ``"process"`` in a spawned process pool (CPU-bound pure-Python rewards; the function is
+    re-imported there by its path), ``"none"`` one after another in the caller's thread (no timeouts).
     collect_errors: record failures in ``RewardResult.failures`` instead of raising (for
     ``rlkit reward test``). extra: rewards resolved elsewhere (an environment's ``get_reward``).
 

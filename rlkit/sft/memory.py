@@ -16,7 +16,7 @@ def _processes(cfg: Any, arch: Arch, hardware: Hardware | None) -> list[Process]
                             t.micro_batch_size * cfg.data.cutoff_len, context_bytes(hardware), reference=False)]
 
 
-def _half_micro_batch(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
+def half_micro_batch(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
     t = cfg.train
     if t.micro_batch_size < 2:
         return None
@@ -24,12 +24,12 @@ def _half_micro_batch(cfg: Any, _hardware: Hardware) -> tuple[str, Any] | None:
     return f"train.micro_batch_size={t.micro_batch_size // 2} train.grad_accum={t.grad_accum * 2}", after
 
 
-def _fit_devices(cfg: Any, hardware: Hardware) -> tuple[str, Any] | None:
+def fit_devices(cfg: Any, hardware: Hardware) -> tuple[str, Any] | None:
     have = hardware.devices
     if cfg.train.num_learners <= have:
         return None
     return f"train.num_learners={have}", changed(cfg, {"train.num_learners": have})
 
 
-MEMORY = MemoryModel(_processes, lambda cfg: cfg.train.num_learners, (_half_micro_batch, _fit_devices),
+MEMORY = MemoryModel(_processes, lambda cfg: cfg.train.num_learners, (half_micro_batch, fit_devices),
                      "data.cutoff_len")

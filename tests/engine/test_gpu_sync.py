@@ -49,7 +49,7 @@ def _train_and_expect(group, model_dir):
 def test_nccl_broadcast_into_separate_engine(ray_local, tiny_models):
     import ray
 
-    from rlkit.engine.rollout import create_rollout_actor
+    from tests.engine.actors import create_rollout_actor
 
     model_dir = tiny_models["tiny-untied"]
     group = _group(model_dir)

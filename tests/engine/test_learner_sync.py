@@ -32,7 +32,7 @@ def test_zero3_learners_sync_into_vllm(ray_module, tiny_models, size):
     from rlkit.config import DeepSpeedConfig, ModelConfig, OptimConfig, RayConfig
     from rlkit.engine.group import LearnerGroup
     from rlkit.engine.learner import LearnerSpec
-    from rlkit.engine.rollout import create_rollout_actor
+    from tests.engine.actors import create_rollout_actor
 
     model_dir = tiny_models[size]
     spec = LearnerSpec(ModelConfig(path=str(model_dir)), "full", None, None,

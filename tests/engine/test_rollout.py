@@ -22,7 +22,7 @@ PROMPTS = ["1+2=", "13*4+5="]
 @pytest.fixture(scope="module")
 def actor(tiny_models):
     ray = pytest.importorskip("ray")
-    from rlkit.engine.rollout import create_rollout_actor
+    from tests.engine.actors import create_rollout_actor
 
     started_ray = not ray.is_initialized()
     if started_ray:
@@ -130,7 +130,7 @@ def test_tensor_parallel_engine_generates_and_syncs(actor, tiny_models):
     both shards (sent as raw bytes, since vLLM's RPC to worker processes mangles tensors)."""
     import ray
 
-    from rlkit.engine.rollout import create_rollout_actor
+    from tests.engine.actors import create_rollout_actor
 
     tp = create_rollout_actor(str(tiny_models["tiny-untied"]), num_cpus=1, dtype="float32", max_model_len=128,
                               kv_cache_gib=0.0625, seed=0, tensor_parallel_size=2)

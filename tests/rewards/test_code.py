@@ -243,8 +243,8 @@ def test_runs_inside_the_scorer_thread_pool():
 @needs_sandbox
 def test_a_sandbox_that_does_not_start_stops_the_step_with_its_message(monkeypatch):
     """Not the candidate's doing, so not a silent 0 for every sample: one line with bubblewrap's words."""
-    real = sandbox._bwrap_args
-    monkeypatch.setattr(sandbox, "_bwrap_args", lambda python, limits: [*real(python, limits)[:1], "--no-such-option",
+    real = sandbox.bwrap_args
+    monkeypatch.setattr(sandbox, "bwrap_args", lambda python, limits: [*real(python, limits)[:1], "--no-such-option",
                                                                          *real(python, limits)[1:]])
     with pytest.raises(RewardError, match=r"the code sandbox \(namespaces\) did not start: bwrap: Unknown option "
                                           r"--no-such-option"):
