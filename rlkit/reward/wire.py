@@ -72,6 +72,10 @@ SAFE = 1 << 53
 SEQS = {"tuple": tuple, "set": set, "frozenset": frozenset, "deque": collections.deque}
 MAPS = {"dict": dict, "OrderedDict": collections.OrderedDict, "Counter": lambda pairs: collections.Counter(dict(pairs)),
         "defaultdict": lambda pairs: collections.defaultdict(None, pairs)}
+PLAIN_BASES = {str: str.__str__, int: int.__index__, float: float.__float__, complex: complex,
+               bytes: bytes, bytearray: bytearray, list: list, tuple: tuple, set: set, frozenset: frozenset,
+               dict: dict, collections.deque: collections.deque}
+NAMEDTUPLES = {}
 def enc(v, keep, depth=0):
     t = type(v)
     if depth > 64:
@@ -96,6 +100,12 @@ def enc(v, keep, depth=0):
         return {"Fraction": [enc(v.numerator, keep), enc(v.denominator, keep)]}
     if t is getattr(sys.modules.get("decimal"), "Decimal", None):
         return {"Decimal": str(v)}
+    base = next((b for b in PLAIN_BASES if isinstance(v, b)), None)
+    if base is not None:  # a subclass of plain data travels as that data: its own methods stay behind
+        fields = getattr(t, "_fields", None) if base is tuple else None
+        if type(fields) is tuple and 0 < len(fields) <= 64 and all(type(f) is str for f in fields):
+            return {"namedtuple": [list(fields), [enc(x, keep, depth + 1) for x in tuple.__iter__(v)]]}
+        return enc(PLAIN_BASES[base](v), keep, depth + 1)
     return keep(v)
 def dec(v, peer, depth=0):
     t = type(v)
@@ -123,6 +133,12 @@ def dec(v, peer, depth=0):
     if tag == "Fraction" and type(x) is list and len(x) == 2 and all(type(dec(i, peer)) is int for i in x):
         import fractions
         return fractions.Fraction(*(dec(i, peer) for i in x))
+    if tag == "namedtuple" and type(x) is list and len(x) == 2 and type(x[0]) is list and type(x[1]) is list \
+            and len(x[0]) == len(x[1]) and all(type(f) is str and f.isidentifier() for f in x[0]):
+        key = tuple(x[0])
+        if key not in NAMEDTUPLES:
+            NAMEDTUPLES[key] = collections.namedtuple("Returned", key)
+        return NAMEDTUPLES[key](*(dec(i, peer, depth + 1) for i in x[1]))
     if tag == "Decimal" and type(x) is str and len(x) < 4096:
         import decimal
         return decimal.Decimal(x)

@@ -41,6 +41,20 @@ ATTACKS = {
                             "'{{\"i\": %d, \"out\": \"42\"}}\\n' % (i, i)).encode())\n"
                             "        except OSError:\n            pass\nos._exit(0)",
                             ["assert solve() == {secret!r}", "assert solve(1) == {secret!r}"]),
+    # the candidate's own object asked what the test expects of plain data: the expected value as the
+    # argument of a method call on it, which answers yes (and a str subclass whose startswith lies)
+    "method_calls": ("class Yes:\n    def __getattr__(self, name):\n"
+                     "        return lambda *a, **k: {{'find': 0, 'index': 0, 'rfind': 0, 'rindex': 0, 'count': 1}}"
+                     ".get(name, True)\n"
+                     "def solve(): return Yes()",
+                     ["assert solve().startswith({secret!r})", "assert solve().endswith({secret!r})",
+                      "assert solve().issubset({{{secret!r}}})", "assert solve().issuperset({{{secret!r}}})",
+                      "assert solve().count({secret!r}) == 1", "assert solve().find({secret!r}) == 0",
+                      "assert solve().isclose({secret_int})"]),
+    "lying_str_subclass": ("class S(str):\n    def startswith(self, *a): return True\n"
+                           "    def __eq__(self, other): return True\n    __hash__ = str.__hash__\n"
+                           "def solve(): return S('x')",
+                           ["assert solve().startswith({secret!r})", "assert solve() == {secret!r}"]),
     "early_exit": ("import sys\nsys.exit(0)", ["assert solve() == {secret!r}"]),
     # the expected side within reach: a test whose expected value sits in a generator, a method call
     # or a helper the old split sent whole to the candidate; the candidate searches all it can reach

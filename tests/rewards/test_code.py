@@ -102,7 +102,7 @@ def test_the_program_never_sees_an_expected_value(monkeypatch):
 
 HONEST = {name: form for name, form in zip([
     "counter", "generator-startswith-operator-pow", "big-int", "class", "humaneval-check", "in-place", "exception",
-    "iterator", "callback", "number-types", "linked-list"], [
+    "iterator", "callback", "number-types", "linked-list", "plain-subclasses"], [
     ("from collections import Counter\ndef f(s): return Counter(s)",
      ["assert f('abca') == Counter('abca')", "assert f('ab') == collections.Counter({'a': 1, 'b': 1})"]),
     ("def f(x): return x * 2", ["assert all(f(x) == 2 * x for x in range(12))", "assert f('ab').startswith('aba')",
@@ -124,7 +124,11 @@ HONEST = {name: form for name, form in zip([
      "    for x in reversed(xs): h = Node(x, h)\n    return h\ndef to_list(h):\n    out = []\n    while h:\n"
      "        out.append(h.v); h = h.nxt\n    return out\ndef rev(h):\n    p = None\n"
      "    while h: h.nxt, p, h = p, h, h.nxt\n    return p",
-     ["assert to_list(rev(build([1, 2, 3]))) == [3, 2, 1]", "assert build([5]).v == 5"])])}
+     ["assert to_list(rev(build([1, 2, 3]))) == [3, 2, 1]", "assert build([5]).v == 5"]),
+    # subclasses of plain data come back as that data (a namedtuple keeps its fields), their methods run here
+    ("import collections, enum\nP = collections.namedtuple('P', 'x y')\nclass C(enum.IntEnum):\n    RED = 1\n"
+     "class S(str): pass\ndef pt(): return P(1, 2)\ndef col(): return C.RED\ndef s(): return S('ab')",
+     ["assert pt().x == 1 and pt() == (1, 2)", "assert col() == 1", "assert s().startswith('a') and s() == 'ab'"])])}
 
 
 @needs_sandbox
@@ -143,11 +147,13 @@ def test_an_honest_solution_passes_every_test_form(form, isolation):
     ("(1, 2)", "(1, 2)", True), ("[1, 2]", "(1, 2)", False), ("{3, 1}", "{1, 3}", True),
     ("{'a': [1, (2,)]}", "{'a': [1, (2,)]}", True), ("b'xy'", "b'xy'", True), ("None", "None", True),
     ("float('nan')", "float('nan')", False), ("True", "1", True), ("range(3)", "range(3)", False),
-    ("type('S', (str,), {})('x')", "'x'", False), ("object()", "None", False),
+    ("type('S', (str,), {'__eq__': lambda a, b: True, '__hash__': str.__hash__})('x')", "'x'", True),
+    ("type('S', (str,), {'__eq__': lambda a, b: True, '__hash__': str.__hash__})('x')", "'y'", False),
+    ("object()", "None", False),
 ])
 def test_only_plain_data_comes_back(returned, expected, passes):
-    """Values come back by exact type (a str subclass, an object, a range: the test fails) and keep
-    what Python's == tells apart (a tuple is not a list)."""
+    """Values come back by exact type (an object, a range: the test fails; a str subclass as the str it
+    holds, its own `__eq__` left behind) and keep what Python's == tells apart (a tuple is not a list)."""
     got = run_tests(f"def f():\n    return {returned}", [f"assert f() == {expected}"])
     assert got.passed == int(passes)
 
