@@ -253,3 +253,25 @@ def normalize_then_sum(per_fn: Tensor, weights: Tensor, group_size: int, eps: fl
     summed = (normed * weights.to(per_fn.dtype)).nansum(dim=1)
     summed[torch.isnan(per_fn).all(dim=1)] = float("nan")
     return _whiten(summed, eps, std)
+
+
+# --- reward shaping before the advantages --------------------------------------------
+
+
+def soft_overlong_penalty(
+    lengths: Tensor, max_len: int, buffer_len: int, penalty_factor: float = 1.0
+) -> Tensor:
+    """DAPO soft overlong punishment (Eq. 13), float [B] from completion lengths [B] (tokens).
+
+    0 if len <= max_len - buffer_len; ``(max_len - buffer_len - len) / buffer_len * factor``
+    (linear from 0 to -factor) up to max_len; -factor beyond. Equals TRL's
+    ``get_soft_overlong_punishment(max_len, buffer_len)`` for factor 1.
+    """
+    if not 0 < buffer_len <= max_len:
+        raise ValueError(f"need 0 < buffer_len <= max_len, got buffer_len={buffer_len}, max_len={max_len}")
+    start = max_len - buffer_len
+    lengths = lengths.to(torch.get_default_dtype())
+    ramp = (start - lengths) / buffer_len
+    out = torch.where(lengths <= start, torch.zeros_like(ramp), ramp)
+    out = torch.where(lengths > max_len, torch.full_like(ramp, -1.0), out)
+    return out * penalty_factor

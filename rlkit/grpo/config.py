@@ -18,7 +18,7 @@ from rlkit.config import (
 from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.advantages import ADVANTAGES
 from rlkit.grpo.correction import CorrectionMode
-from rlkit.grpo.loss import ISLevel, KLKind, LossType, SoftGates
+from rlkit.grpo.loss import LOSSES, ISLevel, KLKind, LossType, SoftGates
 from rlkit.recipe import check
 from rlkit.reward.contract import RewardSpec
 
@@ -153,10 +153,11 @@ class GRPOAlgoConfig:
               f"must be < correction_clip_max ({hi}), got {lo}")
         check(self.off_policy_mask_threshold is None or self.off_policy_mask_threshold > 0,
               "off_policy_mask_threshold", f"must be > 0 (or null), got {self.off_policy_mask_threshold}")
-        check(self.loss_type != "vespo" or not self.rollout_correction.startswith("sequence"), "rollout_correction",
-              "vespo weighs whole sequences itself: use token_truncate, token_mask or none")
-        check(self.loss_type != "cispo" or self.epsilon_high > 1, "epsilon_high",
-              f"cispo caps the importance weight at epsilon_high: use a value > 1 (MiniMax: 5), "
+        loss = LOSSES[self.loss_type]
+        check(not loss.weighs_sequences or not self.rollout_correction.startswith("sequence"), "rollout_correction",
+              f"{self.loss_type} weighs whole sequences itself: use token_truncate, token_mask or none")
+        check(not loss.caps_ratio or self.epsilon_high > 1, "epsilon_high",
+              f"{self.loss_type} caps the importance weight at epsilon_high: use a value > 1 (MiniMax: 5), "
               f"got {self.epsilon_high}")
         for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
             check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")

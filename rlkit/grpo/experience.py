@@ -14,10 +14,9 @@ import torch
 
 from rlkit.agent.loop import rollout_metrics
 from rlkit.engine.rollout import Sample, Sampling
-from rlkit.grpo.advantages import frac_zero_std, get_advantage, normalize_then_sum, zero_std_mask
+from rlkit.grpo.advantages import frac_zero_std, get_advantage, normalize_then_sum, soft_overlong_penalty, zero_std_mask
 from rlkit.grpo.batch import Rollout
 from rlkit.grpo.config import GRPOAlgoConfig
-from rlkit.grpo.loss import soft_overlong_penalty
 from rlkit.grpo.task import Task
 
 if TYPE_CHECKING:

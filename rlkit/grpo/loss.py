@@ -25,21 +25,18 @@ and divides the loss by GA (DeepSpeed's default), pass
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-# The names a recipe may use (`grpo.loss_type`, `grpo.kl`); the recipe types are built from them.
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+# The names a recipe may use (`grpo.kl`, `grpo.importance_sampling_level`; `grpo.loss_type`: `LOSSES`).
 KL_KINDS = ("k1", "k2", "k3")
 IS_LEVELS = ("token", "sequence")
-LossType = Literal[LOSS_TYPES]
 KLKind = Literal[KL_KINDS]
 ISLevel = Literal[IS_LEVELS]
-_TOKEN_MEAN = ("dapo", "cispo", "vespo")  # normalised by num_items_in_batch
-_CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # PPO's clipped surrogate
 
 
 @dataclass(frozen=True)
@@ -149,6 +146,7 @@ def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask:
     """
     _check_shapes(logp, mask, advantages, old_logp=old_logp, ref_logp=ref_logp, entropies=entropies)
     _check_options(loss_type, beta, ref_logp, max_completion_length, delta, epsilon_high, importance_sampling_level)
+    kind = LOSSES[loss_type]
     mask = mask.to(logp.dtype)
     if old_logp is None:
         old_logp = logp.detach()
@@ -156,19 +154,19 @@ def policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask:
     adv = adv.to(logp.dtype)
     ratio = torch.exp(_log_ratio(logp, old_logp, mask, importance_sampling_level))
 
-    per_token, phi = _surrogate(loss_type, logp, old_logp, ratio, adv, mask, epsilon_low, epsilon_high, delta, gates,
-                                is_weights)
+    per_token, phi = kind.surrogate(Terms(logp, old_logp, ratio, adv, mask, epsilon_low, epsilon_high, delta, gates,
+                                          is_weights))
     if keep is not None:
         per_token = per_token * keep
-    if is_weights is not None and loss_type != "vespo":
+    if is_weights is not None and not kind.weighs_sequences:
         per_token = per_token * is_weights
     per_token_kl = None if ref_logp is None else kl_penalty(logp, ref_logp, kl) * (ratio if bias_correction_kl else 1)
     if per_token_kl is not None and beta != 0.0:
         per_token = per_token + beta * per_token_kl
 
-    loss = aggregate(per_token.expand_as(logp), mask, loss_type, max_completion_length, num_items_in_batch)
+    loss = kind.aggregation(per_token.expand_as(logp) * mask, mask, max_completion_length, num_items_in_batch)
     with torch.no_grad():
-        clips = _clip_fractions(loss_type, ratio, adv, mask, epsilon_low, epsilon_high)
+        clips = kind.clipping(ratio, adv, mask, epsilon_low, epsilon_high)
         return LossOutput(loss, *clips, _masked_mean(ratio, mask),
                           kl_mean=None if per_token_kl is None else _masked_mean(per_token_kl, mask),
                           entropy=None if entropies is None else _masked_mean(entropies, mask),
@@ -183,22 +181,45 @@ def _log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: ISLevel) -> 
     return log_ratio
 
 
-def _surrogate(loss_type: str, logp: Tensor, old_logp: Tensor, ratio: Tensor, adv: Tensor, mask: Tensor,
-               epsilon_low: float, epsilon_high: float, delta: float | None, gates: SoftGates,
-               is_weights: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The per-token policy term of `policy_loss` ([B, T] or [B, 1]) and VESPO's phi [B, 1]."""
-    if loss_type == "cispo":
-        return -torch.clamp(ratio, max=epsilon_high).detach() * adv * logp, None
-    if loss_type == "sapo":
-        pos, neg = adv.new_tensor(gates.sapo_temperature_pos), adv.new_tensor(gates.sapo_temperature_neg)
-        tau = torch.where(adv > 0, pos, neg)
-        return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv, None
-    if loss_type == "vespo":
-        phi = vespo_weights(adv, logp - old_logp, mask, is_weights, gates)
-        return -phi * adv * logp, phi
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
-    return -torch.min(unclipped * adv, clipped * adv), None
+@dataclass(frozen=True)
+class Terms:
+    """What a loss's per-token policy term is computed from (`policy_loss`'s tensors and options)."""
+
+    logp: Tensor
+    old_logp: Tensor
+    ratio: Tensor
+    adv: Tensor
+    mask: Tensor
+    epsilon_low: float
+    epsilon_high: float
+    delta: float | None
+    gates: SoftGates
+    is_weights: Tensor | None
+
+
+def _ppo_clipped(t: Terms) -> tuple[Tensor, None]:
+    """PPO's clipped surrogate, with INTELLECT-2's cap ``delta`` on the unclipped side when set."""
+    clipped = torch.clamp(t.ratio, 1 - t.epsilon_low, 1 + t.epsilon_high)
+    unclipped = t.ratio if t.delta is None else torch.clamp(t.ratio, max=t.delta)
+    return -torch.min(unclipped * t.adv, clipped * t.adv), None
+
+
+def _cispo(t: Terms) -> tuple[Tensor, None]:
+    """MiniMax-M1: the detached weight capped at epsilon_high times A logp."""
+    return -torch.clamp(t.ratio, max=t.epsilon_high).detach() * t.adv * t.logp, None
+
+
+def _sapo(t: Terms) -> tuple[Tensor, None]:
+    """A sigmoid gate on the ratio, its temperature by the sign of A."""
+    pos, neg = t.adv.new_tensor(t.gates.sapo_temperature_pos), t.adv.new_tensor(t.gates.sapo_temperature_neg)
+    tau = torch.where(t.adv > 0, pos, neg)
+    return -torch.sigmoid(tau * (t.ratio - 1)) * 4 / tau * t.adv, None
+
+
+def _vespo(t: Terms) -> tuple[Tensor, Tensor]:
+    """VESPO: the detached sequence weight phi(W) times A logp (phi returned for its metric)."""
+    phi = vespo_weights(t.adv, t.logp - t.old_logp, t.mask, t.is_weights, t.gates)
+    return -phi * t.adv * t.logp, phi
 
 
 @torch.no_grad()
@@ -219,30 +240,96 @@ def vespo_weights(adv: Tensor, log_ratio: Tensor, mask: Tensor, is_weights: Tens
     return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _clip_fractions(loss_type: str, ratio: Tensor, adv: Tensor, mask: Tensor, epsilon_low: float,
-                    epsilon_high: float) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    if loss_type == "cispo":
-        high = _masked_mean(((ratio > epsilon_high) & (adv > 0)).to(mask.dtype), mask)
-        return torch.zeros_like(high), high, high
-    if loss_type not in _CLIPPED:
-        return None, None, None
+Fractions = tuple[Tensor | None, Tensor | None, Tensor | None]
+
+
+def _ppo_clip_fractions(ratio: Tensor, adv: Tensor, mask: Tensor, epsilon_low: float, epsilon_high: float) -> Fractions:
+    """(low, high, region) as TRL's ``clip_ratio/{low,high,region}_mean``."""
     low = ((ratio < 1 - epsilon_low) & (adv < 0)).to(mask.dtype)
     high = ((ratio > 1 + epsilon_high) & (adv > 0)).to(mask.dtype)
     return _masked_mean(low, mask), _masked_mean(high, mask), _masked_mean(torch.maximum(low, high), mask)
 
 
+def _cap_fractions(ratio: Tensor, adv: Tensor, mask: Tensor, epsilon_low: float, epsilon_high: float) -> Fractions:
+    """cispo: the share capped (TRL's ``cispo_clip_ratio``) as high and region; none low."""
+    high = _masked_mean(((ratio > epsilon_high) & (adv > 0)).to(mask.dtype), mask)
+    return torch.zeros_like(high), high, high
+
+
+def _no_clipping(ratio: Tensor, adv: Tensor, mask: Tensor, epsilon_low: float, epsilon_high: float) -> Fractions:
+    """The soft losses (sapo, vespo) clip nothing."""
+    return None, None, None
+
+
 def _check_options(loss_type: str, beta: float, ref_logp: Tensor | None, max_completion_length: int | None,
                    delta: float | None, epsilon_high: float, level: str) -> None:
-    if loss_type not in LOSS_TYPES:
+    if loss_type not in LOSSES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     if level not in IS_LEVELS:
         raise ValueError(f"importance_sampling_level must be one of {IS_LEVELS}, got {level!r}")
     if beta != 0.0 and ref_logp is None:
         raise ValueError(f"beta={beta} needs ref_logp (reference-model log-probs)")
-    if loss_type == "dr_grpo" and max_completion_length is None:
-        raise ValueError("loss_type='dr_grpo' needs max_completion_length (its fixed normaliser)")
+    if LOSSES[loss_type].aggregation is _fixed_length and max_completion_length is None:
+        raise ValueError(f"loss_type={loss_type!r} needs max_completion_length (its fixed normaliser)")
     if delta is not None and delta <= 1.0 + epsilon_high:
         raise ValueError(f"delta={delta} must be > 1 + epsilon_high = {1.0 + epsilon_high}")
+
+
+def _sequence_mean(masked: Tensor, mask: Tensor, max_len: int | None, items: float | Tensor | None) -> Tensor:
+    """The mean over tokens per sequence, then over the B sequences."""
+    return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+
+
+def _batch_tokens(masked: Tensor, mask: Tensor, max_len: int | None, items: float | Tensor | None) -> Tensor:
+    """S / the mask tokens of this batch."""
+    return masked.sum() / mask.sum().clamp(min=1.0)
+
+
+def _fixed_length(masked: Tensor, mask: Tensor, max_len: int | None, items: float | Tensor | None) -> Tensor:
+    """S / (B * max_completion_length)."""
+    return masked.sum() / (masked.shape[0] * max_len)
+
+
+def _sequence_sum(masked: Tensor, mask: Tensor, max_len: int | None, items: float | Tensor | None) -> Tensor:
+    """The sum over tokens per sequence, then the mean over B (length-scaled GSPO)."""
+    return masked.sum(-1).mean()
+
+
+def _items(masked: Tensor, mask: Tensor, max_len: int | None, items: float | Tensor | None) -> Tensor:
+    """S / num_items_in_batch (default: the mask tokens of this batch)."""
+    if items is None:
+        return _batch_tokens(masked, mask, max_len, items)
+    # A normaliser given is used as it is, like TRL's (which clamps the token count to >= 1 before
+    # dividing it by ranks x accumulation steps, as `step_normaliser` does): with fewer loss tokens
+    # than ranks x steps it is below 1, and a clamp here would shrink such a step's loss.
+    return masked.sum() / torch.as_tensor(items, dtype=masked.dtype)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One `grpo.loss_type`: its per-token policy term, how the per-token losses become the scalar
+    (`aggregate`), the clipping fractions it reports, and what it asks of the recipe."""
+
+    surrogate: Callable[[Terms], tuple[Tensor, Tensor | None]]
+    aggregation: Callable[[Tensor, Tensor, int | None, float | Tensor | None], Tensor]
+    clipping: Callable[[Tensor, Tensor, Tensor, float, float], Fractions]
+    weighs_sequences: bool = False  # folds the rollout correction into its own sequence weight (no sequence-level one)
+    caps_ratio: bool = False  # epsilon_high is the weight's cap, not a clip range (> 1)
+
+
+# Every loss a recipe may name, as TRL 1.16 computes it.
+LOSSES: dict[str, Loss] = {
+    "grpo": Loss(_ppo_clipped, _sequence_mean, _ppo_clip_fractions),
+    "bnpo": Loss(_ppo_clipped, _batch_tokens, _ppo_clip_fractions),
+    "dr_grpo": Loss(_ppo_clipped, _fixed_length, _ppo_clip_fractions),
+    "dapo": Loss(_ppo_clipped, _items, _ppo_clip_fractions),
+    "cispo": Loss(_cispo, _items, _cap_fractions, caps_ratio=True),
+    "sapo": Loss(_sapo, _sequence_mean, _no_clipping),
+    "luspo": Loss(_ppo_clipped, _sequence_sum, _ppo_clip_fractions),
+    "vespo": Loss(_vespo, _items, _no_clipping, weighs_sequences=True),
+}
+LOSS_TYPES = tuple(LOSSES)
+LossType = Literal[LOSS_TYPES]
 
 
 def aggregate(per_token: Tensor, mask: Tensor, loss_type: LossType, max_completion_length: int | None = None,
@@ -258,40 +345,4 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_type: LossType, max_completi
 
     Token counts are clamped to >= 1 as in TRL; a ``num_items_in_batch`` given is the normaliser
     itself (`rlkit.engine.objective.step_normaliser`), used unclamped."""
-    masked = per_token * mask
-    if loss_type in ("grpo", "sapo"):
-        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    if loss_type == "bnpo":
-        return masked.sum() / mask.sum().clamp(min=1.0)
-    if loss_type == "dr_grpo":
-        return masked.sum() / (per_token.shape[0] * max_completion_length)
-    if loss_type == "luspo":
-        return masked.sum(-1).mean()
-    if num_items_in_batch is None:  # dapo, cispo, vespo
-        return masked.sum() / mask.sum().clamp(min=1.0)
-    # A normaliser given is used as it is, like TRL's (which clamps the token count to >= 1 before
-    # dividing it by ranks x accumulation steps, as `step_normaliser` does): with fewer loss tokens
-    # than ranks x steps it is below 1, and a clamp here would shrink such a step's loss.
-    return masked.sum() / torch.as_tensor(num_items_in_batch, dtype=per_token.dtype)
-
-
-# --- normalisers and reward shaping --------------------------------------------------
-
-
-def soft_overlong_penalty(
-    lengths: Tensor, max_len: int, buffer_len: int, penalty_factor: float = 1.0
-) -> Tensor:
-    """DAPO soft overlong punishment (Eq. 13), float [B] from completion lengths [B] (tokens).
-
-    0 if len <= max_len - buffer_len; ``(max_len - buffer_len - len) / buffer_len * factor``
-    (linear from 0 to -factor) up to max_len; -factor beyond. Equals TRL's
-    ``get_soft_overlong_punishment(max_len, buffer_len)`` for factor 1.
-    """
-    if not 0 < buffer_len <= max_len:
-        raise ValueError(f"need 0 < buffer_len <= max_len, got buffer_len={buffer_len}, max_len={max_len}")
-    start = max_len - buffer_len
-    lengths = lengths.to(torch.get_default_dtype())
-    ramp = (start - lengths) / buffer_len
-    out = torch.where(lengths <= start, torch.zeros_like(ramp), ramp)
-    out = torch.where(lengths > max_len, torch.full_like(ramp, -1.0), out)
-    return out * penalty_factor
+    return LOSSES[loss_type].aggregation(per_token * mask, mask, max_completion_length, num_items_in_batch)

@@ -7,7 +7,8 @@ import torch
 
 from rlkit.engine.logprobs import selective_log_softmax
 from rlkit.engine.objective import step_normaliser
-from rlkit.grpo.loss import kl_penalty, policy_loss, soft_overlong_penalty
+from rlkit.grpo.advantages import soft_overlong_penalty
+from rlkit.grpo.loss import kl_penalty, policy_loss
 
 D = torch.float64
 

@@ -21,8 +21,11 @@ from trl.rewards import get_soft_overlong_punishment  # noqa: E402
 from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
 
-from rlkit.grpo.advantages import group_advantages  # noqa: E402
-from rlkit.grpo.loss import policy_loss, soft_overlong_penalty  # noqa: E402
+from rlkit.grpo.advantages import (
+    group_advantages,  # noqa: E402
+    soft_overlong_penalty,  # noqa: E402
+)
+from rlkit.grpo.loss import policy_loss  # noqa: E402
 
 B, T, P_LEN = 4, 6, 2
 
