@@ -24,6 +24,20 @@ from rlkit.errors import UserError
 
 
 @dataclass(frozen=True)
+class Payload:
+    """What a push moves: every weight of the policy, LoRA merged (`adapter` False), or the LoRA adapter's
+    files alone, to engines that serve the base of model.path with vLLM's LoRA (`adapter` True: the
+    learner sends its adapter's files, the engines start serving adapters and keep that base, so a
+    4-bit learner's base differs from theirs)."""
+
+    name: str
+    adapter: bool
+
+
+WEIGHTS, ADAPTER = Payload("weights", adapter=False), Payload("adapter", adapter=True)
+
+
+@dataclass(frozen=True)
 class Transport:
     name: str
     build: str  # "module:Class" of the engine side: `Class.open(target)`, then `.push(named, defer)`
@@ -32,33 +46,31 @@ class Transport:
     rejoinable: bool  # an engine restarted mid-run can load the policy from it (fault tolerance)
     deferrable: bool  # its loads may run on behind the next generation (grpo.max_staleness)
     persistent: bool  # opened once, on the first push, and kept (a connection); else opened per push
-    # what a push moves: "weights", every weight of the policy (LoRA merged), or "adapter", its LoRA
-    # adapter's files (the engines serve the base of model.path with vLLM's LoRA)
-    payload: str
+    payload: Payload  # what a push moves
     summary: str
 
 
 TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
     Transport("object_store", "rlkit.engine.weight_sync:ObjectStoreSync", colocated=False, collective=False,
-              rejoinable=True, deferrable=True, persistent=False, payload="weights",
+              rejoinable=True, deferrable=True, persistent=False, payload=WEIGHTS,
               summary="buckets through the Ray object store; any device, across nodes (the default for "
                       "separate engines)"),
     Transport("broadcast", "rlkit.engine.weight_sync:BroadcastSync", colocated=False, collective=True,
-              rejoinable=False, deferrable=False, persistent=True, payload="weights",
+              rejoinable=False, deferrable=False, persistent=True, payload=WEIGHTS,
               summary="an NCCL/HCCL group from learner rank 0 to every engine worker, device to device"),
     Transport("in_process", "rlkit.engine.weight_sync:InProcessSync", colocated=True, collective=False,
-              rejoinable=True, deferrable=False, persistent=False, payload="weights",
+              rejoinable=True, deferrable=False, persistent=False, payload=WEIGHTS,
               summary="by reference into the engine in the learner's own process (the default when colocated)"),
     Transport("adapter", "rlkit.engine.weight_sync:AdapterSync", colocated=False, collective=False,
-              rejoinable=True, deferrable=False, persistent=False, payload="adapter",
+              rejoinable=True, deferrable=False, persistent=False, payload=ADAPTER,
               summary="the LoRA adapter alone through the Ray object store, to separate engines that serve the "
                       "base with vLLM's LoRA (rollout.lora_sync: adapter)"),
 )}
-PAYLOADS = {"merged": "weights", "adapter": "adapter"}  # rollout.lora_sync -> what each push moves
+PAYLOADS = {"merged": WEIGHTS, "adapter": ADAPTER}  # rollout.lora_sync -> what each push moves
 
 # what `rollout.sync` may say: "auto" or the name of a row that moves the weights (the payload is
 # `rollout.lora_sync`'s: `LoraSync`)
-SyncName = Literal[("auto", *(t.name for t in TRANSPORTS.values() if t.payload == "weights"))]  # type: ignore[valid-type]
+SyncName = Literal[("auto", *(t.name for t in TRANSPORTS.values() if not t.payload.adapter))]  # type: ignore[valid-type]
 LoraSync = Literal[tuple(PAYLOADS)]  # type: ignore[valid-type]
 
 
@@ -96,7 +108,7 @@ def payload_row(lora_sync: str) -> Transport | None:
     """The one row that moves `rollout.lora_sync`'s payload when it is not the weights (the
     adapter's), or None: the weights go by `rollout.sync`'s row."""
     payload = PAYLOADS[lora_sync]
-    return None if payload == "weights" else next(t for t in TRANSPORTS.values() if t.payload == payload)
+    return next(t for t in TRANSPORTS.values() if t.payload is payload) if payload.adapter else None
 
 
 def payload_problem(name: str, colocate: bool, lora_sync: str) -> tuple[str, str] | None:

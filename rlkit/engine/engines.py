@@ -60,7 +60,7 @@ def start_engines(rollout: RolloutConfig, model: ModelConfig, device: DeviceInfo
     adapters of rank up to `lora_rank` (the recipe's `lora.r`)."""
     if rollout.colocate:
         return ColocatedEngines(learners, rollout, model, device, seed, transport)
-    adapter = AdapterServing(lora_rank) if transport.payload == "adapter" else None
+    adapter = AdapterServing(lora_rank) if transport.payload.adapter else None
     return SeparateEngines(rollout, model, device, ray_cfg, seed, learners, transport, adapter)
 
 

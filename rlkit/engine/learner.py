@@ -296,7 +296,7 @@ class Learner(EngineHost, Saving):
         kind = request.transport
         if kind.colocated:
             return self.colocated.load_weights(kind, self._named_weights(all_ranks=True))
-        payload = self._adapter_files() if kind.payload == "adapter" else self._named_weights()
+        payload = self._adapter_files() if kind.payload.adapter else self._named_weights()
         if self.rank != 0:
             for _ in payload or ():  # take part in the gathers (the adapter's: already taken)
                 pass

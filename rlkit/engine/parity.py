@@ -59,7 +59,7 @@ def sync_check_tol(rollout: RolloutConfig, model: ModelConfig, transport: Transp
     when the learner's base is 4-bit and the engines' is not (QLoRA whose `transport` moves the
     adapter alone, so the engines keep model.path's base: the gap is the quantization, 0.4 nats
     on the tiny model)."""
-    if quantized_learner and transport.payload == "adapter":
+    if quantized_learner and transport.payload.adapter:
         return SyncTolerance(rollout.sync_check_tol or 2.0, "max")
     if model.dtype == "fp32":
         return SyncTolerance(rollout.sync_check_tol or 1e-3, "max")

@@ -37,7 +37,7 @@ def test_grpo_placement_and_sync_rules(tmp_path):
         stages.load("grpo", r, ["eval.samples_per_prompt=0"])
     # a LoRA adapter alone is the adapter row's payload: resolved from lora_sync, never named by rollout.sync
     lora = ["finetuning=lora", "lora.r=8", "rollout.lora_sync=adapter"]
-    assert sync_transport(stages.load("grpo", r, lora).rollout, cpu).payload == "adapter"
+    assert sync_transport(stages.load("grpo", r, lora).rollout, cpu).payload.adapter
     assert sync_transport(stages.load("grpo", r, [*lora, "rollout.sync=object_store"]).rollout, cpu).name == "adapter"
     with pytest.raises(ConfigError, match=r"rollout.lora_sync: adapter sync runs with separate engines for now; use "
                                           r"merged with colocate: true$"):
