@@ -43,10 +43,19 @@ class DeviceInfo:
     free_memory_bytes: int | None
     total_memory_bytes: int | None
     env: dict[str, str] = field(default_factory=dict)  # recommended environment for workers
+    socket_ifname_var: str = "GLOO_SOCKET_IFNAME"  # names the network interface its process group uses
+    fused_adamw: bool = False  # torch's fused AdamW kernel runs on it
+    triton: bool = False  # Triton kernels run on it (Liger's: `model.kernels: liger`)
+    kernels_auto: bool = False  # `model.kernels: auto` applies Liger's kernels on it
 
     @property
     def is_accelerator(self) -> bool:
         return self.kind != "cpu"
+
+    @property
+    def ray_gpus(self) -> bool:
+        """Ray counts this device as its own `num_gpus` (else as the custom resource `ray_resource`)."""
+        return self.ray_resource == "GPU"
 
     @property
     def weight_sync_backend(self) -> str | None:
@@ -54,6 +63,13 @@ class DeviceInfo:
         or vllm-ascend's PyHccl; None on CPU (weights go through the Ray object store)."""
         return {"nccl": "nccl", "hccl": "hccl"}.get(self.dist_backend)
 
+
+# The Ray resources a device kind is asked for by (`DeviceInfo.ray_resource`).
+RAY_DEVICE_RESOURCES = ("GPU", "NPU")
+# The weight-broadcast communicator of each collective backend ("module:Class"): vLLM's PyNccl (CUDA,
+# ROCm's RCCL) or vllm-ascend's PyHccl (Ascend NPU).
+COMMUNICATORS = {"nccl": "vllm.distributed.device_communicators.pynccl:PyNcclCommunicator",
+                 "hccl": "vllm_ascend.distributed.device_communicators.pyhccl:PyHcclCommunicator"}
 
 # Environment advice taken from the seed guides; applied with setdefault (the user wins).
 ROCM_ENV = {"PYTORCH_HIP_ALLOC_CONF": "max_split_size_mb:128", "HIP_FORCE_DEV_KERNARG": "1"}
@@ -79,17 +95,20 @@ def describe(probe: Probe) -> DeviceInfo:
                   free_memory_bytes=probe.free_memory_bytes, total_memory_bytes=probe.total_memory_bytes)
     if probe.npu_available:
         return DeviceInfo("npu", "npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "NPU",
-                          bf16=probe.bf16_supported, fp16=True, env=dict(NPU_ENV), **common)
-    if probe.cuda_available and probe.hip_version:
+                          bf16=probe.bf16_supported, fp16=True, env=dict(NPU_ENV),
+                          socket_ifname_var="HCCL_SOCKET_IFNAME", **common)
+    gpu = dict(fp16=True, socket_ifname_var="NCCL_SOCKET_IFNAME", fused_adamw=True, triton=True)
+    if probe.cuda_available and probe.hip_version:  # Liger on ROCm / DCU when asked for (`liger`), not by `auto`
         return DeviceInfo("rocm", "cuda", "nccl", "HIP_VISIBLE_DEVICES", "GPU",
-                          bf16=probe.bf16_supported, fp16=True, env=dict(ROCM_ENV), **common)
+                          bf16=probe.bf16_supported, env=dict(ROCM_ENV), **gpu, **common)
     if probe.cuda_available:
         return DeviceInfo("cuda", "cuda", "nccl", "CUDA_VISIBLE_DEVICES", "GPU",
-                          bf16=probe.bf16_supported, fp16=True, env={}, **common)
+                          bf16=probe.bf16_supported, env={}, kernels_auto=True, **gpu, **common)
     # CPU: bf16 where oneDNN has native bf16 kernels (AVX512-BF16 / AMX); fp16 is not a training
-    # dtype on CPU (DeepSpeed's fp16 loss scaling is for accelerators).
+    # dtype on CPU (DeepSpeed's fp16 loss scaling is for accelerators). torch's fused AdamW: 3x its
+    # per-tensor loop here.
     return DeviceInfo("cpu", "cpu", "gloo", None, None, bf16=probe.bf16_supported, fp16=False,
-                      env=dict(CPU_ENV), **{**common, "device_count": 0})
+                      env=dict(CPU_ENV), fused_adamw=True, **{**common, "device_count": 0})
 
 
 def probe_torch() -> Probe:

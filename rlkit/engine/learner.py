@@ -105,7 +105,7 @@ class Learner(EngineHost, Saving):
         except (RuntimeError, OSError) as e:  # torch's DistNetworkError / gloo's connect errors
             from rlkit.errors import UserError
 
-            ifname = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}.get(backend, "HCCL_SOCKET_IFNAME")
+            ifname = self.device_info.socket_ifname_var
             reason = " ".join(str(e).split())[:300]
             raise UserError(f"learner rank {self.rank} on node {ray.util.get_node_ip_address()} could not join the "
                             f"{backend} process group at {master_addr}:{master_port}: {reason}. The learners' "
@@ -146,7 +146,7 @@ class Learner(EngineHost, Saving):
         if spec.deepspeed.torch_adam:  # torch's fused kernel where it has one (CPU: 3x the per-tensor loop)
             optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, betas=spec.optim.betas, eps=spec.optim.eps,
                                           weight_decay=spec.optim.weight_decay,
-                                          fused=self.device_info.kind in ("cpu", "cuda", "rocm") or None)
+                                          fused=self.device_info.fused_adamw or None)
         schedule = lr_lambda(spec.optim, spec.total_steps)
         # A callable: DeepSpeed builds it on the unwrapped optimizer, steps it at each accumulation
         # boundary and saves it in checkpoints.

@@ -114,7 +114,7 @@ def actor_resources(device: DeviceInfo, cpus: float, devices: int = 1,
     """`options(...)` for one actor that owns `devices` devices (or only CPUs) and the `custom`
     resources of its role (`ray.resources`)."""
     opts: dict[str, Any] = {"num_cpus": cpus}
-    if device.ray_resource == "GPU":
+    if device.ray_gpus:
         opts["num_gpus"] = devices
     elif device.ray_resource:
         opts["resources"] = {device.ray_resource: devices}

@@ -49,17 +49,16 @@ def dtype_name(tensor: torch.Tensor) -> str:
 
 
 def communicator_class(backend: str) -> Any:
-    """The device communicator for a weight-broadcast group: vLLM's PyNccl (CUDA, ROCm's RCCL)
-    or vllm-ascend's PyHccl (Ascend NPU)."""
-    if backend == "nccl":
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    """The device communicator for a weight-broadcast group over `backend` (`rlkit.accel.COMMUNICATORS`:
+    vLLM's PyNccl on CUDA and ROCm's RCCL, vllm-ascend's PyHccl on Ascend NPU)."""
+    import importlib
 
-        return PyNcclCommunicator
-    if backend == "hccl":
-        from vllm_ascend.distributed.device_communicators.pyhccl import PyHcclCommunicator  # type: ignore
+    from rlkit.accel import COMMUNICATORS
 
-        return PyHcclCommunicator
-    raise ValueError(f"weight broadcast backend must be 'nccl' or 'hccl', got {backend!r}")
+    if backend in COMMUNICATORS:
+        module, name = COMMUNICATORS[backend].split(":")
+        return getattr(importlib.import_module(module), name)
+    raise ValueError(f"weight broadcast backend must be one of {', '.join(COMMUNICATORS)}, got {backend!r}")
 
 
 def unpack_tensor(name: str, dtype: str, shape: tuple[int, ...], raw: bytes) -> tuple[str, torch.Tensor]:

@@ -28,6 +28,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlkit.accel import RAY_DEVICE_RESOURCES, detect
 from rlkit.engine.cluster import Demand
 from rlkit.engine.objective import mean_metrics
 from rlkit.engine.perf import perf_metrics
@@ -80,7 +81,6 @@ def demands(cfg: GRPOConfig, device: Any) -> list[Demand]:
 def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run GRPO from a loaded recipe; returns the final policy directory. Everything a user can
     get wrong (model path, data, rewards, sync strategy) is checked before Ray starts."""
-    from rlkit.accel import detect
     from rlkit.distill.teacher import check_distill, check_teacher_node
     from rlkit.engine.cluster import ship_by_value
     from rlkit.engine.engines import start_engines, sync_transport
@@ -106,7 +106,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
         spec = learner_spec(cfg, g.micro_batch_size, g.grad_accum, g.steps * g.epochs * g.mini_batches,
                             reference=g.beta > 0, teacher=cfg.distill.teacher if beside else None)
         rewards = [Demand("reward actor", 1, bundle, "pack", f"{key}.args", tuple(
-            k for k in bundle if k not in ("CPU", "GPU", "NPU")), f"{key}.args.resources")
+            k for k in bundle if k not in ("CPU", *RAY_DEVICE_RESOURCES)), f"{key}.args.resources")
             for key, bundle in task.scorer.actor_bundles()]
         with run.session(), learner_group(cfg, spec, g.num_learners, device, [*demands(cfg, device), *rewards],
                                           started=lambda: check_teacher_node(cfg.distill)) as learners:

@@ -22,9 +22,9 @@ import sys
 import types
 from typing import Any
 
+from rlkit.accel import of_kind
 from rlkit.errors import UserError
 
-KERNEL_DEVICES = ("cuda", "rocm")  # Triton's; `auto` uses CUDA only (ROCm / DCU: ask for liger)
 KEY = "model.kernels"
 
 
@@ -42,7 +42,7 @@ def kernels_problem(kernels: str, device_kind: str, model_type: str) -> str | No
     or None (also for `auto` and `none`, which never fail)."""
     if kernels != "liger":
         return None
-    if device_kind not in KERNEL_DEVICES:
+    if not of_kind(device_kind).triton:  # the device's record says where Triton's kernels run
         return (f"liger runs Triton kernels on a GPU, and this run's learners are on {device_kind}: use auto (Liger "
                 "where it applies) or none")
     families = liger_families()
@@ -69,7 +69,8 @@ def apply_kernels(model: Any, kernels: str, device_kind: str, key: str = KEY) ->
     problem = kernels_problem(kernels, device_kind, model_type)
     if problem:
         raise UserError(f"on host {socket.gethostname()}: {problem}", key)
-    if kernels == "none" or device_kind not in (KERNEL_DEVICES if kernels == "liger" else ("cuda",)):
+    info = of_kind(device_kind)
+    if kernels == "none" or not (info.triton if kernels == "liger" else info.kernels_auto):
         return False
     families = liger_families()
     if families is None or model_type not in families:
