@@ -114,13 +114,13 @@ def reap(run: Started) -> None:
     if work is not None:
         shutil.rmtree(work, ignore_errors=True)
         if uid is not None:
-            _sweep(uid)
+            sweep(uid)
     if run.cap is not None:
         run.cap.close()
     uids.release(uid)  # after its processes and leftovers are gone: another run may hold it now
 
 
-def _sweep(uid: int) -> None:
+def sweep(uid: int) -> None:
     """End the processes of a throwaway uid and remove what it owns in the shared temporary folders."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/status") as f:

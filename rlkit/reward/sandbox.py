@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from rlkit.errors import RewardError
 from rlkit.reward import cgroup, seccomp, uids
-from rlkit.reward.pipes import Exchange, Started, reap
+from rlkit.reward.pipes import Exchange, Started, reap, sweep
 
 ISOLATIONS = ("namespaces", "remote", "process")
 # the program's whole environment (HOME: its working directory), in both local modes
@@ -118,7 +118,7 @@ def undumpable() -> None:
 def next_uid() -> int:
     """A throwaway uid for one run as root, held by no other run on this host until its run is reaped
     (`rlkit.reward.uids`)."""
-    return uids.claim()
+    return uids.claim(sweep)
 
 
 @functools.lru_cache(maxsize=16)

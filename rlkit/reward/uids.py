@@ -16,6 +16,7 @@ import os
 import random
 import stat
 import threading
+from collections.abc import Callable
 
 from rlkit.errors import RewardError
 
@@ -43,8 +44,10 @@ def _folder() -> str:
     return FOLDER
 
 
-def claim() -> int:
-    """A throwaway uid no other run on this host holds, claimed until `release(uid)`."""
+def claim(sweep: Callable[[int], None] | None = None) -> int:
+    """A throwaway uid no other run on this host holds, claimed until `release(uid)`. One whose file a
+    driver that died left (claimed, never released) is given to `sweep` first: what ran as it may
+    still run."""
     global _next
     with _lock:
         folder = _folder()
@@ -53,6 +56,7 @@ def claim() -> int:
             if uid in _held:
                 continue
             path = os.path.join(folder, str(uid))
+            left = os.path.lexists(path)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -61,6 +65,8 @@ def claim() -> int:
                 same = False
             if same:
                 _held[uid] = fd
+                if left and sweep is not None:
+                    sweep(uid)
                 return uid
             os.close(fd)
     raise RewardError(f"every throwaway uid from {BASE} to {BASE + SPAN - 1} is held by a run on this host")

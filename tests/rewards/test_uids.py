@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -78,3 +79,44 @@ def test_a_claims_folder_others_may_enter_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(RewardError) as e:
         uids.claim()
     assert str(e.value).startswith(f"{folder} is not a folder only root may enter") and "\n" not in str(e.value)
+
+
+DIES_HOLDING = """
+import os, subprocess, sys
+from rlkit.reward import uids
+uids._next = int(sys.argv[1])
+uid = uids.claim()
+left = subprocess.Popen(["sleep", "60"], user=uid, group=uid, start_new_session=True, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+print(uid, left.pid, flush=True)
+os._exit(0)  # dies holding the uid, never released: its sample's process runs on
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_uid_a_dead_driver_held_is_swept_before_it_is_given_again(monkeypatch):
+    from rlkit.reward.sandbox import next_uid
+
+    start = 5151
+    out = subprocess.run([sys.executable, "-c", DIES_HOLDING, str(start)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    uid, pid = map(int, out.stdout.split())
+    assert os.path.exists(os.path.join(uids.FOLDER, str(uid)))  # claimed and never given back
+    monkeypatch.setattr(uids, "_next", start)
+    again = next_uid()
+    try:
+        assert again == uid
+        for _ in range(50):  # the sweep's SIGKILL (the process is init's child now: reaped by it)
+            if not _running(pid):
+                break
+            time.sleep(0.1)
+        assert not _running(pid)
+    finally:
+        uids.release(again)
