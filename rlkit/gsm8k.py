@@ -175,3 +175,43 @@ def write_task(out_dir: str | Path, n_sft: int = 10, n_grpo: int = 40, n_heldout
     counts = {name: len(r) for name, r in rows.items()}
     manifest.write_text(json.dumps({"params": params, "rows": counts}, indent=1) + "\n")
     return paths
+
+
+def preference_pairs(prompts: str | Path, samples: str | Path, out_dir: str | Path, per_prompt: int = 2,
+                     eval_every: int = 10, fn: str = "accuracy") -> dict[str, int]:
+    """DPO pairs from a model's own sampled completions (on-policy, as iterative RPO builds them for GSM8K):
+    for each prompt of `prompts` (a JSONL of prompt rows) whose completions in `samples` (`rlkit eval
+    --per-sample`: `row` indexes `prompts`) hold both a right and a wrong answer by reward `fn`, up to
+    `per_prompt` pairs, each a right completion chosen over a wrong one, none used twice. TRL's
+    conversational form (`prompt` messages, `chosen` / `rejected` assistant messages); the rows of every
+    `eval_every`th template go to dpo_eval.jsonl (templates no training pair comes from), the rest to
+    dpo_train.jsonl under `out_dir`. Returns the counts: pairs of each file, prompts sampled, prompts
+    with a pair, prompts all right, all wrong."""
+    rows = [json.loads(x) for x in Path(prompts).read_text(encoding="utf-8").splitlines() if x.strip()]
+    by_row: dict[int, list[dict[str, Any]]] = {}
+    for line in Path(samples).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            s = json.loads(line)
+            by_row.setdefault(s["row"], []).append(s)
+    pairs: dict[str, list[dict[str, Any]]] = {"dpo_train": [], "dpo_eval": []}
+    counts = {"prompts": len(by_row), "with_pair": 0, "all_right": 0, "all_wrong": 0}
+    for i, group in sorted(by_row.items()):
+        right = list(dict.fromkeys(s["completion"] for s in group if s["rewards"][fn] >= 1))
+        wrong = list(dict.fromkeys(s["completion"] for s in group if s["rewards"][fn] < 1))
+        if not right or not wrong:
+            counts["all_right" if right else "all_wrong"] += 1
+            continue
+        counts["with_pair"] += 1
+        row = rows[i]
+        split = "dpo_eval" if row["template"] % eval_every == 0 else "dpo_train"
+        for chosen, rejected in list(zip(right, wrong))[:per_prompt]:
+            pairs[split].append({"prompt": row["prompt"], "chosen": [{"role": "assistant", "content": chosen}],
+                                 "rejected": [{"role": "assistant", "content": rejected}],
+                                 "answer": row["answer"], "template": row["template"]})
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, split_rows in pairs.items():
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in split_rows),
+                                           encoding="utf-8")
+        counts[name] = len(split_rows)
+    return counts

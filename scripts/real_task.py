@@ -214,8 +214,60 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=1, metavar="K",
                     help="score every Kth eval prompt only (a quicker, noisier table; default: all)")
     ap.add_argument("--no-calculator", action="store_true", help="GRPO and the evals without the inline calculator")
-    ap.add_argument("overrides", nargs="*", help="more GRPO recipe overrides (key.sub=value)")
+    ap.add_argument("--dpo", action="store_true", help="DPO instead of GRPO after the SFT stage, on pairs of the SFT "
+                                                       "model's own samples (recipes/smollm2-gsm8k-dpo.yaml)")
+    ap.add_argument("--pair-prompts", type=int, default=400, help="--dpo: GRPO prompts the SFT model samples")
+    ap.add_argument("--pair-samples", type=int, default=4, help="--dpo: completions per prompt (T 1.0)")
+    ap.add_argument("overrides", nargs="*", help="more GRPO (or DPO) recipe overrides (key.sub=value)")
     return ap.parse_args()
+
+
+def pairs(args: argparse.Namespace, start: Path, data: dict[str, Path], tag: str, calculator: bool) -> Path:
+    """--dpo: `rlkit eval` samples --pair-samples completions (T 1.0) of the first --pair-prompts GRPO prompts
+    from the SFT model; `rlkit.gsm8k.preference_pairs` pairs a right answer with a wrong one under
+    runs/gsm8k/pairs-TAG/ (sampled again unless --reuse finds samples newer than the model)."""
+    from rlkit.gsm8k import preference_pairs
+
+    out = WORK / f"pairs-{tag}"
+    samples = out / "samples.jsonl"
+    if args.reuse and samples.is_file() and samples.stat().st_mtime > start.stat().st_mtime:
+        say(f"pairs: reusing {samples}")
+    else:
+        rlkit("eval", str(start), "--data", str(data["grpo_train"]), "--limit", str(args.pair_prompts), "--samples",
+              str(args.pair_samples), "--temperature", "1.0", "--rewards", REWARDS, "--max-tokens",
+              str(EVAL_MAX_TOKENS), "--template", args.template, "--out", str(out / "samples-report.json"),
+              "--per-sample", str(samples), *(["--calculator"] if calculator else []))
+    counts = preference_pairs(data["grpo_train"], samples, out)
+    say(f"pairs: {counts['dpo_train']} training and {counts['dpo_eval']} held-out pairs from {counts['with_pair']} "
+        f"of {counts['prompts']} prompts ({counts['all_right']} all right, {counts['all_wrong']} all wrong)")
+    return out
+
+
+def held_out_preference(run: Path) -> str:
+    """The DPO run's held-out pairs after its last step: TRL's reward accuracy (the policy raised chosen over
+    rejected against the SFT model: 0.5 is chance) and margin, and the mean chosen-minus-rejected logp before
+    the first step and after the last."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    evals = [r for r in rows if "eval/rewards/accuracies" in r]
+    gap = [r["eval/logps/chosen"] - r["eval/logps/rejected"] for r in evals]
+    return (f"held-out pairs: reward accuracy {evals[-1]['eval/rewards/accuracies']:.3f}, margin "
+            f"{evals[-1]['eval/rewards/margins']:.3f}; chosen minus rejected logp {gap[0]:+.1f} -> {gap[-1]:+.1f} nats")
+
+
+def second_stage(args: argparse.Namespace, start: Path, data: dict[str, Path], tag: str,
+                 calculator: bool) -> tuple[str, Path, float, str]:
+    """GRPO (or DPO, --dpo) from the SFT model: its name, run folder, wall time and a line of its own figures."""
+    template = f"data.template={args.template}"
+    if args.dpo:
+        out, run = pairs(args, start, data, tag, calculator), ROOT / "runs" / f"gsm8k-dpo-{tag}"
+        wall = stage("dpo", run / "final", args.reuse, "recipes/smollm2-gsm8k-dpo.yaml", f"model.path={start}",
+                     template, f"output_dir={run}", f"data.train={out / 'dpo_train.jsonl'}",
+                     f"data.eval={out / 'dpo_eval.jsonl'}", *args.overrides)
+        return "DPO", run, wall, held_out_preference(run)
+    run = ROOT / "runs" / f"gsm8k-grpo-{tag}"
+    over = [f"model.path={start}", template, f"output_dir={run}", f"rollout.calculator={str(calculator).lower()}",
+            *args.overrides, *([f"grpo.steps={args.grpo_steps}"] if args.grpo_steps else [])]
+    return "GRPO", run, stage("grpo", run / "final", args.reuse, "recipes/smollm2-gsm8k-grpo.yaml", *over), ""
 
 
 def main() -> None:
@@ -229,44 +281,38 @@ def main() -> None:
     say(f"base model: {model}, {args.template} template")
     if args.only == "prepare":
         return
-    sft_dir, grpo_dir = ROOT / "runs" / f"gsm8k-sft-{tag}", ROOT / "runs" / f"gsm8k-grpo-{tag}"
+    sft_dir = ROOT / "runs" / f"gsm8k-sft-{tag}"
     if args.mismatch:
         start = model if args.mismatch_from == "base" else sft_dir / "final"
         if not Path(start).exists():
             sys.exit(f"--mismatch starts from {start}: run the chain (or its SFT stage) first")
         mismatch(start, args.mismatch_steps, tag, args.template)
         return
-    calculator, template = not args.no_calculator, f"data.template={args.template}"
-    base = evaluate(model, "base", data, tag, calculator, args.template, args.eval_every, args.reuse)
-    sft_over = [f"model.path={model}", template, f"finetuning={args.finetuning}", f"output_dir={sft_dir}"]
-    if args.finetuning == "lora":
-        sft_over.append("optim.lr=2e-4")
-    if args.sft_steps:
-        sft_over.append(f"train.max_steps={args.sft_steps}")
-    sft_wall = stage("sft", sft_dir / "final", args.reuse, "recipes/smollm2-gsm8k-sft.yaml", *sft_over)
-    sft = evaluate(sft_dir / "final", "sft", data, tag, calculator, args.template, args.eval_every, args.reuse)
-    grpo_over = [f"model.path={sft_dir / 'final'}", template, f"output_dir={grpo_dir}",
-                 f"rollout.calculator={str(calculator).lower()}", *args.overrides]
-    if args.grpo_steps:
-        grpo_over.append(f"grpo.steps={args.grpo_steps}")
-    grpo_wall = stage("grpo", grpo_dir / "final", args.reuse, "recipes/smollm2-gsm8k-grpo.yaml", *grpo_over)
-    grpo = evaluate(grpo_dir / "final", "grpo", data, tag, calculator, args.template, args.eval_every, args.reuse)
-    rlkit("plot", str(sft_dir), str(grpo_dir), "--out", str(WORK / f"plots-{tag}"))
+    calculator, k = not args.no_calculator, args.eval_every
     label = "SmolLM2-135M-Instruct, Q4_1 dequantised" if args.model == "smollm2" else Path(model).name
-    text = table([(f"base ({label})", base, 0.0),
-                  (f"SFT ({args.finetuning})", sft, sft_wall), ("SFT + GRPO", grpo, grpo_wall)])
+    rows = [] if args.dpo else [(f"base ({label})",  # the DPO chain's table starts at its SFT model
+                                 evaluate(model, "base", data, tag, calculator, args.template, k, args.reuse), 0.0)]
+    sft_over = [f"model.path={model}", f"data.template={args.template}", f"finetuning={args.finetuning}",
+                f"output_dir={sft_dir}", *(["optim.lr=2e-4"] if args.finetuning == "lora" else []),
+                *([f"train.max_steps={args.sft_steps}"] if args.sft_steps else [])]
+    sft_wall = stage("sft", sft_dir / "final", args.reuse, "recipes/smollm2-gsm8k-sft.yaml", *sft_over)
+    sft = evaluate(sft_dir / "final", "sft", data, tag, calculator, args.template, k, args.reuse)
+    name, run, wall, figures = second_stage(args, sft_dir / "final", data, tag, calculator)
+    after = evaluate(run / "final", name.lower(), data, tag, calculator, args.template, k, args.reuse)
+    plots = WORK / f"plots-{tag}{'-dpo' if args.dpo else ''}"
+    rlkit("plot", str(sft_dir), str(run), "--out", str(plots))
+    text = table([*rows, (f"SFT ({args.finetuning})", sft, sft_wall), (f"SFT + {name}", after, wall)])
     gains = []
-    for name, after, before in (("held-out", grpo, sft), ("training templates, new variants", grpo["known"],
-                                                           sft["known"])):
-        gain, se, lost, won = paired_gain(before["samples"], after["samples"])
-        gains.append(f"{name} accuracy {gain:+.3f} ({gain / se if se else 0.0:+.1f} paired standard errors; "
+    for part, a, b in (("held-out", after, sft), ("training templates, new variants", after["known"], sft["known"])):
+        gain, se, lost, won = paired_gain(b["samples"], a["samples"])
+        gains.append(f"{part} accuracy {gain:+.3f} ({gain / se if se else 0.0:+.1f} paired standard errors; "
                      f"{won} prompts gained, {lost} lost)")
-    summary = (f"GRPO over its SFT start: {'; '.join(gains)}; format rate {grpo['rewards']['hash_answer']:.3f}; "
-               f"total {(time.perf_counter() - t0) / 60:.0f} min")
-    (WORK / f"table-{tag}.md").write_text(text + "\n\n" + summary + "\n", encoding="utf-8")
+    summary = (f"{name} over its SFT start: {'; '.join(gains)}; format rate {after['rewards']['hash_answer']:.3f}"
+               f"{'; ' + figures if figures else ''}; total {(time.perf_counter() - t0) / 60:.0f} min")
+    (WORK / f"table-{tag}{'-dpo' if args.dpo else ''}.md").write_text(text + "\n\n" + summary + "\n",
+                                                                     encoding="utf-8")
     print(f"\nheld-out (templates 80-99, never trained on), greedy, max_tokens {EVAL_MAX_TOKENS}"
           f"{', the inline calculator' if calculator else ''}:\n{text}\n{summary}")
-
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,7 @@ import pytest
 from rewards.format import hash_answer
 from rewards.math import accuracy
 from rlkit.errors import UserError
-from rlkit.gsm8k import INSTRUCTION, real_model, smollm2_gguf, write_task
+from rlkit.gsm8k import INSTRUCTION, preference_pairs, real_model, smollm2_gguf, write_task
 
 
 def read(path):
@@ -102,3 +102,37 @@ def test_the_chain_compares_two_models_on_the_same_prompts_as_a_paired_differenc
     assert (lost, won) == (4, 11) and gain == pytest.approx(7 / 400)
     assert se == pytest.approx((sum((d - gain) ** 2 for d in [-1] * 4 + [1] * 11 + [0] * 385) / 399 / 400) ** 0.5)
     assert 1.7 < gain / se < 1.9
+
+
+def test_dpo_pairs_from_sampled_completions_a_right_answer_over_a_wrong_one(task, tmp_path):
+    """The SmolLM2 DPO chain's pairs: only prompts whose samples hold both a right and a wrong answer give
+    pairs (at most `per_prompt`, no completion twice), chosen is the right one, the held-out templates'
+    pairs go to the eval file, and rlkit's preference reader takes both files as they are."""
+    from rlkit.data.preference import load_pairs
+
+    grpo = read(task["grpo_train"])
+    samples = []
+    for i, row in enumerate(grpo):
+        scores = [[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]][i % 4]
+        for j, s in enumerate(scores):
+            text = f"... #### {row['answer'] if s else '-1'}" + (f" ({j})" if j else "")
+            samples.append({"row": i, "completion": text, "rewards": {"accuracy": float(s)}})
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    counts = preference_pairs(task["grpo_train"], path, tmp_path / "pairs", per_prompt=2, eval_every=2)
+    mixed = [i for i in range(len(grpo)) if i % 4 in (0, 3)]
+    assert counts["prompts"] == len(grpo) and counts["with_pair"] == len(mixed)
+    assert counts["all_wrong"] == counts["all_right"] == len(grpo) // 4
+    expect = {"dpo_train": 0, "dpo_eval": 0}
+    for i in mixed:
+        expect["dpo_eval" if grpo[i]["template"] % 2 == 0 else "dpo_train"] += 2 if i % 4 == 0 else 1
+    assert {k: counts[k] for k in expect} == expect and min(expect.values()) > 0
+    for name in expect:
+        pairs = read(tmp_path / "pairs" / f"{name}.jsonl")
+        assert all((r["template"] % 2 == 0) == (name == "dpo_eval") for r in pairs)
+        for r in pairs:
+            assert r["chosen"][0]["content"].startswith(f"... #### {r['answer']}")
+            assert "#### -1" in r["rejected"][0]["content"]
+        texts = [(r["prompt"][0]["content"], r["chosen"][0]["content"]) for r in pairs]
+        assert len(set(texts)) == len(texts)
+        assert len(load_pairs(str(tmp_path / "pairs" / f"{name}.jsonl")).rows) == len(pairs)

@@ -77,6 +77,15 @@ def _data_files(recipe: dict, tmp: Path, task_data: dict) -> dict[str, Path | No
     if data.get("build_synthetic_if_missing") is not None:
         kind = {"sft": "sft", "dpo": "dpo", "rm": "dpo", "kto": "dpo"}.get(recipe["stage"], "grpo")  # on the pairs
         return {"train": task_data[f"{kind}_train"], "eval": task_data[f"{kind}_eval"]}
+    if "/gsm8k/pairs" in data["train"]:  # the real task's DPO pairs: a right and a wrong sample of each prompt
+        from rlkit.gsm8k import preference_pairs, write_task
+
+        grpo = write_task(tmp / "gsm8k", n_sft=2, n_grpo=2, n_heldout=2, train=[0, 1], heldout=[80])["grpo_train"]
+        rows = [json.loads(x) for x in grpo.read_text().splitlines()]
+        samples = [{"row": i, "completion": f"... #### {r['answer'] if ok else -1}", "rewards": {"accuracy": ok}}
+                   for i, r in enumerate(rows) for ok in (1.0, 0.0)]
+        preference_pairs(grpo, _write(tmp / "samples.jsonl", samples), tmp / "pairs")  # template 0: the eval's
+        return {key: tmp / "pairs" / Path(data[key]).name for key in ("train", "eval")}
     if "/gsm8k/" in data["train"]:  # the real task's recipes: its own files, from two templates
         from rlkit.gsm8k import write_task
 
