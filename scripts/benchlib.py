@@ -12,6 +12,16 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+
+
+def prepare() -> None:
+    """A benchmark's process: one OpenMP thread unless set, quiet tokenizers, the checkout importable."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+
 
 def rlkit(*args: str, cwd: Path) -> str:
     """`rlkit ARGS` in `cwd` with this Python (one OpenMP thread unless set); its stdout. A failure

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlkit.agent.loop import Agent, AgentBatch, Episode
-from rlkit.engine.rollout import Sample, Sampling
+from rlkit.engine.samples import Sample, Sampling
 from rlkit.seeding import derive_seed
 
 _SIGNS = {"+": "+", "-": "-", "*": "*", "/": "/", "x": "*", "×": "*", "÷": "/", "(": "(", ")": ")"}

@@ -36,7 +36,7 @@ from typing import Any
 
 from rlkit.agent.template import prepare_tokenizer, suffix_ids
 from rlkit.agent.tools import Environments, _loop, call_tools, schema, tool_dict, tool_methods
-from rlkit.engine.rollout import Sample, Sampling
+from rlkit.engine.samples import Sample, Sampling
 from rlkit.errors import UserError
 from rlkit.seeding import derive_seed
 

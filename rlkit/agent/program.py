@@ -38,7 +38,7 @@ from typing import Any
 from rlkit.agent.endpoint import Endpoint
 from rlkit.agent.loop import Agent, AgentBatch, counted
 from rlkit.agent.session import Batcher, Segment, Session
-from rlkit.engine.rollout import Sample, Sampling
+from rlkit.engine.samples import Sample, Sampling
 from rlkit.program_config import ProgramConfig
 from rlkit.seeding import derive_seed
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.agent.chat_api import RequestError
-from rlkit.engine.rollout import Sample
+from rlkit.engine.samples import Sample
 
 
 @dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rlkit.errors import FaultError, UserError
@@ -112,13 +113,36 @@ def wait_all(futures: Sequence[Any], owners: Sequence[str], phase: str, timeout_
             check_nodes(phase)
             if deadline is None or time.monotonic() < deadline:
                 continue  # a poll ran out, the deadline has not
-            late = sorted({owners[index[ref]] for ref in pending}, key=owners.index)
-            who = late[0] + (f" (and {', '.join(late[1:])})" if len(late) > 1 else "")
-            raise ActorFault(f"{who} did not finish {phase} within {timeout_s:g} s ({knob}); "
-                             f"it is hung or far slower than expected: see its log, or raise {knob}", late)
+            raise overdue(sorted({owners[index[ref]] for ref in pending}, key=owners.index), phase, timeout_s, knob)
         for ref in ready:
             results[index[ref]] = _get(ref, owners[index[ref]], phase)
     return results
+
+
+def overdue(late: list[str], phase: str, timeout_s: float, knob: str = "rollout.sync_timeout_s") -> ActorFault:
+    """The fault of actors `late` ("engine 1") that did not finish `phase` within `timeout_s` (`knob`)."""
+    who = late[0] + (f" (and {', '.join(late[1:])})" if len(late) > 1 else "")
+    return ActorFault(f"{who} did not finish {phase} within {timeout_s:g} s ({knob}); "
+                      f"it is hung or far slower than expected: see its log, or raise {knob}", late)
+
+
+@dataclass(frozen=True)
+class Started:
+    """Calls sent (Ray refs, who runs each, the phase errors name): calling it waits for their results
+    (`wait_all`); `done` asks without waiting."""
+
+    refs: list[Any]
+    owners: list[str]
+    phase: str
+    timeout_s: float | None = None
+
+    def __call__(self) -> list[Any]:
+        return wait_all(self.refs, self.owners, self.phase, self.timeout_s)
+
+    def done(self) -> bool:
+        import ray
+
+        return len(ray.wait(self.refs, num_returns=len(self.refs), timeout=0)[0]) == len(self.refs)
 
 
 def _get(ref: Any, owner: str, phase: str) -> Any:

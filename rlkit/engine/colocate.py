@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from rlkit.engine.rollout import RolloutWorker, Sample, cpu_engine_env
+from rlkit.engine.rollout import RolloutWorker, cpu_engine_env
+from rlkit.engine.samples import Sample
 from rlkit.engine.weight_sync import SyncTarget, open_transport
 from rlkit.engine.weights import NamedTensor
 from rlkit.transports import Transport

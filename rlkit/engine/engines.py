@@ -21,8 +21,8 @@ from rlkit.config import ModelConfig, RayConfig
 from rlkit.engine.calls import wait_all
 from rlkit.engine.generation import AdapterServing, Prompt, gathered_samples, start_generation, worker_options
 from rlkit.engine.group import LearnerGroup
-from rlkit.engine.rollout import Sample, Sampling
 from rlkit.engine.rollout_config import RolloutConfig
+from rlkit.engine.samples import Sample, Sampling
 from rlkit.engine.separate import SeparateEngines
 from rlkit.seeding import derive_seed
 from rlkit.transports import SyncRequest, Transport, resolve

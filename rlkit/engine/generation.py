@@ -12,8 +12,9 @@ from typing import Any
 from rlkit.accel import DeviceInfo
 from rlkit.config import ModelConfig
 from rlkit.engine.roles import call
-from rlkit.engine.rollout import RolloutWorker, Sample, Sampling
+from rlkit.engine.rollout import RolloutWorker
 from rlkit.engine.rollout_config import RolloutConfig
+from rlkit.engine.samples import Sample, Sampling
 from rlkit.seeding import derive_seed
 
 Prompt = str | dict  # a text, or vLLM's prompt dict: a text and its images (`multi_modal_data`)

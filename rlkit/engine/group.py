@@ -12,7 +12,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import RayConfig
-from rlkit.engine.calls import unwatch_nodes, wait_all, watch_nodes
+from rlkit.engine.calls import Started, unwatch_nodes, wait_all, watch_nodes
 from rlkit.engine.learner import Learner, LearnerSpec
 from rlkit.engine.objective import FitResult, MicroBatch, Objective, StepMetrics
 from rlkit.engine.placement import placement_group
@@ -73,10 +73,10 @@ class LearnerGroup:
         return self.fit_async(per_rank, objective, epochs)()
 
     def fit_async(self, per_rank: Sequence[list[list[MicroBatch]]], objective: Objective,
-                  epochs: int = 1) -> Callable[[], list[FitResult]]:
-        """`fit`, started: returns at once with the call that waits for its results."""
-        futures = self._send(Learner.fit, [(steps, objective, epochs) for steps in per_rank])
-        return lambda: wait_all(futures, self.owners, "the training step")
+                  epochs: int = 1) -> Started:
+        """`fit`, started: returns at once with the calls (calling them waits for their results)."""
+        return Started(self._send(Learner.fit, [(steps, objective, epochs) for steps in per_rank]), self.owners,
+                       "the training step")
 
     def evaluate(self, per_rank: Sequence[list[MicroBatch]], objective: Objective) -> dict[str, float]:
         """Metric sums of `Learner.evaluate` over all ranks."""

@@ -67,16 +67,19 @@ def watch() -> Callable[[], None]:
     return stop
 
 
-def run_folder(part: str | None = None, token: str | None = None) -> Path | None:
-    """The watched run's folder on this host (its `part`, made when missing) for files its processes keep
-    on disk: removed by the watcher when the run ends, however it ends. None outside a watched run (a run
-    that joined a cluster: its processes keep their files where they did)."""
+def run_folder(part: str | None = None, token: str | None = None, empty: bool = False) -> Path | None:
+    """The watched run's folder on this host (its `part`, made when missing; `empty`: emptied of what a
+    process of the same part left, killed) for files its processes keep on disk: removed by the watcher
+    when the run ends, however it ends. None outside a watched run (a run that joined a cluster: its
+    processes keep their files where they did)."""
     token = token or os.environ.get(TOKEN_ENV)
     if not token:
         return None
     folder = Path(tempfile.gettempdir()) / f"rlkit-run-{token}"
     if part:
         folder /= part
+    if empty:
+        shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     return folder
 

@@ -21,7 +21,6 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,9 @@ import torch
 
 from rlkit import faults
 from rlkit.engine.reaper import exit_when_cut_off, run_folder
-from rlkit.engine.vllm_ext import dtype_name
+from rlkit.engine.samples import Sample, own_limits
+from rlkit.engine.streaming import EngineStream, GroupRequest, StreamReport
+from rlkit.engine.vllm_ext import pack_tensor
 from rlkit.engine.weights import FlatBucket
 from rlkit.model.attention import carried_state
 from rlkit.seeding import derive_seed
@@ -37,44 +38,6 @@ from rlkit.seeding import derive_seed
 EXTENSION = "rlkit.engine.vllm_ext.WeightSyncExtension"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One completion. `logprobs[t]` is the logprob of `token_ids[t]` (see module docstring);
-    `finish_reason` is "stop" (EOS / stop string / stop token) or "length" (hit max_tokens).
-    A multi-turn rollout (`rlkit.agent.loop`) also has `tool_mask` (0 on the tokens of tool
-    results, whose logprob is 0.0: they were not sampled), the completion as chat `messages`
-    (assistant and tool turns, as TRL passes them to rewards) and its tool counts."""
-
-    prompt_index: int
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str
-    logprobs: list[float]
-    finish_reason: str
-    tool_mask: list[int] | None = None
-    messages: list[dict[str, Any]] | None = None
-    tool_calls: int = 0
-    tool_failures: int = 0
-    turns: int = 1
-    env_reward: float | None = None  # a gym-style interaction's rewards, summed over its steps
-    forks: list[Sample] | None = None  # an agent program's earlier samples of this rollout (rlkit/agent/program.py)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How completions are sampled (`generate`'s keyword arguments); temperature 0 is greedy."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()  # the calculator's (rlkit.agent.calculator): tokens holding "="
-
-    def kwargs(self) -> dict[str, Any]:
-        return dict(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
-                    stop=list(self.stop) or None, stop_token_ids=list(self.stop_token_ids) or None)
 
 
 def cpu_engine_env(kv_cache_gib: float | None = None, omp_threads: int = 1) -> dict[str, str]:
@@ -93,13 +56,6 @@ def cpu_engine_env(kv_cache_gib: float | None = None, omp_threads: int = 1) -> d
     }
 
 
-def _emptied(folder: Path | None) -> Path | None:
-    """`folder` without what an engine of the same index left in it when it was killed."""
-    if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
-    return folder
-
-
 def _imports_out_of_gc() -> None:
     """In a Ray actor's process: what is alive now (mostly the imported libraries' objects, which live
     as long as the process) leaves the garbage collector's generations (`gc.freeze`). vLLM collects
@@ -110,14 +66,6 @@ def _imports_out_of_gc() -> None:
 
     if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
         gc.freeze()
-
-
-def pack_tensor(name: str, tensor: torch.Tensor) -> tuple[str, str, tuple[int, ...], bytes]:
-    """`(name, dtype name, shape, raw bytes)` of a tensor (any dtype, bf16 included); see
-    `vllm_ext.unpack_tensor`."""
-    data = tensor.detach().to("cpu").contiguous()
-    raw = data.reshape(-1).view(torch.uint8).numpy().tobytes()
-    return name, dtype_name(data), tuple(data.shape), raw
 
 
 class RolloutWorker:
@@ -143,7 +91,7 @@ class RolloutWorker:
         name_worker_log(f"engine-{index}")
         exit_when_cut_off(cut_off_s, f"engine {index}")
         self.index, self.adapters, self.max_loras = index, [], max_loras  # adapters: LoRARequests, newest last
-        self.adapter_dir = _emptied(run_folder(f"engine{index}"))  # the run's; None: the temporary folder
+        self.adapter_dir = run_folder(f"engine{index}", empty=True)  # the run's; None: the temporary folder
         llm = llm_kwargs or {}
         from transformers import AutoConfig
         from vllm import LLM
@@ -152,7 +100,6 @@ class RolloutWorker:
         from rlkit.accel import memory_now
 
         self.base_memory = memory_now()  # vLLM imported, no engine yet: what the estimate does not model
-
         self.on_cpu = current_platform.is_cpu()
         if self.on_cpu and kv_cache_gib is None:
             kv_cache_gib = DEFAULT_CPU_KV_CACHE_GIB
@@ -189,6 +136,7 @@ class RolloutWorker:
         kwargs.update(llm)
         _imports_out_of_gc()
         self.llm = LLM(**kwargs)
+        self.streaming = EngineStream(self.llm)  # `stream`'s state
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
         self.start_seconds = time.perf_counter() - start
 
@@ -212,16 +160,16 @@ class RolloutWorker:
 
         faults.hang_here("generate", self.index)
         faults.crash_here("generate", f"engine{self.index}")
-        params = []
-        for i in range(len(prompts)):
-            params.append(SamplingParams(
-                n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, stop=stop,
-                stop_token_ids=stop_token_ids, logprobs=0,
-                seed=None if seed is None else derive_seed(seed, i),
-                **({} if top_k is None else {"top_k": top_k})))
         inputs = [{"prompt": p} if isinstance(p, str) else dict(p) if isinstance(p, dict)
                   else {"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.adapter)
+        params = []
+        for i, one in enumerate(inputs):
+            own = own_limits(one, max_tokens)  # a row's own max_tokens / min_tokens, if it has them
+            params.append(SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, stop=stop, stop_token_ids=stop_token_ids, logprobs=0,
+                seed=None if seed is None else derive_seed(seed, i),
+                **{"max_tokens": max_tokens, **own, **({} if top_k is None else {"top_k": top_k})}))
+        outputs = self.streaming.generate(inputs, params, self.adapter)  # beside streamed groups, if any
         samples = []
         for i, out in enumerate(outputs):
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -244,10 +192,24 @@ class RolloutWorker:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        prompts = [s if isinstance(s, dict) else {"prompt_token_ids": list(s)} for s in sequences]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
+        prompts = [{k: v for k, v in s.items() if k != "limits"} if isinstance(s, dict)
+                   else {"prompt_token_ids": list(s)} for s in sequences]
+        outputs = self.streaming.generate(prompts, params, self.adapter)
         return [[float(step[t].logprob) for step, t in zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])]
                 for out in outputs]
+
+    def stream(self, groups: list[GroupRequest], sampling: dict[str, Any], version: int, budget_s: float,
+               recompute: bool = False) -> StreamReport:
+        """Streaming (`engine/streaming.py`): hold policy `version` (`recompute`: the running samples' KV
+        anew), take `groups`, step about `budget_s` s."""
+        faults.crash_here("generate", f"engine{self.index}")
+        self.streaming.relabel(version, recompute)
+        self.streaming.add(groups, sampling, self.adapter)
+        return self.streaming.run(budget_s)
+
+    def stream_hold(self, abort: Sequence[int] = (), pause: bool = False) -> None:
+        """Streaming: stop groups `abort`; `pause` before a weight load (the next `stream` resumes)."""
+        self.streaming.hold(list(abort), pause)
 
     # ------------------------------------------------------------------ weights
 

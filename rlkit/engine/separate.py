@@ -10,7 +10,7 @@ from typing import Any
 
 from rlkit.accel import DeviceInfo
 from rlkit.config import ModelConfig, RayConfig
-from rlkit.engine.calls import ActorFault, unwatch_nodes, wait_all, watch_nodes
+from rlkit.engine.calls import ActorFault, overdue, unwatch_nodes, wait_all, watch_nodes
 from rlkit.engine.generation import (
     AdapterServing,
     EngineCall,
@@ -21,8 +21,10 @@ from rlkit.engine.generation import (
 )
 from rlkit.engine.group import LearnerGroup
 from rlkit.engine.roles import call
-from rlkit.engine.rollout import RolloutWorker, Sample, Sampling
+from rlkit.engine.rollout import RolloutWorker
 from rlkit.engine.rollout_config import RolloutConfig
+from rlkit.engine.samples import Sample, Sampling
+from rlkit.engine.streaming import GroupRequest, StreamReport
 from rlkit.engine.weight_sync import PendingLoads
 from rlkit.errors import FaultError
 from rlkit.seeding import derive_seed
@@ -97,6 +99,31 @@ class SeparateEngines:
     def generate(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Sample]:
         """`n` samples per prompt, prompt-major, reproducible for `seed`."""
         return self.gather(self.generate_async(prompts, n, sampling, seed))
+
+    def stream_async(self, index: int, groups: list[GroupRequest], sampling: dict[str, Any], version: int,
+                     budget_s: float, recompute: bool) -> EngineCall:
+        """Engine `index`'s next streaming call (`RolloutWorker.stream`); returns at once."""
+        self._settle()
+        return EngineCall(index, RolloutWorker.stream, (groups, sampling, version, budget_s, recompute),
+                          {}).send(self.handles[index])
+
+    def stream_result(self, sent: EngineCall, late: bool = False) -> StreamReport:
+        """A streaming call's report; an `ActorFault` if its engine died, or is `late` (past the bound)."""
+        if late:
+            raise overdue([self.names[sent.index]], "the generation", self.timeout)
+        return wait_all([sent.ref], [self.names[sent.index]], "the generation", self.timeout)[0]
+
+    def stream_hold(self, stops: dict[int, list[int]]) -> list[int]:
+        """Before a weight sync: each engine stops the groups `stops[i]` and pauses. The engines
+        restarted meanwhile (dead or hung: their groups are the stream's to send again)."""
+        handles = list(self.handles)
+        calls = [EngineCall(i, RolloutWorker.stream_hold, (keys, True), {}) for i, keys in stops.items()]
+        self._results(calls, "the pause before the weight sync")
+        return [i for i, (old, new) in enumerate(zip(handles, self.handles)) if old is not new]
+
+    def restart(self, fault: ActorFault) -> None:
+        """Restart the engines `fault` names, with the current policy (or raise it: see `_recover`)."""
+        self._recover(fault, push=True)
 
     def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]:
         """The learners' current policy into every engine, in place (no restart). An engine that

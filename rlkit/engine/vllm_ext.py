@@ -61,8 +61,16 @@ def communicator_class(backend: str) -> Any:
     raise ValueError(f"weight broadcast backend must be one of {', '.join(COMMUNICATORS)}, got {backend!r}")
 
 
+def pack_tensor(name: str, tensor: torch.Tensor) -> tuple[str, str, tuple[int, ...], bytes]:
+    """`(name, dtype name, shape, raw bytes)` of a tensor (any dtype, bf16 included); see
+    `unpack_tensor`."""
+    data = tensor.detach().to("cpu").contiguous()
+    raw = data.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return name, dtype_name(data), tuple(data.shape), raw
+
+
 def unpack_tensor(name: str, dtype: str, shape: tuple[int, ...], raw: bytes) -> tuple[str, torch.Tensor]:
-    """Inverse of `rollout.pack_tensor`."""
+    """Inverse of `pack_tensor`."""
     dt = getattr(torch, dtype)
     flat = torch.frombuffer(bytearray(raw), dtype=dt) if raw else torch.empty(0, dtype=dt)  # frombuffer rejects b""
     return name, flat.reshape(shape)
@@ -91,7 +99,7 @@ class WeightSyncExtension:
         return count
 
     def load_packed_weights(self, packed: list[tuple[str, str, tuple[int, ...], bytes]]) -> int:
-        """`load_weights_from_iter` for tensors sent as raw bytes (`rollout.pack_tensor`)."""
+        """`load_weights_from_iter` for tensors sent as raw bytes (`pack_tensor`)."""
         return self.load_weights_from_iter(unpack_tensor(*p) for p in packed)
 
     def _rlkit_reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:

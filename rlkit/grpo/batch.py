@@ -33,6 +33,7 @@ class Rollout:
     tool_mask: list[int] | None = None  # multi-turn: 0 on tool-result tokens (no loss), else 1
     images: tuple = ()  # the prompt's images (paths or PIL images), whose tokens prompt_ids holds expanded
     forks: tuple[Rollout, ...] = ()  # an agent program's earlier samples of this rollout: its reward, advantage
+    versions: tuple[int, ...] = ()  # streamed: the policy version that sampled each token (policy_version: the oldest)
 
 
 def expand_forks(rollouts: Sequence[Rollout], advantages: Tensor) -> tuple[list[Rollout], Tensor]:

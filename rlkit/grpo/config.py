@@ -103,6 +103,22 @@ class GRPOAlgoConfig:
     # Rollouts may come from a policy up to K updates older than the one they train: 0 = on-policy
     # (generate, then train), 1 = generate step k+1 while step k trains, K = K steps ahead.
     max_staleness: int = 0
+    # Streaming (needs max_staleness >= 1 and separate engines): engines generate without pause from a
+    # queue of prompts, a step trains on the first prompts_per_step groups done, and new weights load
+    # mid-generation (partial rollouts): each token keeps the version that sampled it; a group whose
+    # oldest token is more than max_staleness versions old is not trained (dropped, counted).
+    streaming: bool = False
+    # Streaming: the groups generating (and drawn to) at most (null: 2 x prompts_per_step), as AReaL's
+    # max_concurrent_rollouts: more keep the engines fuller but slow each sample, so more go stale.
+    max_running_groups: int | None = None
+    # After a load mid-generation the running samples' KV cache is kept as the old weights made it
+    # (keep: measured faster, docs/speed.md), or computed again with the new weights (recompute).
+    partial_kv: Literal["keep", "recompute"] = "keep"
+    # The weight loads a streamed sample may span (null: bounded by max_staleness alone); past it its
+    # group is dropped, or finished under the new policy, as over_interrupted says (both counted).
+    max_interruptions: int | None = None
+    # Past max_interruptions: drop the group (counted, its prompt not trained), or let it finish.
+    over_interrupted: Literal["drop", "finish"] = "drop"
     # Importance weights pi_learner / pi_engine on the policy loss (grpo/correction.py): the
     # engine/learner numeric gap and staleness. Default token_truncate at 2 (TIS): see docs/grpo.md.
     rollout_correction: CorrectionMode = "token_truncate"
@@ -134,6 +150,12 @@ class GRPOAlgoConfig:
         check(self.epsilon_high >= 0, "epsilon_high", f"must be >= 0, got {self.epsilon_high}")
         check(self.beta >= 0, "beta", f"must be >= 0, got {self.beta}")
         check(self.max_staleness >= 0, "max_staleness", f"must be >= 0, got {self.max_staleness}")
+        check(not self.streaming or self.max_staleness >= 1, "streaming",
+              "streamed groups train up to max_staleness versions after they started: set max_staleness >= 1")
+        check(self.max_running_groups is None or self.max_running_groups >= 1, "max_running_groups",
+              f"must be >= 1 (or null), got {self.max_running_groups}")
+        check(self.max_interruptions is None or self.max_interruptions >= 0, "max_interruptions",
+              f"must be >= 0 (or null), got {self.max_interruptions}")
         check(self.max_tokens_per_micro_batch >= 0, "max_tokens_per_micro_batch",
               f"must be >= 0 (0 = off), got {self.max_tokens_per_micro_batch}")
         self._check_correction()
@@ -228,7 +250,7 @@ class GRPOConfig(StageConfig):
         "teacher_model_name_or_path": "distill.teacher.path"}
     RESUME_FIXED: ClassVar[tuple[str, ...]] = (
         *StageConfig.RESUME_FIXED, "grpo.prompts_per_step", "grpo.group_size", "grpo.num_learners",
-        "grpo.micro_batch_size", "grpo.mini_batches", "grpo.max_staleness")
+        "grpo.micro_batch_size", "grpo.mini_batches", "grpo.max_staleness", "grpo.streaming")
 
     def models(self) -> dict[str, ModelConfig]:
         return {**super().models(), **({"distill.teacher": self.distill.teacher} if self.distill else {})}
@@ -264,3 +286,8 @@ class GRPOConfig(StageConfig):
             check(not self.grpo.async_generation, "grpo.max_staleness",
                   "colocated engines share the learners' processes, so generation cannot overlap training;"
                   " use max_staleness: 0, or set rollout.colocate: false to overlap")
+        r = self.rollout
+        multi_turn = r.environment or r.interaction or r.program.on or r.tools or r.calculator
+        check(not self.grpo.streaming or not multi_turn, "grpo.streaming",
+              "streamed rollouts are single-turn so far: set it to false for tools, the calculator, environments "
+              "and agent programs (max_staleness still overlaps their steps)")

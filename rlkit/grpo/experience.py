@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlkit.agent.loop import rollout_metrics
-from rlkit.engine.rollout import Sample, Sampling
+from rlkit.engine.samples import Sample, Sampling
 from rlkit.grpo.advantages import frac_zero_std, get_advantage, normalize_then_sum, soft_overlong_penalty, zero_std_mask
 from rlkit.grpo.batch import Rollout
 from rlkit.grpo.config import GRPOAlgoConfig
@@ -83,7 +83,7 @@ class Generation:
         indices when given (a row's images, which the checkpoint does not hold as objects)."""
         from rlkit.agent.loop import AgentBatch
 
-        samples = [_sample(s) for s in state["samples"]]
+        samples = [restored_sample(s) for s in state["samples"]]
         agent = state.get("agent")
         indices = state.get("indices") or []
         rows = [train_rows[i] for i in indices] if train_rows is not None and indices else state["rows"]
@@ -93,10 +93,10 @@ class Generation:
                                               returned=agent.get("returned", False)))
 
 
-def _sample(state: dict[str, Any]) -> Sample:
+def restored_sample(state: dict[str, Any]) -> Sample:
     """A sample from `dataclasses.asdict` (its forks too)."""
     forks = state.get("forks")
-    return Sample(**{**state, "forks": forks and [_sample(f) for f in forks]})
+    return Sample(**{**state, "forks": forks and [restored_sample(f) for f in forks]})
 
 
 def _has_image_object(value: Any) -> bool:

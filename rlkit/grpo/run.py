@@ -19,7 +19,6 @@ failed; such prompts are drawn less (`grpo/difficulty.py`), a state the sampler'
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import time
@@ -35,7 +34,7 @@ from rlkit.engine.perf import perf_metrics
 from rlkit.grpo.batch import GRPOBatch, expand_forks, plan_micro_batches, plan_token_micro_batches
 from rlkit.grpo.config import GRPOConfig
 from rlkit.grpo.difficulty import OnlineDifficulty
-from rlkit.grpo.experience import Experience, Generation, advantages, collect, evaluate, start_generation
+from rlkit.grpo.experience import Experience, Generation, advantages, evaluate, start_generation
 from rlkit.grpo.memory import MEMORY
 from rlkit.grpo.objective import GRPOObjective
 from rlkit.grpo.task import Task, load_task, recipe_dir
@@ -126,7 +125,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                 engines = task.agent.bind(engines)
             try:
                 resumed = run.resume(learners, sampler)
-                step, saved = resumed.step, (resumed.payload or {}).get("generations", [])
+                step, saved = resumed.step, resumed.payload or {}
                 if step:
                     engines.sync_from(learners)  # engines start from model.path: give them the resumed policy
                 with closing(run.logger(cfg.logging, g.steps, step)) as logger, run.stops.caught():
@@ -177,9 +176,9 @@ def eval_sampling(cfg: GRPOConfig) -> Any:
 
 
 def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir, learners: LearnerGroup,
-           engines: RolloutEngines, logger: MetricsLogger, step: int, saved: list[dict],
+           engines: RolloutEngines, logger: MetricsLogger, step: int, saved: dict,
            teacher: TeacherActor | None = None) -> None:
-    """The loop, from `step` to `grpo.steps`; `saved`: the generations a checkpoint held in flight;
+    """The loop, from `step` to `grpo.steps`; `saved`: what a checkpoint held in flight;
     `teacher`: a distillation teacher's own actor (`TeacherActor`), which scores each batch."""
     from rlkit.engine.generation import sampling
 
@@ -197,12 +196,11 @@ def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir,
     start_check = _sync_check(cfg, task, engines, learners, step, due=True)   # the engines hold the policy?
     if step == 0 and (task.eval_rows or start_check):
         logger.log(0, {**start_check, **(held_out() if task.eval_rows else {})})  # the starting point
-    ahead = GenerationQueue(start, total, g.max_staleness, [Generation.restored(s, task.rows) for s in saved], step)
+    source = _source(cfg, task, sampler, engines, start, saved, step)
     while step < total:
         t0 = time.perf_counter()
-        exp = collect(ahead.take(step), functools.partial(start, step), task.scorer, g, cfg.rollout.max_tokens,
-                      algo_step=step)
-        engines.idle()                                                            # generate, score (+ refills)
+        exp = source.experience(step)                                             # generate, score (+ refills)
+        engines.idle()
         seen = _observe(sampler.row_filter, exp)                                  # online difficulty, when on
         adv, adv_metrics = advantages(exp, g)
         batch = GRPOBatch.collate(*expand_forks(exp.rollouts, adv), task.pad_id, g.mask_truncated, task.images)
@@ -213,10 +211,9 @@ def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir,
         t1 = time.perf_counter()
         shards = _shards(batch, g, derive_seed(cfg.seed, "plan", step))          # micro-batches per rank
         training = learners.fit_async(shards, objective, g.epochs)               # ref/old logprobs, PG loss + KL
-        ahead.fill(step + 1)                                                      # generates during training
-        fits = training()
+        fits = source.during(training, step)                                      # generates during training
         t2 = time.perf_counter()
-        sync = engines.sync_from(learners, defer=g.max_staleness > 0)            # learner -> vLLM, no restart
+        sync = source.sync(learners, step + 1)                                    # learner -> vLLM, no restart
         step, version = step + 1, version + 1
         metrics = {**exp.metrics, **adv_metrics, **seen,
                    **_step_metrics(fits, len(exp.rollouts), sync, t0, t1, t2, exp.engine_seconds, len(engines.names)),
@@ -229,8 +226,25 @@ def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir,
         logger.log(step, metrics)
         _log_examples(cfg, task, logger, step, exp, adv)                          # rollouts.jsonl
         if run.checkpoint_due(step, cfg.checkpoint.every):                       # + the generations in flight
-            run.checkpoint(step, learners, sampler.state_dict(), payload={"generations": ahead.state()})
+            run.checkpoint(step, learners, sampler.state_dict(), payload=source.payload())
         run.stops.stop_if_signalled(step)                                               # SIGTERM: stop here
+
+
+def _source(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, engines: RolloutEngines,
+            start: Callable[..., Generation], saved: dict, step: int) -> Any:
+    """Where the steps' experience comes from: streamed groups (`grpo.streaming`), or a generation per
+    step, up to `max_staleness` ahead; with what a checkpoint held in flight."""
+    from rlkit.engine.generation import sampling
+    from rlkit.grpo.ahead import StepGenerations
+    from rlkit.grpo.stream import GroupStream, stream_from
+
+    g = cfg.grpo
+    if g.streaming:
+        stream = GroupStream(task, engines, sampler, sampling(cfg.rollout), g, derive_seed(cfg.seed, "generate"),
+                             step, cfg.rollout.max_tokens)
+        return stream_from(saved.get("stream"), stream)
+    restored = [Generation.restored(s, task.rows) for s in saved.get("generations", [])]
+    return StepGenerations(start, engines, task.scorer, g, cfg.rollout.max_tokens, g.steps, restored, step)
 
 
 def _shards(batch: GRPOBatch, g: Any, seed: int) -> list[Any]:
@@ -241,38 +255,6 @@ def _shards(batch: GRPOBatch, g: Any, seed: int) -> list[Any]:
     lengths = batch.attention_mask.sum(1).tolist()
     plan = plan_token_micro_batches(lengths, g.mini_batches, g.num_learners, g.max_tokens_per_micro_batch, seed)
     return batch.shards(plan, packed=True)
-
-
-class GenerationQueue:
-    """Generations started ahead of training (bounded staleness): before step k trains, those of
-    steps k+1 .. k+K are under way (K = `max_staleness`), generated by the policy of step k."""
-
-    def __init__(self, start: Callable[[int], Generation], total: int, depth: int, restored: list[Generation],
-                 next_step: int):
-        self.start, self.total, self.depth = start, total, depth
-        self.queue = collections.deque(restored)
-        self.next = next_step + len(restored)  # the step the next generation started will feed
-
-    def take(self, step: int) -> Generation:
-        """Step `step`'s generation: the oldest in flight, or one started now."""
-        if self.queue:
-            return self.queue.popleft()
-        self.next = step + 1
-        return self.start(step)
-
-    def fill(self, first: int) -> None:
-        """Start generations for the steps from `first` on, up to K in flight."""
-        self.next = max(self.next, first)
-        while len(self.queue) < self.depth and self.next < self.total:
-            self.queue.append(self.start(self.next))
-            self.next += 1
-
-    def state(self) -> list[dict]:
-        """The generations in flight, waited for (their samples go into the checkpoint); not those
-        whose rewards need their environment instances (a resumed run generates those steps anew)."""
-        for gen in self.queue:
-            gen.wait()
-        return [gen.state_dict() for gen in self.queue if gen.resumable]
 
 
 def _log_examples(cfg: GRPOConfig, task: Task, logger: MetricsLogger, step: int, exp: Experience, adv: Any) -> None:

@@ -38,11 +38,18 @@ class Task:
         """What the engines get for `rows` rendered as `texts`: the text, or for a row with images
         vLLM's prompt dict of the text (one image mark per image, as the template wrote it) and
         the pictures (`multi_modal_data`), which vLLM expands into the model's image tokens once
-        (the processor's already expanded ids would be expanded again)."""
+        (the processor's already expanded ids would be expanded again). A row with `max_tokens` or
+        `min_tokens` columns gets them as its own sampling limits (`limits`, within the recipe's)."""
         from rlkit.data.images import load_image
 
-        return [{"prompt": text, "multi_modal_data": {"image": [load_image(r) for r in row["images"]]}}
-                if row.get("images") else text for row, text in zip(rows, texts)]
+        out: list[Any] = []
+        for row, text in zip(rows, texts):
+            own = {"limits": {k: int(row[k]) for k in ("max_tokens", "min_tokens") if row.get(k) is not None}}
+            own = {k: v for k, v in own.items() if v}
+            if row.get("images"):
+                own["multi_modal_data"] = {"image": [load_image(r) for r in row["images"]]}
+            out.append({"prompt": text, **own} if own else text)
+        return out
 
     def probe(self, rows: list[dict[str, Any]]) -> Any:
         """The parity probe of `rows`' prompts (`rlkit.engine.parity.Probe`): their token ids; for

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rlkit.agent.program import ProgramAgent
-from rlkit.engine.rollout import Sampling
+from rlkit.engine.samples import Sampling
 from rlkit.program_config import ProgramConfig
 from rlkit.reward.sandbox import namespaces_problem
 from tests.agent.scripted import ROWS, Engine, assert_recorded_exactly

@@ -15,7 +15,7 @@ import pytest
 from rlkit.agent.chat_api import normalise
 from rlkit.agent.program import ProgramAgent
 from rlkit.agent.template import prepare_tokenizer
-from rlkit.engine.rollout import Sample, Sampling
+from rlkit.engine.samples import Sample, Sampling
 from rlkit.program_config import ProgramConfig
 from tests.agent.scripted import ROWS, Engine, assert_recorded_exactly
 

@@ -10,7 +10,7 @@ import torch
 
 from rlkit.agent.calculator import Calculator, calculate
 from rlkit.agent.loop import rollout_metrics
-from rlkit.engine.rollout import Sample, Sampling
+from rlkit.engine.samples import Sample, Sampling
 from rlkit.grpo.batch import GRPOBatch, Rollout
 
 

@@ -12,7 +12,7 @@ import pytest
 from rlkit.agent.examples import calculator
 from rlkit.agent.program import ProgramAgent
 from rlkit.agent.template import prepare_tokenizer
-from rlkit.engine.rollout import Sampling
+from rlkit.engine.samples import Sampling
 from rlkit.program_config import ProgramConfig
 from tests.agent.scripted import assert_recorded_exactly
 from tests.helpers import tool_task_script

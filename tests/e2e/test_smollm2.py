@@ -59,7 +59,7 @@ w = RolloutWorker({str(model)!r}, dtype="float32", kv_cache_gib=0.5, max_model_l
 out = []
 # the inline calculator on vLLM: it stops at the "=" tokens, which come back in token_ids
 from rlkit.agent.calculator import Calculator, calculate
-from rlkit.engine.rollout import Sampling
+from rlkit.engine.samples import Sampling
 class Engine:
     def generate(self, prompts, n, sampling, seed):
         return w.generate(prompts, n, seed=seed, **sampling.kwargs())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.engine.rollout import Sample
+from rlkit.engine.samples import Sample
 from rlkit.engine.weight_sync import ObjectStoreSync
 from rlkit.engine.weights import iter_named_weights
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.engine.rollout import Sample
+from rlkit.engine.samples import Sample
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.experience import Generation, advantages, collect
 from rlkit.reward import RewardScorer, RewardSpec

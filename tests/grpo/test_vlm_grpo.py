@@ -81,7 +81,7 @@ def test_prompts_with_images_reach_the_engines_and_the_learners_batches(vlm_task
 def test_rewards_receive_the_rows_images_as_trl_passes_them(vlm_task, tmp_path):
     """TRL's contract: a reward gets the dataset's columns as kwargs, the image column under its own
     name (`image`, as the row gave it); rlkit adds `images`, the checked list it read."""
-    from rlkit.engine.rollout import Sample
+    from rlkit.engine.samples import Sample
     from rlkit.grpo.experience import score_rows
     from rlkit.grpo.task import load_task
 
