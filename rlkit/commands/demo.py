@@ -66,7 +66,7 @@ def _accuracy_line(metrics: Path) -> str:
     """Held-out exact-answer accuracy at the first and last eval of a GRPO run."""
     import json
 
-    rows = [json.loads(x) for x in metrics.read_text(encoding="utf-8").splitlines() if x.strip()]
+    rows = [json.loads(x) for x in metrics.read_text(encoding="utf-8").split("\n") if x.strip()]
     evals = [(r["step"], r["eval/exact_match"]) for r in rows if "eval/exact_match" in r]
     if len(evals) < 2:
         return "no held-out evals"

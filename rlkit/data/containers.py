@@ -128,7 +128,7 @@ def _json_rows(path: str, kind: str) -> Iterator[Record]:
                 if not text.lstrip().startswith("{"):
                     yield from enumerate(parse_json(text, path, list, "a JSON list of rows", DataError), start=1)
                     return
-                lines: Iterable[str] = text.splitlines()
+                lines: Iterable[str] = text.split("\n")  # not splitlines: U+2028 may sit in a string
             else:
                 lines = f
             for lineno, line in enumerate(lines, start=1):

@@ -113,13 +113,11 @@ class SeparateEngines:
             raise overdue([self.names[sent.index]], "the generation", self.timeout)
         return wait_all([sent.ref], [self.names[sent.index]], "the generation", self.timeout)[0]
 
-    def stream_hold(self, stops: dict[int, list[int]]) -> list[int]:
-        """Before a weight sync: each engine stops the groups `stops[i]` and pauses. The engines
-        restarted meanwhile (dead or hung: their groups are the stream's to send again)."""
-        handles = list(self.handles)
+    def stream_hold(self, stops: dict[int, list[int]]) -> None:
+        """Before a weight sync: each engine stops the groups `stops[i]` and pauses (one dead or hung is
+        restarted: it holds no groups, which its next call tells the stream)."""
         calls = [EngineCall(i, RolloutWorker.stream_hold, (keys, True), {}) for i, keys in stops.items()]
         self._results(calls, "the pause before the weight sync")
-        return [i for i, (old, new) in enumerate(zip(handles, self.handles)) if old is not new]
 
     def restart(self, fault: ActorFault) -> None:
         """Restart the engines `fault` names, with the current policy (or raise it: see `_recover`)."""

@@ -150,12 +150,15 @@ class GroupStream:
             if group is not None:
                 group.samples = samples
                 finished.append(group)
+        if not report.running:  # it holds none: any still counted on it were lost (a restart behind a sync)
+            self._lost(engine)
         self._dispatch()  # the engine's next call before scoring: it does not wait on the rewards
         if finished:
             self._score(finished)
 
     def _lost(self, engine: int) -> None:
-        """Groups of a restarted engine: generated again from their start, by the policy it now holds."""
+        """Groups of a restarted engine (by this stream, the pause or the sync): generated again from
+        their start, by the policy it now holds."""
         lost = [g for g in self.running.values() if g.engine == engine]
         for g in reversed(lost):
             del self.running[g.key]
@@ -265,8 +268,7 @@ class GroupStream:
                               "stream/dropped_interrupted")
             elif over:
                 self.counts["stream/over_interrupted"] += 1
-        for engine in self.engines.stream_hold({i: stop[i] for i in range(len(self.engines.names))}):
-            self._lost(engine)
+        self.engines.stream_hold({i: stop[i] for i in range(len(self.engines.names))})
 
     def resume(self, version: int) -> None:
         """After the sync: the engines hold `version`; the running samples go on under it."""

@@ -21,10 +21,12 @@ SHOWN = ("train/loss", "reward/mean", "train/lr", "train/tokens_per_s", "perf/mf
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file, one per "\n"-ended line: a completion's text may hold characters
+    that `str.splitlines` also splits at (U+2028, U+0085, ...), which `json.dumps` leaves as they are."""
     p = Path(path)
     if not p.exists():
         return []
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 class MetricsLogger:
