@@ -316,5 +316,5 @@ class RolloutWorker:
             shutil.rmtree(request.lora_path, ignore_errors=True)
         if process_ends and not psutil.Process().children(recursive=True):
             return
-        del self.llm
+        del self.llm, self.streaming  # the stream holds the engine too
         gc.collect()
