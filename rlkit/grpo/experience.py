@@ -220,7 +220,7 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
         rewards, per_fn, weights, metrics = score_samples(generation, samples, scorer, algo, max_tokens)
         t_gen, t_rew = t_gen + t1 - generation.started, t_rew + time.perf_counter() - t1
         if attempt == 0:
-            first = {**metrics, **_completion_metrics(samples), "reward/frac_zero_std": frac_zero_std(rewards, G)}
+            first = {**metrics, **completion_metrics(samples), "reward/frac_zero_std": frac_zero_std(rewards, G)}
             if generation.agent is not None:
                 first.update(rollout_metrics(samples, generation.agent.tool_seconds))
                 first.update(generation.agent.metrics)
@@ -229,7 +229,7 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
         scored += [(i, rewards[g * G:(g + 1) * G].tolist()) for g, i in enumerate(generation.indices)]
         for g in range(len(generation.rows)):
             images = tuple(generation.rows[g].get("images") or ())
-            group = [_rollout(s, generation.version, images) for s in samples[g * G:(g + 1) * G]]
+            group = [rollout_of(s, generation.version, images) for s in samples[g * G:(g + 1) * G]]
             texts = [(shown[k], samples[k].text) for k in range(g * G, (g + 1) * G)]
             (spare if algo.dynamic_sampling and bool(zero[g]) else kept).append(
                 (group, rewards[g * G:(g + 1) * G], per_fn[g * G:(g + 1) * G], texts))
@@ -250,14 +250,14 @@ def collect(generation: Generation, refill: Callable[[int], Generation], scorer:
     return exp
 
 
-def _rollout(s: Sample, version: int, images: tuple) -> Rollout:
-    """What the driver keeps of a sample (and of its forks)."""
-    forks = tuple(_rollout(f, version, images) for f in s.forks or ())
+def rollout_of(s: Sample, version: int, images: tuple) -> Rollout:
+    """What the driver keeps of a sample (and of its forks); `version`: its oldest token's policy."""
+    forks = tuple(rollout_of(f, version, images) for f in s.forks or ())
     return Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs, version, s.tool_mask,
-                   images, forks)
+                   images, forks, tuple(s.versions or ()))
 
 
-def _completion_metrics(samples: list[Sample]) -> dict[str, float]:
+def completion_metrics(samples: list[Sample]) -> dict[str, float]:
     """Lengths in the model's own tokens (a multi-turn completion's tool results not counted, as TRL)."""
     lengths = [len(s.token_ids) if s.tool_mask is None else sum(s.tool_mask) for s in samples]
     n = max(len(lengths), 1)

@@ -22,7 +22,7 @@ from rlkit.engine.calls import ActorFault
 from rlkit.engine.streaming import GroupRequest
 from rlkit.grpo.advantages import zero_std_mask
 from rlkit.grpo.batch import Rollout
-from rlkit.grpo.experience import Experience, Generation, score_samples
+from rlkit.grpo.experience import Experience, Generation, completion_metrics, rollout_of, score_samples
 from rlkit.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -224,15 +224,14 @@ class GroupStream:
             shown = self.task.render(row)
             images = tuple(row.get("images") or ())
             for s in g.samples:
-                exp.rollouts.append(Rollout(s.prompt_token_ids, s.token_ids, s.finish_reason == "length", s.logprobs,
-                                            g.oldest, images=images, versions=tuple(s.versions or ())))
+                exp.rollouts.append(rollout_of(s, g.oldest, images))
                 exp.texts.append((shown, s.text))
             exp.rewards.extend(g.rewards.tolist())
             exp.per_fn.extend(g.per_fn.tolist())
+        lengths = completion_metrics([s for g in groups for s in g.samples])
+        lengths.pop("completion/tokens")
         exp.metrics = {**_mean_of([g.metrics for g in groups]), **self._lags(exp.rollouts, step),
-                       **{k: float(v) for k, v in self.counts.items()},
-                       "completion/len_mean": sum(len(r.completion_ids) for r in exp.rollouts) / len(exp.rollouts),
-                       "completion/truncated_frac": sum(r.truncated for r in exp.rollouts) / len(exp.rollouts),
+                       **{k: float(v) for k, v in self.counts.items()}, **lengths,
                        "stream/running": float(len(self.running)), "stream/done_waiting": float(len(self.done)),
                        "stream/overtook": float(sum(g.key > min(self.running, default=g.key) for g in groups)),
                        "rollout/tokens_per_s": self.tokens / max(1e-9, time.perf_counter() - self.since),
@@ -256,8 +255,7 @@ class GroupStream:
         """Before a weight sync: no new calls; the calls in flight come back; each engine pauses (a
         running group that can no longer train within the bound, or past its interruptions, stops)."""
         self.paused = True
-        while self.calls:
-            self.pump(lambda: not self.calls)
+        self.pump(lambda: not self.calls)
         K, stop = self.algo.max_staleness, collections.defaultdict(list)
         for g in list(self.running.values()):
             over = self.algo.max_interruptions is not None and g.loads + 1 > self.algo.max_interruptions
