@@ -5,7 +5,8 @@
   order, then the others, which are short and even out the two workers' ends. So two runs go at once:
   a run keeps about 1.4 of the two cores busy (it waits on its start-up, its actors and the network).
 - A test marked `alone` reads or changes what the whole machine holds (the shared temporary folders,
-  its processes): while it runs, from its fixtures' set-up to their tear-down, no other test does.
+  its processes): while it runs, from its fixtures' set-up to their tear-down, no other test does (a
+  module's tests alone one after another hold the machine through, not once each).
 - A session fixture that takes a run to build (`once`) is built by the first worker that needs it,
   in a folder both share; the other one waits for it, then reads it.
 
@@ -57,6 +58,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return LoadScopeScheduling(config, log)
 
 
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def _heavy(item: pytest.Item) -> bool:
     return item.get_closest_marker("slow") is not None or item.get_closest_marker("alone") is not None
 
@@ -66,18 +71,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """On a worker, the modules with a heavy test first (both workers collect the same order)."""
     if not _worker(config):
         return
-    heavy = {item.nodeid.split("::", 1)[0] for item in items if _heavy(item)}
-    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in heavy)
+    heavy = {_module(item) for item in items if _heavy(item)}
+    items.sort(key=lambda item: _module(item) not in heavy)
+
+
+def _alone(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
+
+
+_HELD: list[contextlib.ExitStack] = []  # the worker's hold on the machine, kept across a module's run of tests alone
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Each test, its fixtures' set-up and tear-down included, holds the machine: shared, or alone."""
+    """Each test, its fixtures' set-up and tear-down included, holds the machine: shared, or alone. Tests
+    alone that follow each other in a module keep it alone from the first one's set-up to the last one's
+    tear-down: taken again for each, the other worker's test in between (a whole run, up to minutes)
+    would park this worker once per test."""
     if not _worker(item.config):
         yield
         return
-    with machine(Path(item.config.workerinput[SHARED]), alone=item.get_closest_marker("alone") is not None):
+    if not _HELD:
+        hold = contextlib.ExitStack()
+        hold.enter_context(machine(Path(item.config.workerinput[SHARED]), alone=_alone(item)))
+        _HELD.append(hold)
+    try:
         yield
+    finally:
+        if not (_alone(item) and _alone(nextitem) and _module(nextitem) == _module(item)):
+            _HELD.pop().close()
 
 
 @contextlib.contextmanager
