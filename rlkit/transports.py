@@ -79,14 +79,14 @@ class SyncRequest:
     """One push as the driver asks it of the learners: the transport's row; the engines (actor
     handles; none for a colocated row, whose engines live in the learners) and their names in
     errors; the bucket size; each engine call's limit; whether its loads may be left running
-    (honoured by a deferrable row)."""
+    (honoured by a deferrable row), or "stage": the policy put for the engines to load themselves."""
 
     transport: Transport
     engines: Any = None
     names: list[str] | None = None
     bucket_mib: float = 256.0
     timeout_s: float | None = None
-    defer: bool = False
+    defer: bool | str = False
 
 
 def names(**wanted: bool | str) -> str:

@@ -9,7 +9,7 @@ only the generation differs:
   sync      grpo.max_staleness 0: generate a step's prompts, then train on them
   async     grpo.max_staleness 1: step k+1 is generated while step k trains (the baseline)
   stream:K  grpo.streaming with max_staleness K: the engine generates without pause, a step trains
-            on the first groups done, weights load mid-generation (partial_kv recompute); a group
+            on the first groups done, weights load mid-generation (partial_kv: keep); a group
             whose oldest token is more than K versions old is not trained (`dropped`)
 
 Workloads (rows of the synthetic arithmetic task, alpaca template, random-init model that almost

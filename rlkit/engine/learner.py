@@ -307,7 +307,7 @@ class Learner(EngineHost, Saving):
                 self.device_info.weight_sync_backend))
             if kind.persistent:
                 self._transports[kind.name] = sync
-            return sync.push(payload, request.defer and kind.deferrable).as_dict()
+            return sync.push(payload, request.defer if kind.deferrable else False).as_dict()
         except Exception:
             for _ in payload:  # the gathers the other ranks are in (none after a failed gather)
                 pass

@@ -199,10 +199,16 @@ class RolloutWorker:
                 for out in outputs]
 
     def stream(self, groups: list[GroupRequest], sampling: dict[str, Any], version: int, budget_s: float,
-               recompute: bool = False) -> StreamReport:
-        """Streaming (`engine/streaming.py`): hold policy `version` (`recompute`: the running samples' KV
-        anew), take `groups`, step about `budget_s` s."""
+               recompute: bool = False, load: list[Any] | None = None, abort: Sequence[int] = ()) -> StreamReport:
+        """Streaming (`engine/streaming.py`): stop groups `abort`, load the buckets `load` (a policy the
+        learners put in Ray's object store: references to `FlatBucket`s), hold policy `version`
+        (`recompute`: the running samples' KV anew), take `groups`, step about `budget_s` s."""
+        import ray
+
         faults.crash_here("generate", f"engine{self.index}")
+        self.streaming.hold(list(abort), pause=load is not None)
+        for bucket in load or ():
+            self.update_weights(ray.get(bucket), reset_cache=False)
         self.streaming.relabel(version, recompute)
         self.streaming.add(groups, sampling, self.adapter)
         return self.streaming.run(budget_s)
@@ -210,6 +216,10 @@ class RolloutWorker:
     def stream_hold(self, abort: Sequence[int] = (), pause: bool = False) -> None:
         """Streaming: stop groups `abort`; `pause` before a weight load (the next `stream` resumes)."""
         self.streaming.hold(list(abort), pause)
+
+    def stream_cut(self) -> list[tuple[int, list[Sample]]]:
+        """Streaming: every group in the engine, stopped, with its samples so far (for a checkpoint)."""
+        return self.streaming.cut()
 
     # ------------------------------------------------------------------ weights
 

@@ -101,11 +101,12 @@ class SeparateEngines:
         return self.gather(self.generate_async(prompts, n, sampling, seed))
 
     def stream_async(self, index: int, groups: list[GroupRequest], sampling: dict[str, Any], version: int,
-                     budget_s: float, recompute: bool) -> EngineCall:
-        """Engine `index`'s next streaming call (`RolloutWorker.stream`); returns at once."""
+                     budget_s: float, recompute: bool, **extra: Any) -> EngineCall:
+        """Engine `index`'s next streaming call (`RolloutWorker.stream`, `extra`: its `load`, `abort`);
+        returns at once."""
         self._settle()
         return EngineCall(index, RolloutWorker.stream, (groups, sampling, version, budget_s, recompute),
-                          {}).send(self.handles[index])
+                          extra).send(self.handles[index])
 
     def stream_result(self, sent: EngineCall, late: bool = False) -> StreamReport:
         """A streaming call's report; an `ActorFault` if its engine died, or is `late` (past the bound)."""
@@ -119,9 +120,28 @@ class SeparateEngines:
         calls = [EngineCall(i, RolloutWorker.stream_hold, (keys, True), {}) for i, keys in stops.items()]
         self._results(calls, "the pause before the weight sync")
 
+    def stream_cut(self) -> dict[int, list[tuple[int, list[Sample]]]]:
+        """Each engine's groups, stopped, with their samples so far (one dead or hung is restarted: it
+        gives none back, and its groups start over from where the stream last had them)."""
+        calls = [EngineCall(i, RolloutWorker.stream_cut, (), {}) for i in range(len(self.handles))]
+        return dict(enumerate(self._results(calls, "the cut for a checkpoint")))
+
     def restart(self, fault: ActorFault) -> None:
         """Restart the engines `fault` names, with the current policy (or raise it: see `_recover`)."""
         self._recover(fault, push=True)
+
+    def stage_from(self, learners: LearnerGroup) -> dict[str, Any] | None:
+        """The learners' current policy put in Ray's object store for the engines to load themselves,
+        between two steps of their next streaming call (its `load`): the push's stats, the buckets
+        under `staged`. None where the transport cannot (the engines then take a `sync_from`)."""
+        if not self.transport.deferrable:
+            return None
+        self._settle()
+        self.learners = learners
+        stats = self._push(range(len(self.handles)), defer="stage")
+        self.synced = True
+        stats["staged"] = stats.pop("pending").buckets
+        return stats
 
     def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]:
         """The learners' current policy into every engine, in place (no restart). An engine that
@@ -158,7 +178,7 @@ class SeparateEngines:
                         if name in fault.who:
                             pending.load_into(handle, name)
 
-    def _push(self, indices: Any, defer: bool = False) -> dict[str, Any]:
+    def _push(self, indices: Any, defer: bool | str = False) -> dict[str, Any]:
         """The current policy (or adapter: the row's payload) into engines `indices`; the push's
         stats (with `defer`, maybe the loads left running: `pending`)."""
         indices = list(indices)

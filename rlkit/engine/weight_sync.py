@@ -137,7 +137,9 @@ class ObjectStoreSync(_Engines):
     `push(named, defer=True)`: a policy of at most `max_inflight` buckets is put and its loads
     (then the engines' prefix-cache resets) are sent, but not waited for; the stats' `pending` holds
     their futures and the buckets, for the caller to wait on (and to load again into an engine
-    restarted meanwhile). A larger policy is waited for as without `defer`.
+    restarted meanwhile). A larger policy is waited for as without `defer`. `defer="stage"`: every
+    bucket is put and none sent (`pending` holds the buckets alone): each engine loads them itself,
+    between two steps of a streaming call (`RolloutWorker.stream`'s `load`).
     """
 
     def __init__(self, engines: list[Any], bucket_mib: float = 256.0,
@@ -153,10 +155,14 @@ class ObjectStoreSync(_Engines):
     def open(cls, target: SyncTarget) -> ObjectStoreSync:
         return cls(target.engines, target.bucket_mib, timeout_s=target.timeout_s, names=target.names)
 
-    def push(self, named: Iterable[NamedTensor], defer: bool = False) -> SyncStats:
+    def push(self, named: Iterable[NamedTensor], defer: bool | str = False) -> SyncStats:
         import ray
 
         start, counter, buckets = time.perf_counter(), _Counter(named), 0
+        if defer == "stage":
+            staged = [ray.put(FlatBucket.pack(b, dtype=self.dtype)) for b in bucketize(counter, self.bucket_mib)]
+            return SyncStats(counter.tensors, counter.bytes, len(staged), time.perf_counter() - start,
+                             PendingLoads([], [], staged))
         pending: list[list[Any]] = []
         kept: list[Any] | None = [] if defer else None  # the buckets, while the loads may be left running
         for bucket in bucketize(counter, self.bucket_mib):

@@ -236,7 +236,8 @@ def _source(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, engines: Ro
     step, up to `max_staleness` ahead; with what a checkpoint held in flight."""
     from rlkit.engine.generation import sampling
     from rlkit.grpo.ahead import StepGenerations
-    from rlkit.grpo.stream import GroupStream, stream_from
+    from rlkit.grpo.stream import GroupStream
+    from rlkit.grpo.stream_state import stream_from
 
     g = cfg.grpo
     if g.streaming:

@@ -9,53 +9,42 @@ kept is admitted once n < (version + K + 1) x prompts_per_step, as AReaL bounds 
 group that finishes too late is not trained, and one still running that can no longer make it is
 stopped at the sync (both counted in `stream/dropped_stale`). `grpo.max_interruptions` bounds the
 weight loads a sample spans: past it the group is dropped or finished, as `grpo.over_interrupted` says.
+
+Each engine has up to two streaming calls in flight (the second waits in its actor's queue), so it
+steps on while the driver takes the first one's groups and scores them. A sync over the object store
+puts the policy there and queues its load at the head of each engine's next call: the learners do not
+wait for the engines, and the engines load between two steps, with no pause. Other transports pause
+the engines for the sync.
+
+A checkpoint cuts the groups in the engines where they are (`EngineStream.cut`) and keeps their
+samples so far with their tokens' versions; they go on from there, in the run that wrote it as in one
+resumed from it, as does a group whose engine died after the cut.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlkit.engine.calls import ActorFault
 from rlkit.engine.streaming import GroupRequest
 from rlkit.grpo.advantages import zero_std_mask
-from rlkit.grpo.batch import Rollout
 from rlkit.grpo.experience import Experience, Generation, completion_metrics, rollout_of, score_samples
+from rlkit.grpo.stream_state import StreamGroup, kept, lags, mean_of
 from rlkit.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from rlkit.engine.samples import Sample, Sampling
+    from rlkit.engine.samples import Sampling
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.task import Task
 
 BUDGET_S = 0.05  # an engine's stepping per call: the driver's turn comes this often
-
-
-@dataclass
-class StreamGroup:
-    """One prompt's group on its way: admitted, sent to an engine, done, scored."""
-
-    key: int
-    index: int  # the row's index in the task's train rows
-    seed: int
-    started: int = -1  # the policy version of its first token (-1: not sent yet)
-    engine: int | None = None
-    loads: int = 0  # weight loads it ran across
-    samples: list[Sample] | None = None
-    rewards: Any = None  # [G] totals, [G, K] per function, the scoring batch's metrics
-    per_fn: Any = None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def oldest(self) -> int:
-        """The version of its oldest token."""
-        return min((v for s in self.samples or () for v in (s.versions or ())), default=self.started)
+DEPTH = 2  # streaming calls in flight per engine
 
 
 class GroupStream:
-    """The driver's side of streaming: admission, one call in flight per engine, scoring as groups
+    """The driver's side of streaming: admission, the engines' calls in flight, scoring as groups
     come, the staleness bound, and the syncs between."""
 
     def __init__(self, task: Task, engines: Any, sampler: Any, sampling: Sampling, algo: GRPOAlgoConfig,
@@ -65,9 +54,9 @@ class GroupStream:
         self.waiting: collections.deque[StreamGroup] = collections.deque()  # admitted, not sent
         self.running: dict[int, StreamGroup] = {}
         self.done: list[StreamGroup] = []  # scored, in the order they finished
-        self.calls: dict[int, Any] = {}  # engine index -> its call in flight
-        self.sent: dict[int, float] = {}  # engine index -> when its call went
-        self.admitted = self.discarded = self.keys = 0
+        # engine index -> its calls in flight, oldest first: (call, its number, since when it is the oldest)
+        self.calls: dict[int, collections.deque[list[Any]]] = collections.defaultdict(collections.deque)
+        self.admitted = self.discarded = self.keys = self.sent = 0
         self.counts = collections.Counter()
         self.busy = collections.Counter()  # engine index -> seconds stepping, since the last step's metrics
         self.tokens, self.paused, self.weights, self.scoring = 0, False, [], 0.0
@@ -88,30 +77,38 @@ class GroupStream:
             self.admitted += P
 
     def _dispatch(self) -> None:
-        """Each engine without a call in flight gets its next: new groups (to the least loaded ones)."""
+        """Each engine with fewer than `DEPTH` calls in flight gets its next: new groups (to the least
+        loaded ones), or none where it has groups running."""
         if self.paused:
             return
         load = collections.Counter(g.engine for g in self.running.values())
         new: dict[int, list[StreamGroup]] = collections.defaultdict(list)
-        free = [i for i in range(len(self.engines.names)) if i not in self.calls]
+        free = [i for i in range(len(self.engines.names)) if len(self.calls[i]) < DEPTH]
         while self.waiting and free:
             i = min(free, key=lambda e: (load[e], e))
             group = self.waiting.popleft()
-            group.engine, group.started = i, self.version
+            group.engine = i
+            group.started = self.version if group.started < 0 else group.started
             self.running[group.key] = group
             new[i].append(group)
             load[i] += 1
         for i in free:
-            if new[i] or load[i]:
-                requests = [self._request(g) for g in new[i]]
-                self.calls[i] = self.engines.stream_async(i, requests, self.sampling, self.version, BUDGET_S,
-                                                          self.algo.partial_kv == "recompute")
-                self.sent[i] = time.monotonic()
+            while len(self.calls[i]) < DEPTH and (new[i] or load[i]):
+                groups = new.pop(i, [])
+                for g in groups:
+                    g.call = self.sent + 1  # (the number `_send` gives the call)
+                self._send(i, [self._request(g) for g in groups])
+
+    def _send(self, engine: int, requests: list[GroupRequest], **extra: Any) -> None:
+        self.sent += 1
+        sent = self.engines.stream_async(engine, requests, self.sampling, self.version, BUDGET_S,
+                                         self.algo.partial_kv == "recompute", **extra)
+        self.calls[engine].append([sent, self.sent, time.monotonic()])
 
     def _request(self, group: StreamGroup) -> GroupRequest:
         row = self.task.rows[group.index]
         return GroupRequest(group.key, self.task.engine_prompts([row], [self.task.render(row)])[0],
-                            self.algo.group_size, group.seed)
+                            self.algo.group_size, group.seed, start=tuple(group.start or ()))
 
     def pump(self, until: Any = None, also: list[Any] = ()) -> None:
         """Keep the engines busy and take what they give until `until()` holds (`also`: other refs
@@ -121,7 +118,7 @@ class GroupStream:
         while until is None or not until():
             self._admit()
             self._dispatch()
-            refs = {c.ref: i for i, c in self.calls.items()}
+            refs = {q[0][0].ref: i for i, q in self.calls.items() if q}  # each engine's oldest call
             if not refs and until is None:
                 return
             if not refs and not also:
@@ -129,20 +126,27 @@ class GroupStream:
             ready, _ = ray.wait([*refs, *also], num_returns=1, timeout=1.0)
             for engine in {refs[ref] for ref in ready if ref in refs}:
                 self._receive(engine)
-            for engine in [i for i in self.calls if self.engines.timeout and
-                           time.monotonic() - self.sent[i] > self.engines.timeout]:
+            for engine in [i for i, q in self.calls.items() if q and self.engines.timeout and
+                           time.monotonic() - q[0][2] > self.engines.timeout]:
                 self._receive(engine, late=True)  # hung: restarted
 
     def _receive(self, engine: int, late: bool = False) -> None:
-        """An engine's call came back: its groups done go to scoring; a dead or hung (`late`) engine is
-        restarted and its groups start again."""
-        call = self.calls.pop(engine)
+        """An engine's oldest call came back: its groups done go to scoring; a dead or hung (`late`)
+        engine is restarted (its other calls are lost with it) and its groups start again."""
+        queue = self.calls[engine]
+        sent, number, _ = queue.popleft()
         try:
-            report = self.engines.stream_result(call, late)
+            report = self.engines.stream_result(sent, late)
         except ActorFault as fault:
-            self.engines.restart(fault)
-            self._lost(engine)
+            dead = [c for c in queue if c[0].handle is sent.handle]  # lost with it (not the ones to a new one)
+            for c in dead:
+                queue.remove(c)
+            if sent.handle is self.engines.handles[engine]:  # (not restarted since, by another call)
+                self.engines.restart(fault)
+            self._lost(engine, max([number] + [c[1] for c in dead]))
             return
+        if queue:
+            queue[0][2] = time.monotonic()  # the next call's turn starts now
         self.busy[engine] += report.seconds
         finished = []
         for key, samples in report.groups:
@@ -150,23 +154,27 @@ class GroupStream:
             if group is not None:
                 group.samples = samples
                 finished.append(group)
-        if not report.running:  # it holds none: any still counted on it were lost (a restart behind a sync)
-            self._lost(engine)
+        self.counts["stream/continued"] += sum(bool(g.start) for g in finished)
+        if not report.running:  # it holds none: any sent to it by then were lost (a restart behind a sync)
+            self._lost(engine, number)
         self._dispatch()  # the engine's next call before scoring: it does not wait on the rewards
         if finished:
-            self._score(finished)
+            self.score(finished)
 
-    def _lost(self, engine: int) -> None:
-        """Groups of a restarted engine (by this stream, the pause or the sync): generated again from
-        their start, by the policy it now holds."""
-        lost = [g for g in self.running.values() if g.engine == engine]
+    def _lost(self, engine: int, by: float = float("inf")) -> None:
+        """Groups of a restarted engine (by this stream, the pause or the sync) sent by call `by` or
+        before: generated again from their start (or from the last checkpoint's cut), by the policy it
+        now holds."""
+        lost = [g for g in self.running.values() if g.engine == engine and g.call <= by]
         for g in reversed(lost):
             del self.running[g.key]
-            g.engine, g.started, g.loads = None, -1, 0
+            g.engine = None
+            if not g.start:
+                g.started, g.loads = -1, 0
             self.waiting.appendleft(g)
         self.counts["stream/regenerated"] += len(lost)
 
-    def _score(self, groups: list[StreamGroup]) -> None:
+    def score(self, groups: list[StreamGroup]) -> None:
         rows = [self.task.rows[g.index] for g in groups]
         samples = [s for g in groups for s in g.samples]
         batch = Generation(rows, [self.task.render(r) for r in rows], [], self.engines, time.perf_counter(),
@@ -188,13 +196,13 @@ class GroupStream:
         """The first `prompts_per_step` groups done that step `step` may train on (their oldest token at
         most K versions old; with dynamic sampling, not all-equal ones while refills are left)."""
         P, K, G = self.algo.prompts_per_step, self.algo.max_staleness, self.algo.group_size
-        kept: list[StreamGroup] = []
+        chosen: list[StreamGroup] = []
         spare: list[StreamGroup] = []
         scored: list[tuple[int, list[float]]] = []
         refills = self.algo.max_refill_rounds * P if self.algo.dynamic_sampling else 0
 
         def enough() -> bool:
-            while self.done and len(kept) < P:
+            while self.done and len(chosen) < P:
                 group = self.done.pop(0)
                 scored.append((group.index, group.rewards.tolist()))
                 if step - group.oldest > K:
@@ -204,14 +212,16 @@ class GroupStream:
                     spare.append(group)
                     self._discard("dynamic_sampling/filtered")
                 else:
-                    kept.append(group)
-            return len(kept) >= P
+                    chosen.append(group)
+            return len(chosen) >= P
 
         t0 = time.perf_counter()
         self.pump(enough)
-        exp = self._experience(kept, scored, step)
+        exp = self._experience(chosen, scored, step)
         exp.metrics["time/generate"] = time.perf_counter() - t0  # the step's wait for its groups
         return exp
+
+    experience = take  # (the step-level source's name)
 
     def _discard(self, reason: str) -> None:
         self.discarded += 1
@@ -230,7 +240,7 @@ class GroupStream:
             exp.per_fn.extend(g.per_fn.tolist())
         lengths = completion_metrics([s for g in groups for s in g.samples])
         lengths.pop("completion/tokens")
-        exp.metrics = {**_mean_of([g.metrics for g in groups]), **self._lags(exp.rollouts, step),
+        exp.metrics = {**mean_of([g.metrics for g in groups]), **lags(exp.rollouts, step),
                        **{k: float(v) for k, v in self.counts.items()}, **lengths,
                        "stream/running": float(len(self.running)), "stream/done_waiting": float(len(self.done)),
                        "stream/overtook": float(sum(g.key > min(self.running, default=g.key) for g in groups)),
@@ -241,21 +251,9 @@ class GroupStream:
         self.busy.clear()
         return exp
 
-    @staticmethod
-    def _lags(rollouts: list[Rollout], step: int) -> dict[str, float]:
-        """Staleness per sample (its oldest token) and per token."""
-        lags = [step - r.policy_version for r in rollouts]
-        tokens = [step - v for r in rollouts for v in r.versions]
-        return {"staleness/lag_mean": sum(lags) / len(lags), "staleness/lag_max": float(max(lags)),
-                "staleness/token_lag_mean": sum(tokens) / max(1, len(tokens)),
-                "staleness/token_lag_max": float(max(tokens, default=0)),
-                "stream/partial_frac": sum(len(set(r.versions)) > 1 for r in rollouts) / len(rollouts)}
-
-    def pause(self) -> None:
-        """Before a weight sync: no new calls; the calls in flight come back; each engine pauses (a
-        running group that can no longer train within the bound, or past its interruptions, stops)."""
-        self.paused = True
-        self.pump(lambda: not self.calls)
+    def _stops(self) -> dict[int, list[int]]:
+        """At a sync, the running groups to stop on each engine: the ones that can no longer train
+        within the bound, or past their interruptions (dropped, or counted where they finish)."""
         K, stop = self.algo.max_staleness, collections.defaultdict(list)
         for g in list(self.running.values()):
             over = self.algo.max_interruptions is not None and g.loads + 1 > self.algo.max_interruptions
@@ -266,18 +264,21 @@ class GroupStream:
                               "stream/dropped_interrupted")
             elif over:
                 self.counts["stream/over_interrupted"] += 1
-        self.engines.stream_hold({i: stop[i] for i in range(len(self.engines.names))})
+        return {i: stop[i] for i in range(len(self.engines.names))}
+
+    def _settle(self) -> None:
+        """No new calls; the calls in flight come back."""
+        self.paused = True
+        self.pump(lambda: not any(self.calls.values()))
 
     def resume(self, version: int) -> None:
-        """After the sync: the engines hold `version`; the running samples go on under it."""
+        """After the sync: the engines hold `version` (or load it first); the running samples go on under it."""
         for g in self.running.values():
             g.loads += 1
         self.version, self.paused = version, False
         self.counts["stream/interrupted"] += len(self.running)
+        self._admit()  # (the new version admits more)
         self._dispatch()
-
-    def experience(self, step: int) -> Experience:
-        return self.take(step)
 
     def during(self, training: Any, step: int) -> list[Any]:
         """The engines go on while the learners train; the training's results."""
@@ -285,41 +286,41 @@ class GroupStream:
         return training()
 
     def sync(self, learners: Any, version: int) -> dict[str, float]:
-        """The policy `version` into the engines, between two of their steps; the sync's stats."""
-        self.pause()
-        stats = self.engines.sync_from(learners)
+        """The policy `version` into the engines, between two of their steps; the sync's stats. Put in
+        the object store, it loads at the head of each engine's next call (queued behind the ones in
+        flight); over other transports the engines pause, load, and resume."""
+        stats = self.engines.stage_from(learners)
+        if stats is None:
+            self._settle()
+            self.engines.stream_hold(self._stops())
+            stats = self.engines.sync_from(learners)
+        else:
+            staged, stops = stats.pop("staged"), self._stops()
+            self.version = version  # (the calls carry it)
+            for i, keys in stops.items():
+                self._send(i, [], load=staged, abort=keys)
         self.resume(version)
         return stats
 
     def payload(self) -> dict[str, Any]:
-        return {"stream": self.state()}
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the groups done and not trained (their samples), and the prompts of
-        the others (generated again from their start after a resume)."""
-        import dataclasses
-
-        return {"version": self.version, "admitted": self.admitted, "discarded": self.discarded, "keys": self.keys,
-                "done": [{"key": g.key, "index": g.index, "seed": g.seed, "started": g.started,
-                          "samples": [dataclasses.asdict(s) for s in g.samples]} for g in self.done],
-                "pending": [(g.key, g.index, g.seed) for g in [*self.running.values(), *self.waiting]]}
-
-
-def _mean_of(dicts: list[dict[str, float]]) -> dict[str, float]:
-    keys = {k for d in dicts for k in d}
-    return {k: sum(d.get(k, 0.0) for d in dicts) / len(dicts) for k in keys}
-
-
-def stream_from(state: dict[str, Any] | None, stream: GroupStream) -> GroupStream:
-    """`stream` with a checkpoint's `state`: its groups done are scored again, the others wait."""
-    from rlkit.grpo.experience import restored_sample
-
-    if not state:
-        return stream
-    stream.admitted, stream.discarded, stream.keys = state["admitted"], state["discarded"], state["keys"]
-    stream.waiting.extend(StreamGroup(k, i, s) for k, i, s in state["pending"])
-    done = [StreamGroup(d["key"], d["index"], d["seed"], d["started"],
-                        samples=[restored_sample(s) for s in d["samples"]]) for d in state["done"]]
-    if done:
-        stream._score(done)
-    return stream
+        """What a checkpoint keeps (`stream_state.kept`), with the groups in the engines cut where they
+        are: they go on from there, in this run as in one resumed from the checkpoint."""
+        self._settle()
+        cut = {key: samples for groups in self.engines.stream_cut().values() for key, samples in groups}
+        finished = []
+        for g in sorted(self.running.values(), key=lambda g: g.key, reverse=True):
+            got = cut.get(g.key)  # (none from an engine restarted meanwhile)
+            if got and all(s.finish_reason for s in got):  # done (beside a held-out eval), not yet given back
+                g.samples = got
+                finished.append(g)
+            else:
+                g.start, g.engine = got or g.start, None
+                self.waiting.appendleft(g)
+        self.counts["stream/cut"] += len(cut) - len(finished)
+        self.running.clear()
+        self.paused = False
+        if finished:
+            self.score(finished[::-1])
+        state = kept(self)
+        self._dispatch()
+        return {"stream": state}

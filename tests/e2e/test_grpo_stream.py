@@ -31,7 +31,9 @@ def test_streamed_groups_with_partial_rollouts_survive_an_engine_kill_and_resume
     mismatch is 0 on the first step, all version 0, and above 0 where tokens are older than the
     policy). Engine 1 is killed (-9) after step 2: it is restarted with the policy, its groups are
     generated again, the run goes on. A second run with one more step resumes from the step-4
-    checkpoint, with the groups done and not trained that it kept."""
+    checkpoint, with the groups done and not trained that it kept and the ones it cut mid-sample, which
+    go on from their tokens, and two more steps with `max_interruptions: 0`: a group running at a sync
+    is dropped, so the last step trains no sample that spans a load."""
     from rlkit.grpo.run import run_grpo
 
     out = tmp_path / "run"
@@ -41,13 +43,13 @@ def test_streamed_groups_with_partial_rollouts_survive_an_engine_kill_and_resume
     data = {**task_data, "grpo_train": tmp_path / "lengths.jsonl"}
     data["grpo_train"].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
-    def cfg(steps):
+    def cfg(steps, *extra):
         return stages.load("grpo", GRPO_RECIPE, grpo_overrides(
-            tiny_model, data, out, "rollout.num_engines=2", f"grpo.steps={steps}", "eval.every=0",
+            tiny_model, data, out, "rollout.num_engines=2", f"grpo.steps={steps}", "eval.every=0", "data.eval=null",
             "checkpoint.every=4", "grpo.max_staleness=1", "grpo.streaming=true", "rollout.max_tokens=96",
             "rollout.max_model_len=160",
             "rewards=[{fn: 'rewards.repetition:repetition_penalty', weight: 1.0}]", "grpo.beta=0",
-            "curriculum.enabled=false"))
+            "curriculum.enabled=false", *extra))
 
     def kill_engine_1():  # after step 2, while it generates (its process busy): mid-sample
         import psutil
@@ -82,9 +84,15 @@ def test_streamed_groups_with_partial_rollouts_survive_an_engine_kill_and_resume
     kept = torch.load(out / "checkpoints" / "step-4" / PAYLOAD_FILE, weights_only=True)["stream"]
     assert kept["version"] == 4 and kept["done"] + kept["pending"]  # groups in flight at the checkpoint
     assert all(len(s["versions"]) == len(s["token_ids"]) for g in kept["done"] for s in g["samples"])
+    cut = [s for g in kept["pending"] for s in g["samples"] or () if not s["finish_reason"]]
+    assert cut and all(len(s["versions"]) == len(s["logprobs"]) == len(s["token_ids"]) < 96 for s in cut)
 
-    run_grpo(cfg(5), GRPO_RECIPE)
+    run_grpo(cfg(6, "grpo.max_interruptions=0"), GRPO_RECIPE)  # a group running at a sync is dropped
     assert "resumed from" in (out / "rlkit.log").read_text()
     again = run_steps(out)
-    assert again[-1]["step"] == 5 and again[-1]["rollout/restarts"] == 0
+    assert [r["step"] for r in again[-2:]] == [5, 6] and again[-1]["rollout/restarts"] == 0
+    assert again[-2]["stream/continued"] >= 1  # groups cut at the checkpoint went on from their tokens
     assert all(r["staleness/lag_max"] <= 1 for r in again)
+    # no group went on across the sync after step 5 (any running then was stopped: which ones, by
+    # what rule, is tests/grpo/test_stream.py's), so step 6 trains no sample that spans a load
+    assert again[-1]["stream/interrupted"] == 0 and again[-1]["stream/partial_frac"] == 0

@@ -18,8 +18,9 @@ import pytest
 from tests.docs import command_on, run_rlkit
 from tests.helpers import ROOT
 
-# alone: the test holds `rlkit demo` to the time the README states for it, measured with nothing beside it
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+# not alone: the other worker's test beside it (a run of about 1.4 cores) leaves `rlkit demo` well within
+# twice the time the README states for it alone (the bound below); held alone, the other worker idled
+pytestmark = pytest.mark.slow
 
 
 

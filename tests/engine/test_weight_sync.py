@@ -305,3 +305,32 @@ def test_streamed_tokens_sampled_across_a_weight_load_carry_their_version_and_it
         torch.testing.assert_close(got[:8], was[:8], atol=1e-2, rtol=0)  # sampled by version 0
         torch.testing.assert_close(got[8:], now[8:], atol=1e-2, rtol=0)  # by version 1, its KV recomputed
         assert (was - now).abs().max() > 0.5  # the versions tell apart (vLLM's own kernels: ~3e-3 off)
+
+
+@pytest.mark.slow
+def test_a_group_cut_mid_sample_goes_on_from_its_tokens_and_the_same_way_each_time(workers):
+    """A checkpoint's cut (`stream_cut`): the group stops with its samples so far (their tokens, logprobs
+    and versions); given back as a group's start it goes on from those tokens to its limits, under the
+    version the engine now holds, and gives the same samples each time (a resumed run goes on as the
+    run that wrote the checkpoint)."""
+    worker = workers["tiny-untied"]
+    limits = (("min_tokens", 20), ("max_tokens", 20))
+    worker.stream([GroupRequest(30, "1+2=", 2, 9, limits)], SETTINGS, 2, budget_s=0.0)
+    for _ in range(5):
+        worker.stream([], SETTINGS, 2, budget_s=0.0)
+    (key, start), = worker.stream_cut()
+    assert key == 30 and worker.stream([], SETTINGS, 2, 0.0).running == 0  # stopped
+    assert all(s.finish_reason == "" and 0 < len(s.token_ids) < 20 and s.versions == [2] * len(s.token_ids)
+               and len(s.logprobs) == len(s.token_ids) for s in start)
+    runs = []
+    for again in (31, 32):
+        report = worker.stream([GroupRequest(again, "1+2=", 2, 9, limits, start=tuple(start))], SETTINGS, 3, 60.0)
+        (_, samples), = report.groups
+        runs.append(samples)
+    for s, cut in zip(runs[0], start):
+        n = len(cut.token_ids)
+        assert s.token_ids[:n] == cut.token_ids and s.logprobs[:n] == cut.logprobs and s.text.startswith(cut.text)
+        assert len(s.token_ids) == len(s.logprobs) == 20 and s.finish_reason == "length"
+        assert s.versions == [2] * n + [3] * (20 - n) and s.prompt_token_ids == cut.prompt_token_ids
+    assert [s.token_ids for s in runs[0]] == [s.token_ids for s in runs[1]]
+    assert runs[0][0].token_ids != runs[0][1].token_ids  # each sample its own seed
