@@ -71,6 +71,30 @@ RAY_DEVICE_RESOURCES = ("GPU", "NPU")
 COMMUNICATORS = {"nccl": "vllm.distributed.device_communicators.pynccl:PyNcclCommunicator",
                  "hccl": "vllm_ascend.distributed.device_communicators.pyhccl:PyHcclCommunicator"}
 
+
+
+def _nccl_ready() -> tuple[bool, str]:
+    import torch.distributed as dist
+
+    ok = dist.is_nccl_available()
+    return ok, "NCCL " + ("available" if ok else "missing from this torch")
+
+
+def _gloo_ready() -> tuple[bool | None, str]:
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    built = Path(cpp_extension._get_build_directory("deepspeed_shm_comm", verbose=False))
+    if any(built.glob("*.so")):
+        return True, f"gloo; DeepSpeed's shared-memory op is built ({built})"
+    return None, "gloo; DeepSpeed's shared-memory op is not built yet: the first run builds it (about 80-100 s, once)"
+
+
+# What `rlkit doctor` checks of each collective backend: ready (True), not (False) or not yet (None), and
+# what it says.
+COMM_CHECKS = {"nccl": _nccl_ready, "hccl": lambda: (True, "HCCL (torch_npu)"), "gloo": _gloo_ready}
+
 # Environment advice taken from the seed guides; applied with setdefault (the user wins).
 ROCM_ENV = {"PYTORCH_HIP_ALLOC_CONF": "max_split_size_mb:128", "HIP_FORCE_DEV_KERNARG": "1"}
 NPU_ENV = {"HCCL_CONNECT_TIMEOUT": "1800"}

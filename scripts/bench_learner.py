@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlkit.accel import detect
     from rlkit.engine.perf import forward_flops, peak_flops, train_flops
-    from rlkit.estimate import Arch, model_config
+    from rlkit.estimate import Arch, config_json
 
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     rows = args.rows.split(",") if args.rows else default_rows(device)
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.workdir or tmp.name)
     try:
         path = model_dir(args.model, work, args.layers)
-        arch = Arch.from_config(*model_config(str(path)))
+        arch = Arch.from_config(*config_json(str(path)))
         batch = make_batch(arch.vocab, args.batch, args.seq)
         runs: dict[str, list[dict[str, Any]]] = {r: [] for r in rows}
         for rep in range(args.repeat):

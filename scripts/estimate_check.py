@@ -33,7 +33,7 @@ def estimated(stage: str, recipe: Path, overrides: list[str]) -> dict[str, float
     from rlkit import estimate, stages
 
     cfg = stages.load(stage, recipe, overrides)
-    arch = estimate.Arch.from_config(*estimate.model_config(cfg.model.path))
+    arch = estimate.Arch.from_config(*estimate.config_json(cfg.model.path))
     return {p.kind: p.total / 2**30 for p in estimate.estimate(cfg, stages.memory(stage), arch)}
 
 

@@ -22,7 +22,7 @@ PUBLISHED_SIZES = {"Qwen/Qwen2.5-32B-Instruct": 32.5e9, "Qwen/Qwen2.5-1.5B-Instr
 
 
 def _arch(name: str) -> est.Arch:
-    return est.Arch.from_config(*est.model_config(name))
+    return est.Arch.from_config(*est.config_json(name))
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_SIZES))
@@ -93,7 +93,7 @@ def test_a_vision_language_model_is_counted_exactly_with_its_vision_side(tmp_pat
     from rlkit.tiny_vlm import build_tiny_vlm
 
     folder = build_tiny_vlm(tmp_path / "vlm")
-    arch = est.Arch.from_config(*est.model_config(str(folder)))
+    arch = est.Arch.from_config(*est.config_json(str(folder)))
     model = AutoModelForImageTextToText.from_pretrained(folder)
     sizes = {n: p.numel() for n, p in model.named_parameters()}
     parts = {k: sum(sizes[n] for n in names) for k, names in vision_parts(model).items()}

@@ -40,7 +40,7 @@ def test_a_target_the_model_does_not_have_is_one_line_naming_its_layers(tmp_path
 def test_the_estimate_counts_no_module_the_model_lacks():
     from rlkit import estimate as est
 
-    opt = est.Arch.from_config(*est.model_config("facebook/opt-6.7b"))
+    opt = est.Arch.from_config(*est.config_json("facebook/opt-6.7b"))
     wanted = ("q_proj", "v_proj", "k_proj", "out_proj")
     assert opt.lora_params(16, wanted) == opt.layers * 4 * 16 * (4096 + 4096)
     with pytest.raises(UserError, match=r"^lora.target_modules: o_proj not in .*its block's linear layers: q_proj, "
@@ -53,7 +53,7 @@ def test_the_estimate_counts_no_module_the_model_lacks():
 def test_every_shipped_lora_recipe_names_its_models_layers(recipe, tmp_path):
     """Against the published config of each recipe's model (kept in rlkit for the estimate) or the
     tiny / real-task model it builds, on the meta device."""
-    from rlkit.estimate.arch import model_config
+    from rlkit.estimate.arch import config_json
 
     doc = yaml.safe_load((ROOT / "recipes" / recipe).read_text())
     targets = doc["lora"]["target_modules"]
@@ -67,5 +67,5 @@ def test_every_shipped_lora_recipe_names_its_models_layers(recipe, tmp_path):
         config = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
     else:
-        config = {**model_config(path)[0], "num_hidden_layers": 2}
+        config = {**config_json(path)[0], "num_hidden_layers": 2}
     check_lora_targets(ModelConfig(path=str(_config_dir(tmp_path, path, config))), targets)

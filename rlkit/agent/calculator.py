@@ -22,7 +22,8 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rlkit.agent.loop import Agent, AgentBatch, Episode
+from rlkit.agent.loop import AgentBatch, Episode, agent_batch, counted
+from rlkit.agent.rollouts import Background
 from rlkit.engine.samples import Sample, Sampling
 from rlkit.seeding import derive_seed
 
@@ -72,25 +73,26 @@ def calculate(text: str) -> str | None:
     return str(int(value)) if value.is_integer() else f"{value:.4f}".rstrip("0")
 
 
-class Calculator(Agent):
-    """The rollouts of a run with the inline calculator: `Agent`'s interface (generate, start,
-    bind) and its samples (tool_mask, tool_calls = the calculator's answers), a loop of its own."""
+class Calculator:
+    """The rollouts of a run with the inline calculator (`rollouts.Rollouts`): `Agent`'s samples
+    (tool_mask, tool_calls = the calculator's answers), a loop of its own."""
 
     def __init__(self, tokenizer: Any, render: Callable[[Mapping[str, Any]], str], max_model_len: int | None = None,
                  kv_tokens: int | None = None):
         self.tokenizer, self.render, self.kv_tokens = tokenizer, render, kv_tokens
-        self.tools, self.environments, self.max_tool_calls, self.timeout_s = [], None, None, None
-        self.max_tokens, self.max_model_len = None, max_model_len  # the budget comes with each call's sampling
+        self.environments, self.max_model_len = None, max_model_len  # the budget comes with each call's sampling
         vocab = tokenizer.get_vocab().values()
         self.stop_ids = tuple(sorted(i for i in vocab if "=" in tokenizer.decode([i])))
-        self._background("rlkit-calculator")
+        self.background = Background("rlkit-calculator")
 
     def generate(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
                  seed: int) -> AgentBatch:
         """`n` rollouts per row on `engines`, prompt-major; the rewards see them as single-turn
         ones: a chat row's prompt messages and `[{"role": "assistant", "content": text}]`, a text
         row's rendered prompt and the text."""
-        batch = super().generate(rows, engines, sampling, n, seed)
+        busy: dict[int, float] = {}
+        episodes = self.run(self.episodes(rows, n), counted(engines, busy), sampling, seed)
+        batch = agent_batch(episodes, self.text, self.tokenizer, None, busy)
         chat = [isinstance(row.get("prompt"), list) for row in rows for _ in range(n)]  # as single-turn scoring
         batch.samples = [dataclasses.replace(s, messages=[{"role": "assistant", "content": s.text}] if c else None)
                          for s, c in zip(batch.samples, chat)]
@@ -173,13 +175,13 @@ def kv_cache_tokens(rollout: Any, model_path: str, dtype: str) -> int | None:
     engines allocate it; None where the model's config cannot be read)."""
     from pathlib import Path
 
-    from rlkit.estimate.arch import Arch, model_config
+    from rlkit.estimate.arch import Arch, config_json
     from rlkit.estimate.memory import width_bytes
 
     if not rollout.kv_cache_gib or not (Path(model_path) / "config.json").is_file():
         return None
     try:
-        config, name = model_config(model_path)
+        config, name = config_json(model_path)
         arch = Arch.from_config(config, name)
     except Exception:  # noqa: BLE001 - a config the estimate cannot read: play all episodes at once
         return None

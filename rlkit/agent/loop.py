@@ -19,7 +19,7 @@ call with ``step(message) -> (observation, reward, done)``: the observation is t
 Differs from TRL where noted: a turn cut at the token budget never calls its tools (its text may hold a
 half-written call); a tool call that runs past ``rollout.tool_timeout_s`` fails like a raising tool.
 
-The loop runs on the driver, in a thread (`Agent.start`), against any engines with
+The loop runs on the driver, in a thread (its `Background`), against any engines with
 ``generate(prompts, n, sampling, seed)``; each round sends only the rollouts still going.
 """
 
@@ -28,12 +28,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlkit.agent.rollouts import Background
 from rlkit.agent.template import prepare_tokenizer, suffix_ids
 from rlkit.agent.tools import Environments, _loop, call_tools, schema, tool_dict, tool_methods
 from rlkit.engine.samples import Sample, Sampling
@@ -124,13 +123,7 @@ class Agent:
         self.max_tokens, self.max_model_len = max_tokens, max_model_len
         self._schemas = [schema(t, "rollout.tools") for t in self.tools]
         self._env_schemas: dict[type, list[dict[str, Any]]] = {}  # an environment class's tool schemas, once
-        self._background("rlkit-agent")
-
-    def _background(self, name: str) -> None:
-        """The driver threads `start` runs generations in, and the generations in flight."""
-        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix=name)
-        self._running: set[Future] = set()
-        self._lock = threading.Lock()
+        self.background = Background("rlkit-agent")
 
     # ------------------------------------------------------------------ episodes
 
@@ -258,53 +251,21 @@ class Agent:
         `gather`, as `rlkit.engine.engines`, or `generate`), prompt-major."""
         busy: dict[int, float] = {}
         episodes = self.run(self.episodes(rows, n), counted(engines, busy), sampling, seed)
-        samples = [e.sample(self.text(e.completion_ids)) for e in episodes]
-        texts = [self.tokenizer.decode(e.prompt_ids) for e in episodes]
-        envs = [e.environment for e in episodes] if self.environments else None
-        return AgentBatch(samples, [e.prompt for e in episodes], texts, envs, busy,
-                          sum(e.tool_seconds for e in episodes), self.environments)
+        return agent_batch(episodes, self.text, self.tokenizer, self.environments, busy)
 
     def text(self, ids: list[int]) -> str:
         """A completion's text, as a sample carries it."""
         return self.tokenizer.decode(ids)
 
-    def start(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
-              seed: int) -> Future:
-        """`generate` in a driver thread; returns at once (a future of the `AgentBatch`)."""
-        future = self._threads.submit(self.generate, rows, engines, sampling, n, seed)
-        with self._lock:
-            self._running.add(future)
-        future.add_done_callback(self._done)
-        return future
 
-    def _done(self, future: Future) -> None:
-        with self._lock:
-            self._running.discard(future)
-
-    def wait_idle(self) -> None:
-        """Until no generation started here is running (the engines may then take new weights)."""
-        with self._lock:
-            running = list(self._running)
-        for future in running:
-            future.exception()  # waits; an error is raised where the result is taken
-
-    def bind(self, engines: Any) -> Any:
-        """`engines` whose weight sync first waits for the multi-turn generations in flight, so
-        that every turn of a rollout comes from the policy that started it (as a single-turn
-        generation, queued in the engine before the sync, does)."""
-        return _AgentEngines(engines, self)
-
-
-class _AgentEngines:
-    def __init__(self, engines: Any, agent: Agent):
-        self._engines, self._agent = engines, agent
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engines, name)
-
-    def sync_from(self, learners: Any, defer: bool = False) -> dict[str, float]:
-        self._agent.wait_idle()
-        return self._engines.sync_from(learners, defer)
+def agent_batch(episodes: list[Episode], text: Callable[[list[int]], str], tokenizer: Any,
+                environments: Environments | None, busy: dict[int, float]) -> AgentBatch:
+    """The batch of played `episodes` (`text`: a completion's text from its ids)."""
+    samples = [e.sample(text(e.completion_ids)) for e in episodes]
+    texts = [tokenizer.decode(e.prompt_ids) for e in episodes]
+    envs = [e.environment for e in episodes] if environments else None
+    return AgentBatch(samples, [e.prompt for e in episodes], texts, envs, busy,
+                      sum(e.tool_seconds for e in episodes), environments)
 
 
 def counted(engines: Any, busy: dict[int, float]) -> Callable[[list[list[int]], Sampling, int], list[Sample]]:

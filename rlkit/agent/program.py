@@ -36,7 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlkit.agent.endpoint import Endpoint
-from rlkit.agent.loop import Agent, AgentBatch, counted
+from rlkit.agent.loop import AgentBatch, counted
+from rlkit.agent.rollouts import Background
 from rlkit.agent.session import Batcher, Segment, Session
 from rlkit.engine.samples import Sample, Sampling
 from rlkit.program_config import ProgramConfig
@@ -96,15 +97,13 @@ def _returned(outcome: tuple[str, Any]) -> tuple[float | None, tuple[str, Any]]:
                                 "{'reward': number} or None")
 
 
-class ProgramAgent(Agent):
-    """The rollouts of a run with an agent program: `Agent`'s interface (generate, start, bind),
-    the endpoint and the program runs in place of the turn loop."""
+class ProgramAgent:
+    """The rollouts of a run with an agent program (`rollouts.Rollouts`): the endpoint and the
+    program runs in place of the turn loop."""
 
     def __init__(self, tokenizer: Any, program: Callable[..., Any] | None, cfg: ProgramConfig, max_tokens: int,
                  max_model_len: int, recipe: Mapping[str, Any], recipe_dir: str | None = None):
-        self.tokenizer, self.program, self.cfg = tokenizer, program, cfg
-        self.tools, self.environments, self.max_tool_calls, self.timeout_s = [], None, None, None
-        self.max_tokens, self.max_model_len = max_tokens, max_model_len
+        self.tokenizer, self.program, self.cfg, self.environments = tokenizer, program, cfg, None
         unix = None
         if program is None and cfg.isolation == "namespaces":  # a sandboxed command reaches it by a socket
             folder = tempfile.mkdtemp(prefix="rlkit-endpoint-")
@@ -113,6 +112,7 @@ class ProgramAgent(Agent):
         self.endpoint = Endpoint(tokenizer, cfg, max_tokens, max_model_len, dict(recipe), unix)
         self._logged: set[str] = set()
         self._client: Any = None
+        self._lock = threading.Lock()  # (the client's, made once by the first program that asks)
         self.failures: dict[str, str] = {}
         self.endpoint.start()  # before launch: an address that is taken is one line now
         if program is None:
@@ -120,7 +120,7 @@ class ProgramAgent(Agent):
 
             self.program = CommandProgram(cfg, recipe_dir, unix, self.endpoint.port)
             self.program.check()
-        self._background("rlkit-program")
+        self.background = Background("rlkit-program")
 
     def generate(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
                  seed: int) -> AgentBatch:

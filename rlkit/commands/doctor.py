@@ -100,23 +100,10 @@ def versions() -> Check:
 
 
 def comm_backend() -> Check:
-    import torch.distributed as dist
+    from rlkit.accel import COMM_CHECKS, detect
 
-    from rlkit.accel import detect
-
-    info = detect("auto")
-    if info.dist_backend == "nccl":
-        ok = dist.is_nccl_available()
-        return ("ok" if ok else "FAIL"), "communication", "NCCL " + ("available" if ok else "missing from this torch")
-    if info.dist_backend == "hccl":
-        return "ok", "communication", "HCCL (torch_npu)"
-    from torch.utils import cpp_extension
-
-    built = Path(cpp_extension._get_build_directory("deepspeed_shm_comm", verbose=False))
-    if any(built.glob("*.so")):
-        return "ok", "communication", f"gloo; DeepSpeed's shared-memory op is built ({built})"
-    return "warn", "communication", ("gloo; DeepSpeed's shared-memory op is not built yet: the first run builds it "
-                                     "(about 80-100 s, once)")
+    ready, said = COMM_CHECKS[detect("auto").dist_backend]()
+    return {True: "ok", False: "FAIL", None: "warn"}[ready], "communication", said
 
 
 def engine_starts() -> Check:

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rlkit.estimate import Arch, Hardware, model_config, report
+from rlkit.estimate import Arch, Hardware, config_json, report
 
 
 def add_parser(sub: Any) -> None:
@@ -37,7 +37,7 @@ def _run(args: argparse.Namespace) -> int:
         declared = "sft"
     stage = stages.stage(declared).name if declared in stages.TABLE else "sft"
     cfg = resolve_models(stages.load(stage, args.recipe, list(args.overrides)))
-    config, source = model_config(cfg.model.path, args.config)
+    config, source = config_json(cfg.model.path, args.config)
     arch = Arch.from_config(config, cfg.model.path)
     hardware = Hardware.parse(args.hardware) if args.hardware else None
     for line in report(cfg, stages.memory(stage), arch, source, hardware):

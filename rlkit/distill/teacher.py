@@ -13,11 +13,11 @@ def check_teacher(teacher: Any, student_tokenizer: str, device: Any) -> None:
     student's, `student_tokenizer`); its path is checked with every model the recipe names
     (`rlkit.model.checks.check_model`)."""
     from rlkit.accel import check_precision
+    from rlkit.model.facts import model_facts
     from rlkit.model.kernels import check_kernels
-    from rlkit.model.load import model_config
 
     check_precision(teacher.dtype, device, "distill.teacher.dtype")
-    check_kernels(teacher, device, model_config(teacher).model_type, "distill.teacher.kernels")
+    check_kernels(teacher, device, model_facts(teacher).model_type, "distill.teacher.kernels")
     check_same_tokenizer(student_tokenizer, teacher.tokenizer or teacher.path)
 
 

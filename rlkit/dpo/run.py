@@ -222,11 +222,11 @@ def _check_model(cfg: DPOConfig, device: Any) -> None:
     `dpo.use_weighting` only for one whose logits are its lm_head's."""
     from rlkit.model.attention import check_packable
     from rlkit.model.checks import check_head_only
-    from rlkit.model.load import model_config
+    from rlkit.model.facts import model_facts
 
     d = cfg.dpo
     if d.padding_free or d.use_weighting:
-        config = model_config(cfg.model)
+        config = model_facts(cfg.model).config
         if d.padding_free:
             check_packable(config, cfg.model.path, "dpo.padding_free",
                            "set dpo.padding_free: false (a row per side, padded)")

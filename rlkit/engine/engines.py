@@ -14,6 +14,7 @@ come back prompt-major (`generation.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from rlkit.accel import DeviceInfo
@@ -35,6 +36,7 @@ class RolloutEngines(Protocol):
 
     names: list[str]
     transport: Transport  # how the learners' policy reaches them (`rlkit.transports`)
+    before_sync: Callable[[], None]  # what a weight sync waits for first (multi-turn rollouts in flight)
 
     def generate_async(self, prompts: list[Prompt], n: int, sampling: Sampling, seed: int) -> list[Any]: ...
     def gather(self, futures: list[Any]) -> list[Sample]: ...
@@ -72,6 +74,7 @@ class ColocatedEngines:
                  seed: int, transport: Transport):
         self.learners, self.timeout, self.transport = learners, rollout.sync_timeout_s or None, transport
         self.names = [f"engine {rank} (in learner {rank})" for rank in range(learners.size)]
+        self.before_sync: Callable[[], None] = lambda: None  # what a sync waits for first (multi-turn rollouts)
         options = [{**worker_options(rollout, model, device, derive_seed(seed, "engine", rank, bits=31)),
                     "index": rank, "cut_off_s": None} for rank in range(learners.size)]  # the learner's watch is theirs
         learners.start_engines(model.path, [{**o, "sleep_mode": rollout.sleep} for o in options],
@@ -90,6 +93,7 @@ class ColocatedEngines:
 
     def sync_from(self, learners: LearnerGroup, defer: bool = False) -> dict[str, float]:
         """Every rank loads its own engine (a colocated transport: nothing to defer); rank 0's stats."""
+        self.before_sync()
         return learners.push_weights(SyncRequest(self.transport, timeout_s=self.timeout))[0]
 
     def sequence_logprobs(self, sequences: list[Any]) -> list[list[list[float]]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from rlkit.accel import DeviceInfo
@@ -56,6 +57,7 @@ class SeparateEngines:
         custom = ray_cfg.resources.engine
         self.rollout, self.transport = rollout, transport
         self.timeout, self.learners = rollout.sync_timeout_s or None, learners
+        self.before_sync: Callable[[], None] = lambda: None  # what a sync waits for first (multi-turn rollouts)
         self.names = [f"engine {i}" for i in range(rollout.num_engines)]
         self.pg = placement_group(device, rollout.num_engines, cpus, ray_cfg.placement, devices=tp, custom=custom)
         check_nodes_see(pg_nodes(self.pg), "rollout engines", model_path=model.path)
@@ -150,6 +152,7 @@ class SeparateEngines:
         once the learner has put the policy in the store: the engines load it while the learners
         go on, and the next call that uses the engines waits for the loads first (`_settle`)."""
         self._settle()
+        self.before_sync()
         self.learners = learners
         while True:
             try:

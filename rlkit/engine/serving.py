@@ -29,9 +29,9 @@ VLLM_UNTIED_ONLY = ("qwen3_next",)
 
 def check_engines(cfg: Any, device: Any) -> None:
     """GRPO's stage check (`driver.prepare_inputs`): the engines can start on the recipe's model."""
-    from rlkit.model.load import model_config
+    from rlkit.model.facts import model_facts
 
-    config = model_config(cfg.model)
+    config = model_facts(cfg.model).config
     check_engine_shape(config, cfg.model.path, cfg.rollout.max_model_len, cfg.rollout.tensor_parallel_size)
     check_engine_vision(config, cfg.model.path)
     check_engine_layers(config, cfg.model.path, cfg.model.dtype, device)

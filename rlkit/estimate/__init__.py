@@ -11,9 +11,9 @@ hosts the other) that each stage's memory model (`sft/memory.py`, `grpo/memory.p
 its row in `rlkit.stages`) puts together, `plan.py` says what fits and what would make it fit.
 """
 
-from rlkit.estimate.arch import PUBLISHED, Arch, model_config
+from rlkit.estimate.arch import PUBLISHED, Arch, config_json
 from rlkit.estimate.memory import GIB, Hardware, MemoryModel, Process, estimate, model_states, verdicts
 from rlkit.estimate.plan import check_before_launch, fixes, report
 
 __all__ = ["GIB", "PUBLISHED", "Arch", "Hardware", "MemoryModel", "Process", "check_before_launch", "estimate",
-           "fixes", "model_config", "model_states", "report", "verdicts"]
+           "config_json", "fixes", "model_states", "report", "verdicts"]

@@ -210,16 +210,19 @@ class VisionSide:
         return cls(sum(sizes[n] for n in parts["vision"]), sum(sizes[n] for n in parts["projector"]), tokens)
 
 
-def model_config(path: str, config: str | None = None) -> tuple[dict[str, Any], str]:
+def config_json(path: str, config: str | None = None) -> tuple[dict[str, Any], str]:
     """config.json of `path` (a folder or a hub id), or of `config` (a config.json, a folder, a
-    hub id, a tiny size: the model a placeholder path stands for), and where it came from."""
+    hub id, a tiny size: the model a placeholder path stands for), and where it came from. A
+    folder's is read once (`model.facts.config_file`)."""
+    from rlkit.model.facts import config_file
+
     if config:
         if Path(config).is_file():
             return _read_json(Path(config)), config
-        return model_config(config)
-    local = Path(path) / "config.json"
-    if local.is_file():
-        return _read_json(local), str(local)
+        return config_json(config)
+    local = config_file(path)
+    if local is not None:
+        return local, str(Path(path) / "config.json")
     tiny = _tiny_config(path)
     if tiny:
         return tiny

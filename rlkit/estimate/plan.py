@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from rlkit.errors import UserError
-from rlkit.estimate.arch import Arch, model_config
+from rlkit.estimate.arch import Arch, config_json
 from rlkit.estimate.memory import (
     GIB,
     Hardware,
@@ -122,7 +122,7 @@ def check_before_launch(cfg: Any, memory: MemoryModel, device: Any) -> str | Non
     if not device.is_accelerator or cfg.memory_check == "off" or not device.total_memory_bytes:
         return None
     try:
-        config, _ = model_config(cfg.model.path)
+        config, _ = config_json(cfg.model.path)
         arch = Arch.from_config(config, cfg.model.path)
     except UserError:
         return None

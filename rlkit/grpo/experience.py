@@ -138,7 +138,7 @@ def start_generation(indices: list[int], task: Task, engines: RolloutEngines, sa
     rows = [task.rows[i] for i in indices]
     prompts = [task.render(r) for r in rows]
     if task.agent is not None:  # multi-turn: the turn loop runs in a driver thread
-        future = task.agent.start(rows, engines, sampling, group_size, seed)
+        future = task.agent.background.start(task.agent.generate, rows, engines, sampling, group_size, seed)
         return Generation(rows, prompts, [future], engines, time.perf_counter(), version=version,
                           indices=list(indices), multi_turn=True)
     futures = engines.generate_async(task.engine_prompts(rows, prompts), group_size, sampling, seed)

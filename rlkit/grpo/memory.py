@@ -10,7 +10,7 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from rlkit.estimate.arch import Arch, model_config
+from rlkit.estimate.arch import Arch, config_json
 from rlkit.estimate.memory import (
     CPU_RUNTIME,
     LOGITS_CHUNK,
@@ -67,7 +67,7 @@ def _served_rewards(cfg: Any, hardware: Hardware | None) -> list[Process]:
     engines (as the policy's are counted, for the step's samples); on a CPU kind, host memory."""
     out = []
     for key, p in _served(cfg):
-        arch = Arch.from_config(*model_config(p["path"]))
+        arch = Arch.from_config(*config_json(p["path"]))
         on_cpu = p["device"] == "cpu" or hardware is None
         width = width_bytes(DTYPES.get(p["dtype"], "auto"), None if on_cpu else hardware)
         ctx = 0.0 if on_cpu else context_bytes(hardware)
@@ -92,7 +92,7 @@ def _teacher(cfg: Any, learner: Process, hardware: Hardware | None) -> tuple[Pro
     d = cfg.distill
     if d is None:
         return learner, None
-    t_arch, t_width = Arch.from_config(*model_config(d.teacher.path)), width_bytes(d.teacher.dtype, hardware)
+    t_arch, t_width = Arch.from_config(*config_json(d.teacher.path)), width_bytes(d.teacher.dtype, hardware)
     tokens = cfg.grpo.micro_batch_size * cfg.rollout.max_model_len
     logits = min(tokens * t_arch.vocab, LOGITS_CHUNK) * (t_width + 8)  # no gradient
     if d.placement == "actor":  # its own process: weights, one chunk of logits, the context

@@ -122,14 +122,14 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                 teacher = TeacherActor(cfg.distill.teacher, device, cfg.ray, cfg.distill.node)
                 run.announce(f"rlkit distill: the teacher runs in its own actor on node {teacher.node}")
             if task.agent is not None:  # multi-turn: a weight sync waits for the turn loops in flight
-                engines = task.agent.bind(engines)
+                engines.before_sync = task.agent.background.wait_idle
             try:
                 resumed = run.resume(learners, sampler)
                 step, saved = resumed.step, resumed.payload or {}
                 if step:
                     engines.sync_from(learners)  # engines start from model.path: give them the resumed policy
                 with closing(run.logger(cfg.logging, g.steps, step)) as logger, run.stops.caught():
-                    _train(cfg, task, sampler, run, learners, engines, logger, step, saved, teacher)
+                    _train(Parts(cfg, task, sampler, run, learners, engines, logger, teacher), step, saved)
                 return run.save_final(learners, cfg.model.tokenizer or cfg.model.path, dir_bytes(cfg.model.path))
             finally:
                 engines.shutdown()
@@ -175,12 +175,27 @@ def eval_sampling(cfg: GRPOConfig) -> Any:
     return sample if cfg.eval.temperature is None else dataclasses.replace(sample, temperature=cfg.eval.temperature)
 
 
-def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir, learners: LearnerGroup,
-           engines: RolloutEngines, logger: MetricsLogger, step: int, saved: dict,
-           teacher: TeacherActor | None = None) -> None:
-    """The loop, from `step` to `grpo.steps`; `saved`: what a checkpoint held in flight;
-    `teacher`: a distillation teacher's own actor (`TeacherActor`), which scores each batch."""
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """A GRPO run's parts, built by `run_grpo` and handed to its loop whole (as verl's driver holds
+    its worker groups)."""
+
+    cfg: GRPOConfig
+    task: Task
+    sampler: CurriculumSampler
+    run: RunDir
+    learners: LearnerGroup
+    engines: RolloutEngines
+    logger: MetricsLogger
+    teacher: TeacherActor | None = None  # a distillation teacher's own actor, which scores each batch
+
+
+def _train(p: Parts, step: int, saved: dict) -> None:
+    """The loop, from `step` to `grpo.steps`; `saved`: what a checkpoint held in flight."""
     from rlkit.engine.generation import sampling
+
+    cfg, task, sampler, run, learners, engines = p.cfg, p.task, p.sampler, p.run, p.learners, p.engines
+    logger, teacher = p.logger, p.teacher
 
     g, total, objective = cfg.grpo, cfg.grpo.steps, GRPOObjective.from_config(cfg.grpo, cfg.rollout, cfg.distill)
     sample = sampling(cfg.rollout)
@@ -196,7 +211,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir,
     start_check = _sync_check(cfg, task, engines, learners, step, due=True)   # the engines hold the policy?
     if step == 0 and (task.eval_rows or start_check):
         logger.log(0, {**start_check, **(held_out() if task.eval_rows else {})})  # the starting point
-    source = _source(cfg, task, sampler, engines, start, saved, step)
+    source = _source(p, start, saved, step)
     while step < total:
         t0 = time.perf_counter()
         exp = source.experience(step)                                             # generate, score (+ refills)
@@ -230,8 +245,7 @@ def _train(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, run: RunDir,
         run.stops.stop_if_signalled(step)                                               # SIGTERM: stop here
 
 
-def _source(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, engines: RolloutEngines,
-            start: Callable[..., Generation], saved: dict, step: int) -> Any:
+def _source(p: Parts, start: Callable[..., Generation], saved: dict, step: int) -> Any:
     """Where the steps' experience comes from: streamed groups (`grpo.streaming`), or a generation per
     step, up to `max_staleness` ahead; with what a checkpoint held in flight."""
     from rlkit.engine.generation import sampling
@@ -239,7 +253,7 @@ def _source(cfg: GRPOConfig, task: Task, sampler: CurriculumSampler, engines: Ro
     from rlkit.grpo.stream import GroupStream
     from rlkit.grpo.stream_state import stream_from
 
-    g = cfg.grpo
+    cfg, task, sampler, engines, g = p.cfg, p.task, p.sampler, p.engines, p.cfg.grpo
     if g.streaming:
         stream = GroupStream(task, engines, sampler, sampling(cfg.rollout), g, derive_seed(cfg.seed, "generate"),
                              step, cfg.rollout.max_tokens)
@@ -297,10 +311,10 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: RolloutEngines, learners: 
 def check_packing(cfg: GRPOConfig, device: Any) -> None:
     """Before launch: `grpo.max_tokens_per_micro_batch` packs only a model without layers that carry a state."""
     from rlkit.model.attention import check_packable
-    from rlkit.model.load import model_config
+    from rlkit.model.facts import model_facts
 
     if cfg.grpo.max_tokens_per_micro_batch:
-        check_packable(model_config(cfg.model), cfg.model.path, "grpo.max_tokens_per_micro_batch",
+        check_packable(model_facts(cfg.model).config, cfg.model.path, "grpo.max_tokens_per_micro_batch",
                        "set it to 0 and size micro-batches with grpo.micro_batch_size (padded rows)")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkit.agent.program import program_reward
+from rlkit.agent.rollouts import Rollouts
 from rlkit.agent.tools import environment_rewards, load_environments, load_interaction, load_tools
 from rlkit.config import DataConfig, ModelConfig
 from rlkit.engine.rollout_config import RolloutConfig
@@ -25,7 +26,7 @@ class Task:
     template: str
     tokenizer: Any
     scorer: RewardScorer
-    agent: Any = None  # rlkit.agent.loop.Agent: multi-turn rollouts with tools / environments
+    agent: Rollouts | None = None  # multi-turn rollouts: tools / environments, the calculator, an agent program
     images: Any = None  # rlkit.data.images.ImageInputs: a vision-language model's processor
 
     def render(self, row: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rlkit.config import ModelConfig
-from rlkit.model.load import model_config
+from rlkit.model.facts import model_facts
 from rlkit.model.vision import auto_class
 
 log = logging.getLogger("rlkit")
@@ -47,7 +47,7 @@ def check_lora_targets(cfg: ModelConfig, targets: Sequence[str], config: Any = N
 
     if "all-linear" in targets:
         return
-    config = config or model_config(cfg)
+    config = config or model_facts(cfg).config
     with torch.device("meta"):
         model = auto_class(config).from_config(config, trust_remote_code=cfg.trust_remote_code)
     names = [name for name, _ in model.named_modules() if name]
@@ -65,7 +65,7 @@ def check_model(cfg: Any) -> None:
     LoRA targets (GRPO's engines: `engine.serving`; a teacher's own: `distill.teacher`)."""
     for key, model in cfg.models().items():
         check_model_path(model.path, f"{key}.path")
-    config = model_config(cfg.model)  # transformers can read it; read once for the checks below
+    config = model_facts(cfg.model).config  # transformers can read it (one line if not)
     if cfg.model.tokenizer:
         check_model_path(cfg.model.tokenizer, "model.tokenizer")
     check_model_options(cfg.model, cfg.finetuning)

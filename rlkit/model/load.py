@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from rlkit.config import LoraConfig, ModelConfig, QuantConfig
+from rlkit.model.facts import model_facts
 from rlkit.model.vision import (
     auto_class,
     freeze_vision,
@@ -56,20 +57,6 @@ def stop_token_ids(model_dir: str | Path, tokenizer: Any) -> list[int]:
     return ids
 
 
-def model_config(cfg: ModelConfig) -> Any:
-    """The model's transformers config; a model whose code transformers lacks is one line."""
-    from transformers import AutoConfig
-
-    from rlkit.errors import UserError
-
-    try:
-        return AutoConfig.from_pretrained(cfg.path, trust_remote_code=cfg.trust_remote_code)
-    except ValueError as e:  # an architecture transformers does not know, or remote code not allowed
-        first = " ".join(str(e).split())[:240]
-        raise UserError(f"transformers cannot read {cfg.path}'s config ({first}): a newer transformers, or "
-                        "model.trust_remote_code: true for a model that ships its own code", "model.path") from None
-
-
 def load_tokenizer(cfg: ModelConfig):
     """The model's tokenizer (pad = eos where it has none); one without tokenizer files is one line."""
     from transformers import AutoTokenizer
@@ -102,7 +89,7 @@ def load_image_inputs(cfg: ModelConfig, tokenizer: Any) -> Any:
     from rlkit.data.images import ImageInputs
     from rlkit.errors import UserError
 
-    if not is_vision_language(model_config(cfg)):
+    if not model_facts(cfg).vision:
         return None
     where = cfg.tokenizer or cfg.path
     try:
@@ -168,7 +155,7 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, quant: QuantConfig | None =
             bnb_4bit_use_double_quant=quant.double_quant, bnb_4bit_compute_dtype=DTYPES[quant.compute_dtype])
     if head == "score":
         kwargs["num_labels"] = 1
-    model = head_class(model_config(cfg), head).from_pretrained(cfg.path, **kwargs)
+    model = head_class(model_facts(cfg).config, head).from_pretrained(cfg.path, **kwargs)
     if head == "score":  # it scores each row at its last token that is not padding
         model.config.pad_token_id = load_tokenizer(cfg).pad_token_id
     use_packed_attention(model)  # sdpa, but packed rows attend per sequence (attention.py)

@@ -103,12 +103,14 @@ def running_as_root() -> bool:
     return os.geteuid() == 0
 
 
+@functools.cache
 def undumpable() -> None:
     """"process" mode without root: the candidate runs as this process's uid, and a process may read and
     write another of its uid's memory and descriptors through /proc (`/proc/PID/mem`, `/proc/PID/fd/N`)
     unless that one is undumpable: this process (the driver's side of a sample) becomes so. Its own
     /proc files are then root's: its user's debuggers and `py-spy` cannot attach to it either. As root
-    the candidate has a uid of its own: nothing to do."""
+    the candidate has a uid of its own: nothing to do. Once a process (the flag holds until an exec or
+    a change of uid, neither of which the driver's side makes; a fork keeps it, as it keeps this cache)."""
     if not running_as_root():
         import ctypes
 

@@ -41,9 +41,9 @@ def prepare_inputs(cfg: Any, device: Any, memory: Any, checks: Sequence[Callable
     from rlkit.engine.ds_config import check_deepspeed_config, zero3_alone
     from rlkit.estimate import check_before_launch
     from rlkit.model.checks import check_model, ensure_tiny_model
+    from rlkit.model.facts import model_facts
     from rlkit.model.gguf import resolve_models
     from rlkit.model.kernels import check_kernels
-    from rlkit.model.load import model_config
     from rlkit.paths import with_absolute_paths
     from rlkit.tiny import ensure_task_data
     from rlkit.tiny_vlm import write_shape_task
@@ -55,7 +55,7 @@ def prepare_inputs(cfg: Any, device: Any, memory: Any, checks: Sequence[Callable
     ensure_tiny_model(cfg.model)
     check_model(cfg)
     check_deepspeed_config(cfg.deepspeed, cfg.optim)
-    check_kernels(cfg.model, device, model_config(cfg.model).model_type)
+    check_kernels(cfg.model, device, model_facts(cfg.model).model_type)
     alone = zero3_alone(cfg.deepspeed, learners)
     if alone:
         log.warning("%s", alone)

@@ -182,10 +182,10 @@ class EarlyStopping:
 def check_packing(cfg: SFTConfig, device: Any) -> None:
     """Before launch: `data.packing` only for a model without layers that carry a state."""
     from rlkit.model.attention import check_packable
-    from rlkit.model.load import model_config
+    from rlkit.model.facts import model_facts
 
     if cfg.data.packing:
-        check_packable(model_config(cfg.model), cfg.model.path, "data.packing",
+        check_packable(model_facts(cfg.model).config, cfg.model.path, "data.packing",
                        "set data.packing: false (a row per sample, padded)")
 
 

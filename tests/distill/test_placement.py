@@ -42,7 +42,7 @@ def test_the_estimate_gives_an_actor_teacher_its_own_device():
 
     recipe = ROOT / "recipes" / "r1-distill-opd.yaml"
     beside, apart = (stages.load("distill", recipe, [f"distill.placement={p}"]) for p in ("learner", "actor"))
-    arch = estimate.Arch.from_config(*estimate.model_config(beside.model.path))
+    arch = estimate.Arch.from_config(*estimate.config_json(beside.model.path))
     hw = Hardware.parse("8xA100-80G")
     kinds = {p.kind: p for p in estimate.estimate(apart, stages.memory("grpo"), arch, hw)}
     learner = {p.kind: p for p in estimate.estimate(beside, stages.memory("grpo"), arch, hw)}["learner rank"]

@@ -77,7 +77,7 @@ def test_the_estimate_counts_the_reference_copy_only_where_the_learners_hold_one
     from rlkit import estimate as est
 
     cfg = stages.load("dpo", ROOT / "recipes" / "tiny-dpo.yaml", ["model.path=facebook/opt-6.7b", *override])
-    (learner,) = est.estimate(cfg, stages.memory("dpo"), est.Arch.from_config(*est.model_config("facebook/opt-6.7b")))
+    (learner,) = est.estimate(cfg, stages.memory("dpo"), est.Arch.from_config(*est.config_json("facebook/opt-6.7b")))
     assert ("reference copy" in learner.parts) is copy
 
 

@@ -154,7 +154,7 @@ def learner_estimate(cfg, stage: str, model_dir: Path):
     from rlkit import estimate as est
     from rlkit import stages
 
-    arch = est.Arch.from_config(*est.model_config(str(model_dir)))
+    arch = est.Arch.from_config(*est.config_json(str(model_dir)))
     learner = est.estimate(cfg, stages.memory(stage), arch, est.Hardware.parse("1xH100"))[0]
     return learner, learner.total - learner.parts.get("context", 0.0)
 
