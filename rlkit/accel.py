@@ -72,7 +72,6 @@ COMMUNICATORS = {"nccl": "vllm.distributed.device_communicators.pynccl:PyNcclCom
                  "hccl": "vllm_ascend.distributed.device_communicators.pyhccl:PyHcclCommunicator"}
 
 
-
 def _nccl_ready() -> tuple[bool, str]:
     import torch.distributed as dist
 

@@ -138,6 +138,7 @@ class SeparateEngines:
         under `staged`. None where the transport cannot (the engines then take a `sync_from`)."""
         if not self.transport.deferrable:
             return None
+        self.before_sync()
         self._settle()
         self.learners = learners
         stats = self._push(range(len(self.handles)), defer="stage")
@@ -151,8 +152,8 @@ class SeparateEngines:
         of it). With `defer` (object store, a policy within its in-flight buckets) this returns
         once the learner has put the policy in the store: the engines load it while the learners
         go on, and the next call that uses the engines waits for the loads first (`_settle`)."""
-        self._settle()
         self.before_sync()
+        self._settle()
         self.learners = learners
         while True:
             try:
