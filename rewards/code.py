@@ -9,8 +9,8 @@ applicable):
 
 The candidate's sandbox gets the code and the arguments of its calls only; the tests run in a
 sandbox of their own that never runs the candidate's code, and compute every expected value and
-comparison there on the plain data the candidate sends back (`rlkit.reward.judge`). The sandbox
-(`rlkit.reward.sandbox`) is bubblewrap's namespaces, root or not (or a SandboxFusion service with
+comparison there on the plain data the candidate sends back (`rlkit.sandbox.judge`). The sandbox
+(`rlkit.sandbox.programs`) is bubblewrap's namespaces, root or not (or a SandboxFusion service with
 ``isolation: remote``); a host without them is refused before launch unless the recipe sets
 ``isolation: process``. Every case of
 ``tests/rewards/test_sandbox_attacks.py`` is contained, as root and as an ordinary user.
@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rlkit.reward.contract import Failed, batch_seconds, completion_text, needs_one_of, reward_range
-from rlkit.reward.judge import Verdict, cases_of, check_tests, judge
-from rlkit.reward.sandbox import Limits, Sandbox
+from rlkit.sandbox.judge import Verdict, cases_of, check_tests, judge
+from rlkit.sandbox.programs import Limits, Sandbox
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -40,7 +40,7 @@ def extract_code(completion: Any) -> str:
 def run_tests(code: str, tests: list, *, timeout_s: float = 5.0, memory_mb: int = 512, max_procs: int = 4,
               scratch_mb: int = 64, output_kb: int = 1024, isolation: str = "namespaces",
               sandbox_url: str | None = None, audit: bool = True) -> Verdict:
-    """Judge ``code`` against ``tests`` (see the module doc and `rlkit.reward.sandbox.Limits`).
+    """Judge ``code`` against ``tests`` (see the module doc and `rlkit.sandbox.programs.Limits`).
 
     audit: the in-process audit hook as an extra layer (tests turn it off to show that the
     kernel's walls hold on their own).
@@ -88,7 +88,7 @@ def code_reward(completions: list, test_cases: list | None = None, verification_
     is given the time its samples' limits add up to (`batch_seconds`), so slow samples cost
     themselves, never the step. ``isolation``: "namespaces" (bubblewrap, the default), "remote" (a SandboxFusion
     ``/run_code`` service at ``sandbox_url``; the judge stays here) or "process" (weaker, see
-    `rlkit.reward.sandbox`). Samples run in parallel (``workers``, default: CPU count), each in its own sandbox.
+    `rlkit.sandbox.programs`). Samples run in parallel (``workers``, default: CPU count), each in its own sandbox.
     """
     column = test_cases if test_cases is not None else verification_info
     if column is None:

@@ -9,7 +9,7 @@ VENV="${RLKIT_VENV:-.venv}"
 TARGET="${RLKIT_TARGET:-cpu}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
-# The code reward's sandbox (rlkit/reward/sandbox.py) walls untrusted code off with bubblewrap and a
+# The code reward's sandbox (rlkit/sandbox/walls.py) walls untrusted code off with bubblewrap and a
 # seccomp filter (libseccomp, through pyseccomp).
 if ! command -v bwrap >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

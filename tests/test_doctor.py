@@ -52,15 +52,15 @@ def test_a_failed_check_is_one_line_and_exit_1(monkeypatch, capsys, tmp_path):
 
 
 def test_the_code_sandbox_check_says_why_code_rewards_would_refuse(monkeypatch):
-    from rlkit.reward import sandbox
+    from rlkit.sandbox import walls
 
-    monkeypatch.setattr(sandbox, "namespaces_problem", lambda python=None: "bubblewrap is not installed")
+    monkeypatch.setattr(walls, "namespaces_problem", lambda python=None: "bubblewrap is not installed")
     status, what, detail = doctor.code_sandbox()
     assert (status, what) == ("warn", "code sandbox") and detail.startswith("bubblewrap is not installed; code rewards")
 
 
 def test_the_sandbox_memory_check_says_whether_a_sample_gets_a_cgroup(monkeypatch):
-    from rlkit.reward import cgroup
+    from rlkit.sandbox import cgroup
 
     monkeypatch.setattr(cgroup, "delegated", lambda: None)
     status, what, detail = doctor.sandbox_memory()

@@ -88,7 +88,7 @@ naive.rlkit_runs_code = True
 '''
 
 
-@pytest.mark.skipif(__import__("rlkit.reward.sandbox", fromlist=["x"]).namespaces_problem() is not None,
+@pytest.mark.skipif(__import__("rlkit.sandbox.programs", fromlist=["x"]).namespaces_problem() is not None,
                     reason="no sandbox here")
 def test_sandbox_probes_show_each_verdict(work, capsys):
     """For a reward that runs code, `reward test` plays what a policy might write instead of a

@@ -205,3 +205,17 @@ def test_no_private_name_is_imported_from_another_package():
                 found += [f"{name} imports {node.module}.{a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
+
+
+def test_the_sandbox_is_a_component_of_its_own(graph):
+    """`rlkit/sandbox/` walls untrusted code off for the code judge and the agent's commands alike: it
+    needs nothing of rlkit but its errors, and the reward contract and the sandbox know nothing of
+    each other; a command gets its walls through `walls.py`, not by taking bubblewrap's line apart."""
+    sandbox = [m for m in graph if m.startswith("rlkit.sandbox.")]
+    assert "rlkit.sandbox.walls" in sandbox
+    outside = sorted(f"{m} -> {t}" for m in sandbox for t in graph[m]
+                     if not t.startswith("rlkit.sandbox") and t != "rlkit.errors")
+    crossing = sorted(f"{m} -> {t}" for m in graph for t in graph[m]
+                      if {_unit(m), _unit(t)} == {"rlkit.reward", "rlkit.sandbox"})
+    agent = sorted(t for t in graph["rlkit.agent.command"] if t.startswith("rlkit.sandbox"))
+    assert outside == [] and crossing == [] and agent == ["rlkit.sandbox.pipes", "rlkit.sandbox.walls"]

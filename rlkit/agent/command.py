@@ -8,23 +8,23 @@ A non-zero exit, or a run past `rollout.program.timeout_s` (the whole process tr
 fails its rollout as a crashing function does.
 
 Isolation (`rollout.program.isolation`):
-* ``namespaces`` (the default): the code sandbox's walls (rlkit/reward/sandbox.py: bubblewrap's
-  namespaces, the seccomp filter, a throwaway uid as root, resource limits), with the Python
+* ``namespaces`` (the default): the sandbox's walls (`rlkit.sandbox.walls`: bubblewrap's
+  namespaces, the seccomp filter, a throwaway uid as root, resource limits, a memory cgroup of
+  ``memory_mb`` + 256 MiB of scratch where the host delegates one), with the Python
   environment rlkit runs in and the recipe's folder mounted read-only, ``/tmp`` (also its HOME)
   writable, and a network of its own whose only way out is the endpoint: the endpoint also
   listens on a Unix socket, mounted into the sandbox, and a relay inside forwards
   ``127.0.0.1:PORT`` there. Nothing else of the host (files, processes, other ports) is reachable.
 * ``process``: a child process in its own session with the driver's network and files, for a
-  program that must reach other services (an agent's web tools): no walls.
+  program that must reach other services (an agent's web tools): no walls (where the host
+  delegates a cgroup, one without a bound gathers what it starts, so that all of it ends with it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -32,7 +32,8 @@ from typing import Any
 
 from rlkit.errors import ConfigError
 from rlkit.program_config import ProgramConfig
-from rlkit.reward import uids
+from rlkit.sandbox.pipes import Started, reap
+from rlkit.sandbox.walls import Limits, Walls, interpreter, next_uid, running_as_root, start
 
 SOCKET_DIR = "/run/rlkit"  # where the endpoint's Unix socket is inside the sandbox
 
@@ -106,7 +107,7 @@ class CommandProgram:
             raise ConfigError(f"{exe!r} is not an executable on the program's PATH ({self._path()}) or in "
                               f"{self.cwd}", "rollout.program.command")
         if self.cfg.isolation == "namespaces":
-            from rlkit.reward.sandbox import namespaces_problem
+            from rlkit.sandbox.walls import namespaces_problem
 
             problem = namespaces_problem()
             if problem is not None:
@@ -121,58 +122,33 @@ class CommandProgram:
         env = {"OPENAI_BASE_URL": str(client.base_url).rstrip("/"), "OPENAI_API_KEY": client.api_key,
                "RLKIT_ROW": row_json, "PATH": self._path(), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         if self.cfg.isolation == "namespaces":
-            cmd, fds, uid = self._sandboxed(env)
-            env = {"PATH": "/usr/bin:/bin"}  # bubblewrap's own: it sets the program's
-        else:
-            cmd, fds, uid = self.argv, (), None
+            run = self._walled(env)
+        else:  # no walls: a cgroup without a bound, so that all it started ends with it
             env = {**env, "HOME": os.environ.get("HOME", "/tmp")}
+            run = start(self.argv, Walls(self._limits(), "process", cwd=self.cwd, env=tuple(env.items()),
+                                         bounded=False))
         try:
-            proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds)
-        except BaseException:
-            uids.release(uid)
-            raise
-        finally:
-            for fd in fds:
-                os.close(fd)
-        try:
-            out, err = proc.communicate(row_json.encode(), timeout=self.cfg.timeout_s)
+            out, err = run.proc.communicate(row_json.encode(), timeout=self.cfg.timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_tree(proc)
             raise TimeoutError(f"still running after {self.cfg.timeout_s:g} s") from None
         finally:
-            _kill_tree(proc)
-            uids.release(uid)  # its processes ended with bubblewrap's PID namespace
-        if proc.returncode != 0:
+            reap(run)  # everything it started, its uid given back
+        if run.proc.returncode != 0:
             tail = err.decode("utf-8", "replace").strip().splitlines()
-            raise RuntimeError(f"exit status {proc.returncode}" + (f": {tail[-1][:160]}" if tail else ""))
+            raise RuntimeError(f"exit status {run.proc.returncode}" + (f": {tail[-1][:160]}" if tail else ""))
         return _reward(out)
 
-    def _sandboxed(self, env: dict[str, str]) -> tuple[list[str], tuple[int, ...], int | None]:
-        """bubblewrap's command line: the code sandbox's, with the Python environment, the recipe's
-        folder and the endpoint's socket folder mounted, the environment set, the launcher first; the
-        descriptors it is passed, and as root the throwaway uid it drops to (claimed: `uids.release`)."""
-        from rlkit.reward import seccomp
-        from rlkit.reward.sandbox import Limits, bwrap_args, interpreter, next_uid, running_as_root
+    def _limits(self) -> Limits:
+        return Limits(timeout_s=self.cfg.timeout_s, memory_mb=self.cfg.memory_mb, max_procs=self.cfg.max_procs,
+                      scratch_mb=256)
 
-        python = interpreter()
-        limits = Limits(timeout_s=self.cfg.timeout_s, memory_mb=self.cfg.memory_mb, max_procs=self.cfg.max_procs,
-                        scratch_mb=256)
-        args = list(bwrap_args(python, limits)[:-2])
-        at = args.index("--chdir")
-        del args[at:at + 2]  # the recipe's folder instead
-        mounts = []  # before the root is remounted read-only: their mount points are made in it
-        for path in sorted({os.path.realpath(sys.prefix), self.cwd}):
-            parts = path.strip("/").split("/")
-            for i in range(1, len(parts)):  # the folders above it: traversable by the throwaway uid
-                mounts += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
-            mounts += ["--ro-bind", path, path]
-        mounts += ["--perms", "0755", "--dir", os.path.dirname(SOCKET_DIR),
-                   "--ro-bind", os.path.dirname(self.socket_path), SOCKET_DIR, "--chdir", self.cwd]
-        at = args.index("--remount-ro")
-        args[at:at] = mounts
-        for k, v in {**env, "HOME": "/tmp", "TMPDIR": "/tmp"}.items():
-            args += ["--setenv", k, v]
+    def _walled(self, env: dict[str, str]) -> Started:
+        """The command in the sandbox's walls (`rlkit.sandbox.walls`), with the Python environment, the
+        recipe's folder and the endpoint's socket folder mounted read-only, its environment, the
+        launcher first; as root it drops to a throwaway uid (claimed here, given back by `reap`)."""
+        limits = self._limits()
+        binds = [(path, path) for path in sorted({os.path.realpath(sys.prefix), self.cwd})]
+        binds.append((os.path.dirname(self.socket_path), SOCKET_DIR))
         rlimits = limits.rlimits()
         rlimits.pop("RLIMIT_CPU")  # the wall clock bounds it; threads of a waiting client use little
         if not running_as_root():
@@ -180,9 +156,9 @@ class CommandProgram:
         uid = next_uid() if running_as_root() else None
         launcher = {"port": self.port, "socket": f"{SOCKET_DIR}/{os.path.basename(self.socket_path)}",
                     "limits": rlimits, "uid": uid, "argv": self.argv}
-        fd = seccomp.filter_fd()
-        return ([*args, "--seccomp", str(fd), "--", python, "-I", "-S", "-c", LAUNCHER, json.dumps(launcher)], (fd,),
-                uid)
+        walls = Walls(limits, binds=tuple(binds), cwd=self.cwd,
+                      env=tuple({**env, "HOME": "/tmp", "TMPDIR": "/tmp"}.items()))
+        return start([interpreter(), "-I", "-S", "-c", LAUNCHER, json.dumps(launcher)], walls, uid=uid)
 
 
 def _reward(stdout: bytes) -> Any:
@@ -196,10 +172,3 @@ def _reward(stdout: bytes) -> Any:
         return None
     return value if isinstance(value, (int, float, dict)) and not isinstance(value, bool) else None
 
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """The command and everything it started (its session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)

@@ -161,7 +161,7 @@ def free_disk(where: Path) -> Check:
 
 def code_sandbox() -> Check:
     """A warning, not a failure: only a run with a code reward needs it (and says so before launch)."""
-    from rlkit.reward.sandbox import namespaces_problem
+    from rlkit.sandbox.walls import namespaces_problem
 
     problem = namespaces_problem()
     if problem is not None:
@@ -172,7 +172,7 @@ def code_sandbox() -> Check:
 def sandbox_memory() -> Check:
     """Whether a code reward's sandboxed runs each get a memory cgroup (a warning where not: the
     bound is then per process)."""
-    from rlkit.reward.cgroup import delegated
+    from rlkit.sandbox.cgroup import delegated
 
     found = delegated()
     if found is None:

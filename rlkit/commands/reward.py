@@ -210,7 +210,7 @@ def _probes(scorer: RewardScorer, row: dict, completion: Any, columns: list[str]
         cases.append((f"{ans_col} only in unfinished <think>", f"<think>maybe \\boxed{{{row[ans_col]}}}"))
     cases.append(("overlong (10k chars)", (base or "x") * (10_000 // max(1, len(base or "x")) + 1)))
     if any(_runs_code(r) for r in scorer.rewards):  # what a policy might write instead of a solution
-        from rlkit.reward.probes import code_probes
+        from rlkit.sandbox.probes import code_probes
 
         tests = next((row[c] for c in ("test_cases", "verification_info") if row.get(c) is not None), None)
         walled = all(getattr(r.fn, "rlkit_runs_code", None) == "sandbox" for r in scorer.rewards if _runs_code(r))

@@ -13,7 +13,7 @@ import pytest
 from rlkit.agent.program import ProgramAgent
 from rlkit.engine.samples import Sampling
 from rlkit.program_config import ProgramConfig
-from rlkit.reward.sandbox import namespaces_problem
+from rlkit.sandbox.walls import namespaces_problem
 from tests.agent.scripted import ROWS, Engine, assert_recorded_exactly
 
 AGENT = r'''
@@ -110,6 +110,69 @@ def test_a_command_that_fails_or_hangs_costs_its_rollout(tok, recipe_dir, caplog
     assert time.monotonic() - t0 < 10
     assert batch.metrics["program/crashed"] == 1.0 and batch.metrics["program/timed_out"] == 1.0
     assert any("exit status 1: no tools here" in r.getMessage() for r in caplog.records)
+
+
+# three processes beside the first, each holding 300 MiB: each within its own address-space bound
+MEMORY = """import os, select, sys
+r, w = os.pipe()
+for _ in range(3):
+    if os.fork() == 0:
+        x = bytearray(300 << 20)
+        for i in range(0, len(x), 4096):
+            x[i] = 1
+        os.write(w, b"1"); import time; time.sleep(10); os._exit(0)
+x = bytearray(300 << 20)
+for i in range(0, len(x), 4096):
+    x[i] = 1
+got = b""
+while len(got) < 3 and select.select([r], [], [], 10)[0]:
+    got += os.read(r, 3)
+print(float(len(got) == 3))
+"""
+
+
+def test_a_walled_command_holds_its_memory_in_one_cgroup(tok, recipe_dir):
+    """As the code judge's samples do: its processes together hold memory_mb + 256 MiB of scratch (with
+    1,200 MiB in four processes: under 2 GiB it finishes, under 512 MiB the kernel ends it)."""
+    from rlkit.sandbox.cgroup import delegated
+
+    if namespaces_problem() or delegated() is None:
+        pytest.skip(namespaces_problem() or "no memory cgroup is delegated here")
+    (recipe_dir / "agent.py").write_text(MEMORY)
+    roomy, _ = play(tok, recipe_dir, ROWS[:1], memory_mb=2048)
+    assert [s.env_reward for s in roomy.samples] == [1.0]
+    tight, _ = play(tok, recipe_dir, ROWS[:1], memory_mb=512)
+    assert [s.env_reward for s in tight.samples] != [1.0]
+
+
+def test_what_a_command_started_ends_with_its_rollout(tok, recipe_dir):
+    """Without walls too: a daemon that left the command's session (which a kill of the session
+    misses) is in the command's cgroup and ends with it."""
+    from rlkit.sandbox.cgroup import delegated
+
+    if delegated() is None:
+        pytest.skip("no cgroup is delegated here")
+    (recipe_dir / "agent.py").write_text(
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    null = os.open(os.devnull, os.O_RDWR)\n"
+        "    for fd in (0, 1, 2):\n        os.dup2(null, fd)\n    if os.fork() == 0:\n"
+        "        open('daemon.pid', 'w').write(str(os.getpid())); time.sleep(60)\n    os._exit(0)\n"
+        "while not os.path.exists('daemon.pid'):\n    time.sleep(0.05)\nprint(1.0)\n")
+    recipe_dir.chmod(0o777)
+    batch, _ = play(tok, recipe_dir, ROWS[:1], isolation="process")
+    assert [s.env_reward for s in batch.samples] == [1.0]
+    pid = int((recipe_dir / "daemon.pid").read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except OSError:
+        return False
 
 
 def test_a_command_that_cannot_run_is_one_line_before_launch(tok, recipe_dir):

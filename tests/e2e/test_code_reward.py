@@ -14,7 +14,7 @@ import json
 import pytest
 
 from rlkit import stages
-from rlkit.reward.sandbox import namespaces_problem
+from rlkit.sandbox.walls import namespaces_problem
 from tests.helpers import GRPO_RECIPE, ROOT, grpo_overrides, run_metrics, sft_overrides
 
 pytestmark = [pytest.mark.slow,

@@ -341,7 +341,7 @@ def scenario(name: str, audit: bool, isolation: str = "namespaces") -> dict:
     if seconds > 8:
         escaped.append(f"took {seconds:.1f} s")
     _clean(outside + new, home, shared, server, *unix_servers)
-    from rlkit.reward.cgroup import delegated
+    from rlkit.sandbox.cgroup import delegated
 
     return {"score": verdict.score, "timed_out": verdict.timed_out, "flooded": verdict.flooded,
             "seconds": seconds, "escaped": escaped, "cgroup": delegated() is not None}

@@ -12,7 +12,9 @@ import pytest
 
 from rewards.code import code_reward, extract_code, run_tests
 from rlkit.errors import RewardError
-from rlkit.reward import RewardScorer, RewardSpec, judge, relay, sandbox
+from rlkit.reward import RewardScorer, RewardSpec
+from rlkit.sandbox import judge, relay, walls
+from rlkit.sandbox import programs as sandbox
 
 needs_sandbox = pytest.mark.skipif(sandbox.namespaces_problem() is not None,
                                    reason=f"no sandbox here: {sandbox.namespaces_problem()}")
@@ -249,9 +251,8 @@ def test_runs_inside_the_scorer_thread_pool():
 @needs_sandbox
 def test_a_sandbox_that_does_not_start_stops_the_step_with_its_message(monkeypatch):
     """Not the candidate's doing, so not a silent 0 for every sample: one line with bubblewrap's words."""
-    real = sandbox.bwrap_args
-    monkeypatch.setattr(sandbox, "bwrap_args", lambda python, limits: [*real(python, limits)[:1], "--no-such-option",
-                                                                         *real(python, limits)[1:]])
+    real = walls.bwrap_command
+    monkeypatch.setattr(walls, "bwrap_command", lambda *a: [*real(*a)[:1], "--no-such-option", *real(*a)[1:]])
     with pytest.raises(RewardError, match=r"the code sandbox \(namespaces\) did not start: bwrap: Unknown option "
                                           r"--no-such-option"):
         run_tests("def add(a, b):\n    return a + b", ADD_TESTS)

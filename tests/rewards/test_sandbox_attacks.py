@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkit.reward.sandbox import namespaces_problem
+from rlkit.sandbox.walls import namespaces_problem
 from tests.rewards.attacks import ATTACKS, CHECKOUT, scenario
 
 # alone: a scenario lists the shared temporary folders before and after its run, and removes what is new

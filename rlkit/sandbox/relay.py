@@ -1,4 +1,4 @@
-"""Carry the lines between a sample's two sandboxes (`rlkit.reward.runners`): the tests' requests to
+"""Carry the lines between a sample's two sandboxes (`rlkit.sandbox.runners`): the tests' requests to
 the candidate, the candidate's replies back, untouched. The driver reads only what the tests'
 program says (its requests and verdicts); what the candidate sends is counted against its output
 bound and passed on, never decoded here. One wall clock for both: at it, or past the bound, both
@@ -14,9 +14,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from rlkit.reward import uids
-from rlkit.reward.pipes import reap
-from rlkit.reward.sandbox import Sandbox
+from rlkit.sandbox import uids
+from rlkit.sandbox.pipes import reap
+from rlkit.sandbox.programs import Sandbox
 
 READY = b'{"ready": true}'
 _TESTS_BYTES = 64 << 20  # what the tests' own program may send (requests it builds from the test's data)

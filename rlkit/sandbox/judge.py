@@ -6,7 +6,7 @@ Two kinds of test case (one kind per sample):
   stdout comes back and is compared here (trailing whitespace per line ignored).
 * Python test code with an ``assert``, e.g. ``"assert add(2, 3) == 5"``, or a HumanEval-style
   ``def check(candidate): ...`` followed by ``check(add)``. It runs in a sandbox of its own that
-  never runs the candidate's code (`rlkit.reward.runners`): the names the test uses freely that are
+  never runs the candidate's code (`rlkit.sandbox.runners`): the names the test uses freely that are
   neither builtins nor standard-library modules are the candidate's, and each call of one (an
   attribute, an item, an iteration of what it returned) is a request to the candidate's sandbox,
   which sends back only the plain data its code computed (or a reference to an object it keeps).
@@ -35,10 +35,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rlkit.errors import RewardError
-from rlkit.reward import sandbox
-from rlkit.reward.relay import converse
-from rlkit.reward.runners import CANDIDATE, TESTS
-from rlkit.reward.sandbox import Sandbox
+from rlkit.sandbox.programs import Outcome, Sandbox
+from rlkit.sandbox.relay import converse
+from rlkit.sandbox.runners import CANDIDATE, TESTS
 
 # names whose use needs the test and the candidate in one namespace
 _SHARED = {"eval", "exec", "compile", "globals", "locals", "vars", "__import__", "breakpoint"}
@@ -164,7 +163,7 @@ def _payload(box: Sandbox, audit: bool, **cfg: Any) -> tuple[bytes, int | None]:
     return (json.dumps(full) + "\n").encode(), full["uid"]
 
 
-def _run(box: Sandbox, program: str, payload: tuple[bytes, int | None], more: bytes = b"") -> sandbox.Outcome:
+def _run(box: Sandbox, program: str, payload: tuple[bytes, int | None], more: bytes = b"") -> Outcome:
     """One sandboxed run; a sandbox that never reached the code (not the code's doing) is an error."""
     out = box.run(program, payload[0] + more, payload[1])
     if not out.stdout.startswith(b'{"ready": true}\n') and not out.timed_out:

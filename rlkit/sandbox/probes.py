@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from rlkit.reward.judge import cases_of
+from rlkit.sandbox.judge import cases_of
 
 _ANY = ("class _Any:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
         "    def __lt__(self, other): return True\n    __le__ = __gt__ = __ge__ = __lt__\n"

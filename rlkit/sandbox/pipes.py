@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlkit.reward import uids
+from rlkit.sandbox import uids
 
 if TYPE_CHECKING:
-    from rlkit.reward.cgroup import Cap
+    from rlkit.sandbox.cgroup import Cap
 
 
 @dataclass(frozen=True)
@@ -99,9 +99,9 @@ class Exchange:
 
 
 def reap(run: Started) -> None:
-    """Kill a run's whole session (bubblewrap's init takes its PID namespace with it), reap it, remove
-    its working directory and its memory cgroup; in "process" mode as root, also whatever its
-    throwaway uid still runs or left in the host's shared temporary folders."""
+    """Kill a run's whole session (bubblewrap's init takes its PID namespace with it) and all that is
+    in its memory cgroup, reap it, remove its working directory and its cgroup; in "process" mode as
+    root, also whatever its throwaway uid still runs or left in the host's shared temporary folders."""
     proc, work, uid = run.proc, run.work, run.uid
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -111,6 +111,8 @@ def reap(run: Started) -> None:
                 f.close()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
+    if run.cap is not None:
+        run.cap.kill()  # what left its session ("process" mode; in namespaces bubblewrap's init took it)
     if work is not None:
         shutil.rmtree(work, ignore_errors=True)
         if uid is not None:

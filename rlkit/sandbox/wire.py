@@ -1,4 +1,4 @@
-"""What both of a code reward's sandboxed programs (`rlkit.reward.runners`) start with: their
+"""What both of a code reward's sandboxed programs (`rlkit.sandbox.runners`) start with: their
 limits, their throwaway uid, private copies of stdin and stdout, the audit hook, and the wire
 format of what crosses between them: plain data by exact type (`enc` / `dec`), or a reference to
 an object that stays on the sender's side."""

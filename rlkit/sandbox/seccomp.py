@@ -1,5 +1,5 @@
 """The code sandbox's seccomp filter: the system calls code under test never needs, denied before
-it starts (bubblewrap loads the filter: `rlkit.reward.sandbox`)."""
+it starts (bubblewrap loads the filter: `rlkit.sandbox.programs`)."""
 
 from __future__ import annotations
 

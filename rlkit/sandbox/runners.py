@@ -1,4 +1,4 @@
-"""The two programs a code reward runs per sample, each in its own sandbox (`rlkit.reward.sandbox`).
+"""The two programs a code reward runs per sample, each in its own sandbox (`rlkit.sandbox.programs`).
 
 * ``CANDIDATE`` runs the model's code and nothing else. Given ``{input, output}`` tests, it runs the
   code as ``__main__`` on each input and sends its stdout back ("stdio"). Given assert tests it
@@ -13,13 +13,13 @@
   object cannot be compared, hashed or tested for truth (the test fails). It sends one verdict per
   test.
 
-The driver (`rlkit.reward.relay`) starts both and carries the lines between them; it never decodes
+The driver (`rlkit.sandbox.relay`) starts both and carries the lines between them; it never decodes
 what the candidate sends.
 """
 
 from __future__ import annotations
 
-from rlkit.reward.wire import PREAMBLE
+from rlkit.sandbox.wire import PREAMBLE
 
 CANDIDATE = PREAMBLE + r"""
 if cfg["audit"]:

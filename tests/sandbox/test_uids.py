@@ -1,4 +1,4 @@
-"""The code sandbox's throwaway uids as root (`rlkit/reward/uids.py`): no two runs on a host hold one
+"""The code sandbox's throwaway uids as root (`rlkit/sandbox/uids.py`): no two runs on a host hold one
 uid at once, within a driver (past 1,000 runs under way) and across drivers that start from the same
 place, a driver's claims end with it, and every judged sample gives its uid back."""
 
@@ -12,14 +12,14 @@ import time
 import pytest
 
 from rlkit.errors import RewardError
-from rlkit.reward import uids
+from rlkit.sandbox import uids
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="throwaway uids are claimed as root only")
 
 HOLDER = """
 import sys, time
-from rlkit.reward import uids
+from rlkit.sandbox import uids
 uids._next = int(sys.argv[1])
 print(uids.claim(), flush=True)
 sys.stdin.readline()  # hold it until told
@@ -86,7 +86,7 @@ def test_a_claims_folder_others_may_enter_is_one_line(tmp_path, monkeypatch):
 
 DIES_HOLDING = """
 import os, subprocess, sys
-from rlkit.reward import uids
+from rlkit.sandbox import uids
 uids._next = int(sys.argv[1])
 uid = uids.claim()
 left = subprocess.Popen(["sleep", "60"], user=uid, group=uid, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -105,7 +105,7 @@ def _running(pid: int) -> bool:
 
 
 def test_a_uid_a_dead_driver_held_is_swept_before_it_is_given_again(monkeypatch):
-    from rlkit.reward.sandbox import next_uid
+    from rlkit.sandbox.walls import next_uid
 
     start = 5151
     out = subprocess.run([sys.executable, "-c", DIES_HOLDING, str(start)], cwd=ROOT, capture_output=True, text=True,

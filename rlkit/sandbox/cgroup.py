@@ -5,7 +5,8 @@ per-process address-space limit cannot give (four processes hold four times it).
 `delegated()` finds the memory cgroup this process may make children in (cgroup v2 with the memory
 controller, or v1's memory hierarchy) by making one; `Cap(limit)` is one run's child, `add(pid)`
 moves a process and everything it has started into it (before the run is given its payload, so
-nothing of the candidate's runs outside), `close()` removes it (a child whose processes are still
+nothing of the candidate's runs outside), `kill()` ends all that is in it (whatever session or
+process group a process moved to), `close()` removes it (a child whose processes are still
 being torn down by the kernel is removed at a later run, or when this process exits). Where none is
 delegated (an ordinary user without systemd's delegation, most containers), `rlkit doctor` says so
 and the bound is the per-process one.
@@ -17,6 +18,7 @@ import atexit
 import contextlib
 import itertools
 import os
+import signal
 import threading
 import time
 
@@ -97,19 +99,21 @@ def _write(folder: str, names: tuple[str, ...], value: int) -> bool:
 
 
 class Cap:
-    """One run's memory cgroup: its processes and the memory files they hold, together, at most ``limit`` bytes."""
+    """One run's memory cgroup: its processes and the memory files they hold, together, at most ``limit``
+    bytes (None: no bound; the cgroup only gathers them, for `kill`)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int | None) -> None:
         found = delegated()
         assert found is not None
         parent, self.version = found
         _sweep_stale()
         self.folder = os.path.join(parent, f"rlkit-{os.getpid()}-{next(_count)}")
         os.mkdir(self.folder)
-        names = ("memory.max", "memory.swap.max") if self.version == 2 else (
-            "memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
-        _write(self.folder, names[:1], limit)
-        _write(self.folder, names[1:], 0 if self.version == 2 else limit)  # no swap past the bound
+        if limit is not None:
+            names = ("memory.max", "memory.swap.max") if self.version == 2 else (
+                "memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+            _write(self.folder, names[:1], limit)
+            _write(self.folder, names[1:], 0 if self.version == 2 else limit)  # no swap past the bound
 
     def add(self, pid: int) -> None:
         """Move ``pid`` and everything it started into the cgroup (parents first: what they start
@@ -120,6 +124,25 @@ class Cap:
             with contextlib.suppress(OSError), open(os.path.join(self.folder, "cgroup.procs"), "w") as f:
                 f.write(str(p))
             todo += _children(p)
+
+    def pids(self) -> list[int]:
+        try:
+            with open(os.path.join(self.folder, "cgroup.procs")) as f:
+                return [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            return []
+
+    def kill(self) -> None:
+        """End every process in it: those that left the run's session (a daemon it started with
+        `setsid`) as well. Until none is left (one forking meanwhile is caught on the next pass), or 2 s."""
+        for _ in range(200):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed one of its processes for its bound."""
