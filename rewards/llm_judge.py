@@ -67,7 +67,7 @@ class _JudgeEngine:
 
     def __init__(self, path: str, chat: bool, options: dict[str, Any], index: int = 0) -> None:
         from rlkit.console import name_worker_log
-        from rlkit.engine.rollout import RolloutWorker
+        from rlkit.rollout.worker import RolloutWorker
 
         name_worker_log(f"judge-{index}")
         self.engine = RolloutWorker(path, index=index, **options)
@@ -107,7 +107,7 @@ class LLMJudge:
                  resources: dict[str, float] | None = None, ray_actor: bool = True, max_model_len: int = 2048,
                  dtype: str = "auto", gpu_memory_utilization: float = 0.5, kv_cache_gib: float = 1.0,
                  timeout_s: float = 600, start_timeout_s: float = 900) -> None:
-        from rlkit.engine.served import Serving
+        from rlkit.actors.served import Serving
 
         low, high = (float(x) for x in scale)
         if not low < high:
@@ -151,7 +151,7 @@ class LLMJudge:
         if self._engines or self._local is not None:
             return
         if self.serving.in_ray():
-            from rlkit.engine.rollout import cpu_engine_env
+            from rlkit.rollout.worker import cpu_engine_env
 
             info = self.serving.info
             env = None if info.is_accelerator else cpu_engine_env(self.options["kv_cache_gib"])
@@ -160,7 +160,7 @@ class LLMJudge:
                               start=True)
             return
         if not self.serving.info.is_accelerator:  # vLLM-CPU in this process: as the policy's engines run
-            from rlkit.engine.rollout import cpu_engine_env
+            from rlkit.rollout.worker import cpu_engine_env
 
             for key, value in cpu_engine_env(self.options["kv_cache_gib"]).items():
                 os.environ.setdefault(key, value)
@@ -181,7 +181,7 @@ class LLMJudge:
         seed = self.seed + self.calls
         if self._local is not None:
             return self._local.replies(questions, self.max_tokens, self.temperature, seed)
-        from rlkit.engine.generation import shards
+        from rlkit.rollout.generation import shards
 
         parts = shards(questions, len(self._engines))
         refs = [e.replies.remote(part, self.max_tokens, self.temperature, seed)

@@ -90,7 +90,7 @@ class RewardModel:
                  dtype: str = "float32", ray_actor: bool = False, devices: float | None = None,
                  num_gpus: float | None = None, num_cpus: float = 1, resources: dict[str, float] | None = None,
                  timeout_s: float = 600, start_timeout_s: float = 900) -> None:
-        from rlkit.engine.served import Serving
+        from rlkit.actors.served import Serving
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

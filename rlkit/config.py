@@ -169,7 +169,7 @@ class DeepSpeedConfig:
 
     def flat_bf16(self, precision: str) -> bool:
         """Whether training in `precision` ("bf16", "fp16", "fp32") runs DeepSpeed's BF16_Optimizer:
-        bf16 at ZeRO 0 or 1 without offload (`engine/ds_config.py`)."""
+        bf16 at ZeRO 0 or 1 without offload (`learner/ds_config.py`)."""
         return precision == "bf16" and self.zero_stage <= 1 and not self.offload_optimizer
 
 

@@ -98,7 +98,7 @@ def config_types() -> dict[str, type]:
 
 def load(name: str, path: str | Path, overrides: list[str] | None = None) -> Any:
     """Read a recipe for stage `name`, apply overrides, return the frozen config. Raises ConfigError."""
-    from rlkit.engine.ds_config import check_batch_claims, fold_config_file
+    from rlkit.learner.ds_config import check_batch_claims, fold_config_file
     from rlkit.llamafactory import is_llamafactory, translate
 
     row = stage(name)

@@ -7,9 +7,9 @@ row here, never its name: the recipe's allowed values (`RolloutConfig.sync`), th
 payload rules, whether the device can run it, whether an engine restarted mid-run can load the
 policy from it again, whether its loads may run on behind the next generation, what it moves, and
 where its engine-side class lives (`build`, imported when a push first needs it: its `open` and
-`push`, see `rlkit.engine.weight_sync`). The row is resolved once, before launch (`resolve`), and
+`push`, see `rlkit.sync.weight_sync`). The row is resolved once, before launch (`resolve`), and
 itself crosses to the learners inside each push's `SyncRequest`. The parity probe after a sync
-(`rlkit.engine.parity`) is the same for every transport: it compares what the engines score with
+(`rlkit.grpo.parity`) is the same for every transport: it compares what the engines score with
 what the learner scores.
 
 A new transport is a class with `open` and `push`, a row of this table, and a test.
@@ -51,17 +51,17 @@ class Transport:
 
 
 TRANSPORTS: dict[str, Transport] = {t.name: t for t in (
-    Transport("object_store", "rlkit.engine.weight_sync:ObjectStoreSync", colocated=False, collective=False,
+    Transport("object_store", "rlkit.sync.weight_sync:ObjectStoreSync", colocated=False, collective=False,
               rejoinable=True, deferrable=True, persistent=False, payload=WEIGHTS,
               summary="buckets through the Ray object store; any device, across nodes (the default for "
                       "separate engines)"),
-    Transport("broadcast", "rlkit.engine.weight_sync:BroadcastSync", colocated=False, collective=True,
+    Transport("broadcast", "rlkit.sync.weight_sync:BroadcastSync", colocated=False, collective=True,
               rejoinable=False, deferrable=False, persistent=True, payload=WEIGHTS,
               summary="an NCCL/HCCL group from learner rank 0 to every engine worker, device to device"),
-    Transport("in_process", "rlkit.engine.weight_sync:InProcessSync", colocated=True, collective=False,
+    Transport("in_process", "rlkit.sync.weight_sync:InProcessSync", colocated=True, collective=False,
               rejoinable=True, deferrable=False, persistent=False, payload=WEIGHTS,
               summary="by reference into the engine in the learner's own process (the default when colocated)"),
-    Transport("adapter", "rlkit.engine.weight_sync:AdapterSync", colocated=False, collective=False,
+    Transport("adapter", "rlkit.sync.weight_sync:AdapterSync", colocated=False, collective=False,
               rejoinable=True, deferrable=False, persistent=False, payload=ADAPTER,
               summary="the LoRA adapter alone through the Ray object store, to separate engines that serve the "
                       "base with vLLM's LoRA (rollout.lora_sync: adapter)"),

@@ -43,10 +43,10 @@ def phase_bare_generate(args: argparse.Namespace, model_dir: str, data: str, sam
                         steps: int | None = None, barrier: str | None = None) -> dict[str, Any]:
     """Time `RolloutWorker.generate` in this process (`steps` calls, default --steps; after `meet`
     at `barrier`); save the completions for the bare train."""
-    from rlkit.engine.rollout import cpu_engine_env
+    from rlkit.rollout.worker import cpu_engine_env
 
     os.environ.update(cpu_engine_env(1.0, int(os.environ["OMP_NUM_THREADS"])))  # before vLLM's import
-    from rlkit.engine.rollout import RolloutWorker
+    from rlkit.rollout.worker import RolloutWorker
 
     steps = steps or args.steps
     rows = prompt_rows(Path(data), args.prompts * steps, args.template, model_dir)
@@ -83,9 +83,9 @@ def phase_bare_train(args: argparse.Namespace, model_dir: str, samples_in: str,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlkit.engine.logprobs import token_logprobs
     from rlkit.grpo.batch import GRPOBatch, Rollout, plan_micro_batches, plan_token_micro_batches
     from rlkit.grpo.loss import policy_loss
+    from rlkit.learner.logprobs import token_logprobs
     from rlkit.model.attention import use_packed_attention
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

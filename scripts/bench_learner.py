@@ -29,7 +29,7 @@ the vocabulary; every row is `--seq` tokens; SFT's labels and GRPO's completion 
 three quarters, so both score the same positions (every token in the -all rows).
 
 What is printed: per row the step's median, min and max over the timed steps of all its runs
-(after `--warmup` steps in each run), tokens/s (all input tokens), MFU (`rlkit.engine.perf`:
+(after `--warmup` steps in each run), tokens/s (all input tokens), MFU (`rlkit.learner.perf`:
 3 x forward FLOPs, the lm_head counted on the positions the row projects; against the device's
 dense peak, or on a CPU the measured matrix-product rate of one process in that precision; a
 two-rank row against two of them), peak memory (CUDA: torch's peak allocation; CPU: the process's
@@ -237,7 +237,7 @@ def _learner(path: str, device: str, dtype: str, zero: int, rows: int, reference
     import deepspeed
 
     from rlkit.config import DeepSpeedConfig, ModelConfig, OptimConfig
-    from rlkit.engine.learner import Learner, LearnerSpec
+    from rlkit.learner.actor import Learner, LearnerSpec
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port or free_port()))
@@ -247,7 +247,7 @@ def _learner(path: str, device: str, dtype: str, zero: int, rows: int, reference
                        seed=0, device=device, reference=reference)
     learner = Learner(spec, rank, world)
     if device == "cpu":
-        from rlkit.engine.ds_config import skip_shm_comm_op
+        from rlkit.learner.ds_config import skip_shm_comm_op
 
         skip_shm_comm_op()
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo", auto_mpi_discovery=False,
@@ -259,7 +259,7 @@ def _learner(path: str, device: str, dtype: str, zero: int, rows: int, reference
 def row_sft(path: str, device: str, dtype: str, zero: int, batch: dict, steps: int, warmup: int, rank: int = 0,
             world: int = 1, port: int = 0) -> dict[str, Any]:
     torch, sync = _setup(device)
-    from rlkit.engine.objective import MicroBatch
+    from rlkit.learner.objective import MicroBatch
     from rlkit.sft.objective import NLLObjective
 
     rows = len(batch["input_ids"]) // world
@@ -273,10 +273,10 @@ def row_sft(path: str, device: str, dtype: str, zero: int, batch: dict, steps: i
 
 def row_grpo(path: str, device: str, dtype: str, zero: int, batch: dict, steps: int, warmup: int) -> dict[str, Any]:
     torch, sync = _setup(device)
-    from rlkit.engine.objective import MicroBatch, step_normaliser
-    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective
+    from rlkit.learner.objective import MicroBatch, step_normaliser
+    from rlkit.rollout.config import RolloutConfig
 
     rows = len(batch["input_ids"])
     learner = _learner(path, device, dtype, zero, rows, True)
@@ -325,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlkit.accel import detect
-    from rlkit.engine.perf import forward_flops, peak_flops, train_flops
     from rlkit.estimate import Arch, config_json
+    from rlkit.learner.perf import forward_flops, peak_flops, train_flops
 
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     rows = args.rows.split(",") if args.rows else default_rows(device)

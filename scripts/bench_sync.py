@@ -50,7 +50,7 @@ def _model(path: str) -> Any:
 
 
 def _named(model: Any) -> Any:
-    from rlkit.engine.weights import iter_named_weights
+    from rlkit.learner.weights import iter_named_weights
 
     return iter_named_weights(model)
 
@@ -69,8 +69,8 @@ def _timed_pushes(sync: Any, model: Any, repeat: int) -> dict[str, Any]:
 def phase_object_store(path: str, repeat: int, bucket_mib: float) -> dict[str, Any]:
     import ray
 
-    from rlkit.engine.rollout import create_rollout_actor
-    from rlkit.engine.weight_sync import ObjectStoreSync, SyncTarget
+    from rlkit.rollout.worker import create_rollout_actor
+    from rlkit.sync.weight_sync import ObjectStoreSync, SyncTarget
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -83,8 +83,8 @@ def phase_object_store(path: str, repeat: int, bucket_mib: float) -> dict[str, A
 
 
 def phase_in_process(path: str, repeat: int, bucket_mib: float) -> dict[str, Any]:
-    from rlkit.engine.rollout import RolloutWorker
-    from rlkit.engine.weight_sync import InProcessSync
+    from rlkit.rollout.worker import RolloutWorker
+    from rlkit.sync.weight_sync import InProcessSync
 
     worker = RolloutWorker(path, dtype="float32", max_model_len=256, kv_cache_gib=0.25)
     return _timed_pushes(InProcessSync(worker, bucket_mib), _model(path), repeat)

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rlkit.engine.reaper import carrying
+from rlkit.actors.reaper import carrying
 
 NODE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cluster" / "ray-node.sh"
 SUBNET = "10.213.7"  # private addresses of the test hosts: 10.213.7.1, .2, ...

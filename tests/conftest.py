@@ -11,6 +11,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 import pytest  # noqa: E402
 
 from tests.helpers import ROOT, sft_overrides
+from tests.sides import learners, process_group, tiny_models  # noqa: F401  (the suite's fixtures)
 from tests.workers import once
 
 pytest_plugins = ["tests.workers"]  # the two workers of pytest-xdist: which tests run beside which
@@ -133,7 +134,7 @@ def left_running(tag: str, wait_s: float = 20.0) -> list[str]:
     ended (none: everything it started has exited)."""
     import time
 
-    from rlkit.engine.reaper import carrying
+    from rlkit.actors.reaper import carrying
 
     deadline = time.monotonic() + wait_s
     while True:

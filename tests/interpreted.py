@@ -125,10 +125,10 @@ def check_step(model_dir: Path, lora: bool) -> None:
     """rlkit's head and objectives on the patched model against the unpatched one: the SFT NLL and
     the GRPO loss (temperature 0.7, entropy, clipped ratios), their logprobs, and every trained
     parameter's gradient."""
-    from rlkit.engine.logprobs import token_logprobs
-    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.objective import GRPOObjective
+    from rlkit.learner.logprobs import token_logprobs
+    from rlkit.rollout.config import RolloutConfig
     from rlkit.sft.objective import NLLObjective
 
     plain, fused = _models(model_dir, lora)

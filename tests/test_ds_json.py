@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from rlkit import stages
-from rlkit.engine.ds_config import deepspeed_config
 from rlkit.errors import ConfigError
+from rlkit.learner.ds_config import deepspeed_config
 from tests.helpers import SEED_002
 
 # seed 004's ds_config.json: ZeRO-3 + CPU offload, "auto" batch sizes, fp16, AdamW, WarmupDecayLR

@@ -247,8 +247,8 @@ def test_the_estimate_is_within_25_percent_of_the_measured_peaks(tmp_path):
 
 
 def test_the_logits_chunk_is_the_learners():
-    from rlkit.engine.logprobs import CHUNK_ELEMENTS
     from rlkit.estimate.memory import LOGITS_CHUNK
+    from rlkit.learner.logprobs import CHUNK_ELEMENTS
 
     assert LOGITS_CHUNK == CHUNK_ELEMENTS
 

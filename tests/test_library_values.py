@@ -149,8 +149,8 @@ def test_engines_load_the_models_own_tokenizer_and_code(tiny_model):
     """vLLM got neither model.tokenizer nor model.trust_remote_code: an engine read another
     tokenizer than the learners, or refused a remote-code model the learners load."""
     from rlkit.config import ModelConfig
-    from rlkit.engine.generation import worker_options
-    from rlkit.engine.rollout_config import RolloutConfig
+    from rlkit.rollout.config import RolloutConfig
+    from rlkit.rollout.generation import worker_options
 
     options = worker_options(RolloutConfig(), ModelConfig(path=str(tiny_model), tokenizer="/tok",
                                                           trust_remote_code=True), _cpu(), seed=0)
@@ -160,7 +160,7 @@ def test_engines_load_the_models_own_tokenizer_and_code(tiny_model):
 
 
 def test_engine_values_vllm_would_refuse_are_one_line(tiny_model, task_data, tmp_path):
-    from rlkit.engine.serving import check_engines
+    from rlkit.rollout.serving import check_engines
 
     with pytest.raises(UserError, match=r"^rollout.max_model_len: 4096 tokens is past the model's context \(1024, "
                                         r"max_position_embeddings of .*\): lower it$"):

@@ -48,8 +48,8 @@ def test_every_metric_is_section_slash_name_with_a_timestamp(tmp_path, capsys):
 def test_every_logged_metric_of_both_stages_is_in_the_scheme():
     """The metrics the drivers build (sft/run.py _step_metrics, grpo/run.py _step_metrics) are named
     section/name; the logger refuses anything else, so an e2e run checks the rest."""
-    from rlkit.engine.objective import StepMetrics
     from rlkit.grpo.run import _step_metrics as grpo_metrics
+    from rlkit.learner.objective import StepMetrics
     from rlkit.sft.run import _step_metrics as sft_metrics
 
     result = StepMetrics({"tokens": 4, "nll": 2.0}, 1, 0.5, 1e-3, seconds=1.5, tokens=3, flops=3e9, peak_flops=1e10)

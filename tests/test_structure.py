@@ -14,6 +14,9 @@ from tests.helpers import ROOT
 
 PACKAGES = ("rlkit", "rewards")
 STAGES = ("rlkit.sft", "rlkit.grpo", "rlkit.distill", "rlkit.dpo", "rlkit.rm", "rlkit.kto", "rlkit.stages")
+# the actor layer (the cluster's plumbing, the rollout side, the learner side, what crosses between
+# them) and the shared driver
+LOWER = ("rlkit.actors", "rlkit.rollout", "rlkit.learner", "rlkit.sync", "rlkit.run", "rlkit.model")
 MAX_MODULE_LINES = 360  # tighter than STYLE.md's 400
 MAX_FUNCTION_LINES = 60
 
@@ -52,7 +55,7 @@ def _imports(name: str, path: Path, modules: set[str]) -> set[str]:
 
 
 def _unit(module: str) -> str:
-    """A folder of rlkit counts as one unit (`rlkit.engine`), a top-level file as itself."""
+    """A folder of rlkit counts as one unit (`rlkit.rollout`), a top-level file as itself."""
     parts = module.split(".")
     if parts[0] == "rewards" or len(parts) == 1:
         return parts[0]
@@ -95,8 +98,8 @@ def test_no_import_circle_between_files_or_folders(graph):
 
 
 def test_the_actor_layer_and_the_shared_driver_know_no_stage(graph):
-    lower = [m for m in graph if m.startswith(("rlkit.engine", "rlkit.run", "rlkit.model"))]
-    assert lower, "the engine package and the driver are where this test expects them"
+    lower = [m for m in graph if m.startswith(LOWER)]
+    assert {m.split(".")[1] for m in lower} == {p.split(".")[1] for p in LOWER}, "the packages are where expected"
     wrong = sorted(f"{m} -> {t}" for m in lower for t in graph[m] if t.startswith(STAGES))
     assert wrong == []
 
@@ -171,7 +174,7 @@ def test_the_checks_see_a_circle_and_a_stage_import():
     sources = _sources()
     assert {"rlkit.run.driver", "rlkit.run.rundir"} <= _imports("rlkit.grpo.run", sources["rlkit.grpo.run"],
                                                                 set(sources))
-    assert "rlkit.faults" in _imports("rlkit.engine.learner", sources["rlkit.engine.learner"], set(sources))
+    assert "rlkit.faults" in _imports("rlkit.learner.actor", sources["rlkit.learner.actor"], set(sources))
     sniffing = ast.parse("if hasattr(cfg, 'rollout'): pass\nd = getattr(cfg, 'distill', None)\n"
                          "x = stage == 'sft' or name in ('grpo', 'other')\nhasattr(m, 'module'); v == 'x'")
     assert _stage_sniffing(sniffing, {"sft", "grpo"}, {"rollout", "distill"}) == [
@@ -219,3 +222,16 @@ def test_the_sandbox_is_a_component_of_its_own(graph):
                       if {_unit(m), _unit(t)} == {"rlkit.reward", "rlkit.sandbox"})
     agent = sorted(t for t in graph["rlkit.agent.command"] if t.startswith("rlkit.sandbox"))
     assert outside == [] and crossing == [] and agent == ["rlkit.sandbox.pipes", "rlkit.sandbox.walls"]
+
+
+def test_the_rollout_and_the_learner_sides_meet_only_where_they_cross(graph):
+    """rlkit's central split in its layout: the vLLM rollout side (`rlkit/rollout/`) knows no learner
+    and no crossing; what crosses (`rlkit/sync/`: the transports' two ends, an engine colocated in a
+    learner) knows the engines but no learner; the DeepSpeed learner side (`rlkit/learner/`) reaches
+    the engines only through it; the cluster's plumbing (`rlkit/actors/`) knows none of the three."""
+    forbidden = {"rlkit.rollout": ("rlkit.learner", "rlkit.sync"), "rlkit.sync": ("rlkit.learner",),
+                 "rlkit.learner": ("rlkit.rollout",), "rlkit.actors": ("rlkit.rollout", "rlkit.learner", "rlkit.sync")}
+    wrong = sorted(f"{m} -> {t}" for m in graph for t in graph[m]
+                   if _unit(m) in forbidden and _unit(t) in forbidden[_unit(m)])
+    crossing = {_unit(t) for m in graph if _unit(m) == "rlkit.learner" for t in graph[m]}
+    assert wrong == [] and "rlkit.sync" in crossing

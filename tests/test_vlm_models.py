@@ -73,7 +73,7 @@ def test_lora_targets_are_checked_against_a_vlm_before_launch(vlm):
 
 
 def test_token_logprobs_see_the_image(vlm):
-    from rlkit.engine.logprobs import token_logprobs
+    from rlkit.learner.logprobs import token_logprobs
     from rlkit.model.load import load_image_inputs, load_model, load_tokenizer
     from rlkit.tiny_vlm import QUESTION, draw_shape
 
@@ -190,11 +190,11 @@ def test_qwen2_vl_trains_on_the_learner_and_its_processor_names_torchvision(tmp_
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from rlkit import stages
-    from rlkit.engine.logprobs import token_logprobs
-    from rlkit.engine.serving import check_engines
     from rlkit.errors import UserError
+    from rlkit.learner.logprobs import token_logprobs
     from rlkit.model.load import load_image_inputs, load_model, load_tokenizer, wrap_for_training
     from rlkit.model.vision import vision_parts
+    from rlkit.rollout.serving import check_engines
     from rlkit.tiny import build_tokenizer
 
     tok = build_tokenizer(512, 0)

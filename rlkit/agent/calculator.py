@@ -24,7 +24,7 @@ from typing import Any
 
 from rlkit.agent.loop import AgentBatch, Episode, agent_batch, counted
 from rlkit.agent.rollouts import Background
-from rlkit.engine.samples import Sample, Sampling
+from rlkit.rollout.samples import Sample, Sampling
 from rlkit.seeding import derive_seed
 
 _SIGNS = {"+": "+", "-": "-", "*": "*", "/": "/", "x": "*", "×": "*", "÷": "/", "(": "(", ")": ")"}

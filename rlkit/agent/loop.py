@@ -35,8 +35,8 @@ from typing import Any
 from rlkit.agent.rollouts import Background
 from rlkit.agent.template import prepare_tokenizer, suffix_ids
 from rlkit.agent.tools import Environments, _loop, call_tools, schema, tool_dict, tool_methods
-from rlkit.engine.samples import Sample, Sampling
 from rlkit.errors import UserError
+from rlkit.rollout.samples import Sample, Sampling
 from rlkit.seeding import derive_seed
 
 
@@ -248,7 +248,7 @@ class Agent:
     def generate(self, rows: Sequence[Mapping[str, Any]], engines: Any, sampling: Sampling, n: int,
                  seed: int) -> AgentBatch:
         """`n` multi-turn rollouts per row on `engines` (anything with `generate_async` and
-        `gather`, as `rlkit.engine.engines`, or `generate`), prompt-major."""
+        `gather`, as `rlkit.rollout.engines`, or `generate`), prompt-major."""
         busy: dict[int, float] = {}
         episodes = self.run(self.episodes(rows, n), counted(engines, busy), sampling, seed)
         return agent_batch(episodes, self.text, self.tokenizer, self.environments, busy)
@@ -270,7 +270,7 @@ def agent_batch(episodes: list[Episode], text: Callable[[list[int]], str], token
 
 def counted(engines: Any, busy: dict[int, float]) -> Callable[[list[list[int]], Sampling, int], list[Sample]]:
     """`generate(prompts, sampling, seed)`: one sample per prompt on `engines` (anything with
-    `generate_async` and `gather`, as `rlkit.engine.engines`, or `generate`: one engine in this
+    `generate_async` and `gather`, as `rlkit.rollout.engines`, or `generate`: one engine in this
     process), adding each engine's seconds to `busy` (engine index -> seconds)."""
     def generate(prompts: list[list[int]], sampling: Sampling, seed: int) -> list[Sample]:
         if not hasattr(engines, "generate_async"):

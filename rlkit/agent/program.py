@@ -39,8 +39,8 @@ from rlkit.agent.endpoint import Endpoint
 from rlkit.agent.loop import AgentBatch, counted
 from rlkit.agent.rollouts import Background
 from rlkit.agent.session import Batcher, Segment, Session
-from rlkit.engine.samples import Sample, Sampling
 from rlkit.program_config import ProgramConfig
+from rlkit.rollout.samples import Sample, Sampling
 from rlkit.seeding import derive_seed
 
 log = logging.getLogger("rlkit")

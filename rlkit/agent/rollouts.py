@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from rlkit.engine.samples import Sampling
+from rlkit.rollout.samples import Sampling
 
 
 class Background:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlkit.agent.chat_api import RequestError
-from rlkit.engine.samples import Sample
+from rlkit.rollout.samples import Sample
 
 
 @dataclass

@@ -109,7 +109,7 @@ def comm_backend() -> Check:
 def engine_starts() -> Check:
     """A tiny model built offline, served by vLLM in a subprocess: it must generate."""
     with tempfile.TemporaryDirectory(prefix="rlkit-doctor-") as tmp:
-        code = ("import sys\nfrom rlkit.tiny import build_tiny_model\nfrom rlkit.engine.rollout import RolloutWorker\n"
+        code = ("import sys\nfrom rlkit.tiny import build_tiny_model\nfrom rlkit.rollout.worker import RolloutWorker\n"
                 f"build_tiny_model({tmp!r}, 'tiny')\n"
                 f"w = RolloutWorker({tmp!r}, dtype='float32', kv_cache_gib=0.25, max_model_len=128)\n"
                 "s = w.generate(['1+1='], n=2, max_tokens=4, seed=0)\n"

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
           f"{', the inline calculator' if cfg.rollout.calculator else ''}); the engine's output: {log}",
           file=sys.stderr, flush=True)
     with console.output_to(log):
-        from rlkit.engine.local import LocalEngine
+        from rlkit.rollout.local import LocalEngine
 
         engine = LocalEngine(cfg)
         evaluation = evaluate_rows(task, rows, engine, sampling, n, seed)

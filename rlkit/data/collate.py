@@ -198,7 +198,7 @@ def padding_free(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[
     `position_ids` [1, T] hold the rows' real tokens one after another (T = their total length;
     the positions restart per row, so the model attends within each; no attention mask), and
     `unpack` long [b, l] gives each row's position its place in the packed row (-1 past its end),
-    which `rlkit.engine.logprobs.token_logprobs` reads to return its logprobs in the padded layout."""
+    which `rlkit.learner.logprobs.token_logprobs` reads to return its logprobs in the padded layout."""
     lengths = attention_mask.sum(1)
     starts = torch.cumsum(lengths, 0) - lengths
     steps = torch.arange(attention_mask.shape[1])

@@ -15,7 +15,7 @@ The student samples completions; a frozen teacher scores the same tokens. Two ob
 
 The full-vocabulary loss starts from the two models' last hidden states and their ``lm_head``
 weights and projects ``chunk_tokens`` positions at a time, each chunk under activation
-checkpointing (as the learner's token log-probs, ``rlkit/engine/logprobs.py``): the
+checkpointing (as the learner's token log-probs, ``rlkit/learner/logprobs.py``): the
 ``[tokens, vocab]`` logits of student and teacher exist for one chunk only, in the forward and
 again in the backward (a 150k vocabulary at 4k tokens would be 2.4 GiB per model in fp32
 otherwise). Gradients reach the student only.
@@ -96,7 +96,7 @@ def generalized_jsd(student_hidden: Tensor, teacher_hidden: Tensor, student_head
     mean. ``chunk_tokens``: the positions projected at once (default: the learner's logits chunk,
     2**26 elements, over V).
     """
-    from rlkit.engine.logprobs import CHUNK_ELEMENTS, head_calls_on_every_rank
+    from rlkit.learner.logprobs import CHUNK_ELEMENTS, head_calls_on_every_rank
 
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta must be in [0, 1] (0: forward KL, 1: reverse KL), got {beta}")

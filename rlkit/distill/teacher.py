@@ -30,7 +30,7 @@ def check_distill(cfg: Any, device: Any) -> None:
 
 def check_teacher_node(distill: Any) -> None:
     """Once Ray is up: the node `distill.node` names is one of the cluster's (one line otherwise)."""
-    from rlkit.engine.cluster import cluster_nodes
+    from rlkit.actors.cluster import cluster_nodes
 
     if distill is None or not distill.node:
         return

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from rlkit.data.collate import padding_free
 from rlkit.dpo.loss import REFERENCE_FREE, DPOTerms, cpo_loss, dpo_loss, orpo_loss, sequence_logps
-from rlkit.engine.logprobs import logprobs_and_sum_sq, token_logprobs
+from rlkit.learner.logprobs import logprobs_and_sum_sq, token_logprobs
 
 # DPO's metrics, summed over the pairs of a micro-batch (the driver divides by `pairs`)
 PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",

@@ -22,8 +22,8 @@ from rlkit.dpo.loss import sequence_logps
 PER_CALL = 32  # micro-batches a rank scores per call (a large set crosses to the learners in parts)
 
 if TYPE_CHECKING:
-    from rlkit.engine.group import LearnerGroup
-    from rlkit.engine.objective import MicroBatch
+    from rlkit.learner.group import LearnerGroup
+    from rlkit.learner.objective import MicroBatch
 
 
 @dataclass(frozen=True)

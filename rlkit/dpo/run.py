@@ -29,8 +29,8 @@ from rlkit.dpo.objective import (
     without_padding,
 )
 from rlkit.dpo.reference import ReferenceOnce
-from rlkit.engine.objective import MicroBatch
-from rlkit.engine.perf import perf_metrics
+from rlkit.learner.objective import MicroBatch
+from rlkit.learner.perf import perf_metrics
 from rlkit.run.checkpoint import dir_bytes
 from rlkit.run.driver import (
     curriculum_sampler,
@@ -45,7 +45,7 @@ from rlkit.run.rundir import RunDir
 from rlkit.sft.run import report_truncation
 
 if TYPE_CHECKING:
-    from rlkit.engine.group import LearnerGroup
+    from rlkit.learner.group import LearnerGroup
 
 log = logging.getLogger("rlkit")
 

@@ -13,7 +13,7 @@ section 3: 2 + 2 + 12 bytes per parameter in mixed precision):
   MLP; sdpa / flash attention keep no T x T scores); with gradient checkpointing the layer inputs
   plus one layer's recompute;
 - logits: one chunk of the scored tokens x vocab (rlkit never forms the [B, T, vocab] logits:
-  `engine/logprobs.py` scores 2**26 logits elements at a time), x (bytes(dtype) + 12): the chunk's
+  `learner/logprobs.py` scores 2**26 logits elements at a time), x (bytes(dtype) + 12): the chunk's
   logits, their fp32 copy, the scaled copy and the fp32 gradient;
 - GRPO with beta > 0 and full fine-tuning: a frozen reference copy in the model dtype (not sharded);
 - distillation (`grpo/memory.py`): the frozen teacher, whole, and with `loss: jsd` its chunk of logits (model dtype
@@ -53,8 +53,8 @@ VLLM_MAX_SEQS = 256  # vLLM's max_num_seqs: the sampler's logits rows
 # GiB a copy, 1.12 GiB more in the engine than the same model's weights with a 419-entry one
 VLLM_CPU_TOKENIZERS = 4
 TOKENIZER_BYTES_PER_ENTRY = 1024
-LOGITS_CHUNK = 2**26  # logits elements the learner forms at once (rlkit.engine.logprobs.CHUNK_ELEMENTS)
-LOGITS_KEEP_BYTES = 2**29  # what its forward may keep for the backward on a CPU (rlkit.engine.head.KEEP_BYTES)
+LOGITS_CHUNK = 2**26  # logits elements the learner forms at once (rlkit.learner.logprobs.CHUNK_ELEMENTS)
+LOGITS_KEEP_BYTES = 2**29  # what its forward may keep for the backward on a CPU (rlkit.learner.head.KEEP_BYTES)
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # Devices by name: memory (GiB), bf16, the kind (the Ray resource). A size in the spec wins.
@@ -227,7 +227,7 @@ def learner_process(cfg: Any, arch: Arch, width: int, n: int, tokens: int, ctx: 
                 "logits": min(tokens * arch.vocab, LOGITS_CHUNK) * (act_width + 12)}
     kept = tokens * arch.vocab * (act_width if act_width == 2 else 4)  # what the forward keeps for the backward
     # beside a chunk being worked on; an accelerator keeps them only within a quarter of what is
-    # free when the head runs (rlkit.engine.head.keep_budget): they never decide whether a step fits
+    # free when the head runs (rlkit.learner.head.keep_budget): they never decide whether a step fits
     if not ctx and tokens * arch.vocab > LOGITS_CHUNK and kept <= LOGITS_KEEP_BYTES:
         backward["logits kept for backward"] = kept
     if step > sum(backward.values()):  # the peak is the optimizer step, not the backward pass

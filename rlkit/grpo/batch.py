@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlkit.engine.objective import MicroBatch, step_normaliser
+from rlkit.learner.objective import MicroBatch, step_normaliser
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from rlkit.config import (
     OptimConfig,
     StageConfig,
 )
-from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.advantages import ADVANTAGES
 from rlkit.grpo.correction import CorrectionMode
 from rlkit.grpo.loss import LOSSES, ISLevel, KLKind, LossType, SoftGates
 from rlkit.recipe import check
 from rlkit.reward.contract import RewardSpec
+from rlkit.rollout.config import RolloutConfig
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ def dry_run(cfg: Any, base_dir: str | None, engine: Any = None) -> list[str]:
     `rlkit eval` starts); the lines `--print-config` adds."""
     from rlkit.accel import detect
     from rlkit.agent.program import FAILURES
-    from rlkit.engine.generation import sampling
-    from rlkit.engine.local import LocalEngine
     from rlkit.grpo.task import load_task
+    from rlkit.rollout.generation import sampling
+    from rlkit.rollout.local import LocalEngine
 
     task = load_task(cfg.model, cfg.data, (), None, base_dir, cfg.seed, cfg.rollout,
                      on_cpu=not detect(cfg.device).is_accelerator)

@@ -1,5 +1,5 @@
 """One step's experience: generate G completions per prompt -> score -> (refill) -> advantages;
-and the held-out evaluation. Generation runs on the rollout engines (`engine/engines.py`)."""
+and the held-out evaluation. Generation runs on the rollout engines (`rollout/engines.py`)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlkit.agent.loop import rollout_metrics
-from rlkit.engine.samples import Sample, Sampling
 from rlkit.grpo.advantages import frac_zero_std, get_advantage, normalize_then_sum, soft_overlong_penalty, zero_std_mask
 from rlkit.grpo.batch import Rollout
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.task import Task
+from rlkit.rollout.samples import Sample, Sampling
 
 if TYPE_CHECKING:
-    from rlkit.engine.engines import RolloutEngines
+    from rlkit.rollout.engines import RolloutEngines
 
 
 @dataclass

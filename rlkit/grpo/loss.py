@@ -344,5 +344,5 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_type: LossType, max_completi
         luspo:               sum over tokens per sequence, then mean over B (length-scaled GSPO).
 
     Token counts are clamped to >= 1 as in TRL; a ``num_items_in_batch`` given is the normaliser
-    itself (`rlkit.engine.objective.step_normaliser`), used unclamped."""
+    itself (`rlkit.learner.objective.step_normaliser`), used unclamped."""
     return LOSSES[loss_type].aggregation(per_token * mask, mask, max_completion_length, num_items_in_batch)

@@ -25,11 +25,11 @@ from typing import Any
 from torch import Tensor
 
 from rlkit.distill.loss import generalized_jsd, reverse_kl_advantages
-from rlkit.engine.logprobs import completion_states, token_logprobs
-from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.correction import off_policy_mask, rollout_correction
 from rlkit.grpo.loss import SoftGates, policy_loss
+from rlkit.learner.logprobs import completion_states, token_logprobs
+from rlkit.rollout.config import RolloutConfig
 
 METRICS = ("loss", "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "kl_mean", "entropy", "phi_mean")
 

@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlkit.accel import RAY_DEVICE_RESOURCES, detect
-from rlkit.engine.cluster import Demand
-from rlkit.engine.objective import mean_metrics
-from rlkit.engine.perf import perf_metrics
+from rlkit.actors.cluster import Demand
 from rlkit.grpo.batch import GRPOBatch, expand_forks, plan_micro_batches, plan_token_micro_batches
 from rlkit.grpo.config import GRPOConfig
 from rlkit.grpo.difficulty import OnlineDifficulty
@@ -38,6 +36,8 @@ from rlkit.grpo.experience import Experience, Generation, advantages, evaluate, 
 from rlkit.grpo.memory import MEMORY
 from rlkit.grpo.objective import GRPOObjective
 from rlkit.grpo.task import Task, load_task, recipe_dir
+from rlkit.learner.objective import mean_metrics
+from rlkit.learner.perf import perf_metrics
 from rlkit.run.checkpoint import dir_bytes
 from rlkit.run.driver import (
     curriculum_sampler,
@@ -53,16 +53,16 @@ from rlkit.seeding import derive_seed
 
 if TYPE_CHECKING:
     from rlkit.data.curriculum import CurriculumSampler
-    from rlkit.engine.engines import RolloutEngines
-    from rlkit.engine.group import LearnerGroup
-    from rlkit.engine.teacher import TeacherActor
+    from rlkit.learner.group import LearnerGroup
+    from rlkit.learner.teacher import TeacherActor
+    from rlkit.rollout.engines import RolloutEngines
     from rlkit.run.metrics import MetricsLogger
 
 
 def demands(cfg: GRPOConfig, device: Any) -> list[Demand]:
     """What a GRPO recipe asks of the Ray cluster: the learners' bundles, the separate engines' and
     the teacher's own actor's (`distill.placement: actor`)."""
-    from rlkit.engine.placement import bundle, engine_cpus
+    from rlkit.actors.placement import bundle, engine_cpus
 
     rollout, custom = cfg.rollout, cfg.ray.resources
     out = [learner_demand(cfg, cfg.grpo.num_learners, device, "grpo.num_learners")]
@@ -80,10 +80,10 @@ def demands(cfg: GRPOConfig, device: Any) -> list[Demand]:
 def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
     """Run GRPO from a loaded recipe; returns the final policy directory. Everything a user can
     get wrong (model path, data, rewards, sync strategy) is checked before Ray starts."""
+    from rlkit.actors.cluster import ship_by_value
     from rlkit.distill.teacher import check_distill, check_teacher_node
-    from rlkit.engine.cluster import ship_by_value
-    from rlkit.engine.engines import start_engines, sync_transport
-    from rlkit.engine.serving import check_engines
+    from rlkit.rollout.engines import start_engines, sync_transport
+    from rlkit.rollout.serving import check_engines
 
     g = cfg.grpo
     device = detect(cfg.device)
@@ -117,7 +117,7 @@ def run_grpo(cfg: GRPOConfig, recipe_path: str | Path | None = None) -> Path:
                                     cfg.lora.r if cfg.lora else 0)
             teacher = None
             if cfg.distill is not None and not beside:  # the teacher in its own actor
-                from rlkit.engine.teacher import TeacherActor
+                from rlkit.learner.teacher import TeacherActor
 
                 teacher = TeacherActor(cfg.distill.teacher, device, cfg.ray, cfg.distill.node)
                 run.announce(f"rlkit distill: the teacher runs in its own actor on node {teacher.node}")
@@ -169,7 +169,7 @@ def sampling_line(cfg: GRPOConfig, tokenizer: Any) -> str:
 
 def eval_sampling(cfg: GRPOConfig) -> Any:
     """How held-out completions are sampled: the rollout's settings, at eval.temperature when set."""
-    from rlkit.engine.generation import sampling
+    from rlkit.rollout.generation import sampling
 
     sample = sampling(cfg.rollout)
     return sample if cfg.eval.temperature is None else dataclasses.replace(sample, temperature=cfg.eval.temperature)
@@ -192,7 +192,7 @@ class Parts:
 
 def _train(p: Parts, step: int, saved: dict) -> None:
     """The loop, from `step` to `grpo.steps`; `saved`: what a checkpoint held in flight."""
-    from rlkit.engine.generation import sampling
+    from rlkit.rollout.generation import sampling
 
     cfg, task, sampler, run, learners, engines = p.cfg, p.task, p.sampler, p.run, p.learners, p.engines
     logger, teacher = p.logger, p.teacher
@@ -248,10 +248,10 @@ def _train(p: Parts, step: int, saved: dict) -> None:
 def _source(p: Parts, start: Callable[..., Generation], saved: dict, step: int) -> Any:
     """Where the steps' experience comes from: streamed groups (`grpo.streaming`), or a generation per
     step, up to `max_staleness` ahead; with what a checkpoint held in flight."""
-    from rlkit.engine.generation import sampling
     from rlkit.grpo.ahead import StepGenerations
     from rlkit.grpo.stream import GroupStream
     from rlkit.grpo.stream_state import stream_from
+    from rlkit.rollout.generation import sampling
 
     cfg, task, sampler, engines, g = p.cfg, p.task, p.sampler, p.engines, p.cfg.grpo
     if g.streaming:
@@ -294,7 +294,7 @@ def _sync_check(cfg: GRPOConfig, task: Task, engines: RolloutEngines, learners: 
     """The parity probe (`rollout.sync_check_every`) after the sync that made policy `step`, when
     it is due: the engines and the learner score the first train and held-out prompts; a
     `FaultError` names an engine that disagrees."""
-    from rlkit.engine.parity import sync_check, sync_check_tol
+    from rlkit.grpo.parity import sync_check, sync_check_tol
 
     every = cfg.rollout.sync_check_every
     if not every or not (due or step % every == 0):

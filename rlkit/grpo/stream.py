@@ -1,7 +1,7 @@
 """Streaming groups with partial rollouts (`grpo.streaming`): the separate engines generate without
 pause from a queue of prompts, each group is scored as soon as its samples are done, and a step trains
 on the first `prompts_per_step` groups done. New weights load between two of an engine's steps while
-its samples run (`engine/streaming.py`), so each token carries the policy version that sampled it.
+its samples run (`rollout/streaming.py`), so each token carries the policy version that sampled it.
 
 Staleness, K = `grpo.max_staleness`: a group trained at step s whose oldest token came from version
 v has lag s - v, at most K. Prompts are admitted so that FIFO training keeps to it (the n-th group
@@ -27,17 +27,17 @@ import collections
 import time
 from typing import TYPE_CHECKING, Any
 
-from rlkit.engine.calls import ActorFault
-from rlkit.engine.streaming import GroupRequest
+from rlkit.actors.calls import ActorFault
 from rlkit.grpo.advantages import zero_std_mask
 from rlkit.grpo.experience import Experience, Generation, completion_metrics, rollout_of, score_samples
 from rlkit.grpo.stream_state import StreamGroup, kept, lags, mean_of
+from rlkit.rollout.streaming import GroupRequest
 from rlkit.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from rlkit.engine.samples import Sampling
     from rlkit.grpo.config import GRPOAlgoConfig
     from rlkit.grpo.task import Task
+    from rlkit.rollout.samples import Sampling
 
 BUDGET_S = 0.05  # an engine's stepping per call: the driver's turn comes this often
 DEPTH = 2  # streaming calls in flight per engine

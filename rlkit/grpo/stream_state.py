@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from rlkit.grpo.experience import restored_sample
 
 if TYPE_CHECKING:
-    from rlkit.engine.samples import Sample
     from rlkit.grpo.batch import Rollout
+    from rlkit.rollout.samples import Sample
 
 
 @dataclass

@@ -12,9 +12,9 @@ from rlkit.agent.program import program_reward
 from rlkit.agent.rollouts import Rollouts
 from rlkit.agent.tools import environment_rewards, load_environments, load_interaction, load_tools
 from rlkit.config import DataConfig, ModelConfig
-from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.errors import ConfigError, DataError
 from rlkit.reward import RewardScorer, RewardSpec
+from rlkit.rollout.config import RolloutConfig
 
 
 @dataclass
@@ -53,11 +53,11 @@ class Task:
         return out
 
     def probe(self, rows: list[dict[str, Any]]) -> Any:
-        """The parity probe of `rows`' prompts (`rlkit.engine.parity.Probe`): their token ids; for
+        """The parity probe of `rows`' prompts (`rlkit.grpo.parity.Probe`): their token ids; for
         rows with images the ids the processor expands them to, the prompts as the engines get
         them in rollouts, and the learner's pixel inputs."""
-        from rlkit.engine.objective import MicroBatch
-        from rlkit.engine.parity import Probe
+        from rlkit.grpo.parity import Probe
+        from rlkit.learner.objective import MicroBatch
 
         texts = [self.render(row) for row in rows]
         sequences = [self.images.encode(text, row["images"]) if row.get("images") else self.tokenizer(text).input_ids
@@ -190,7 +190,7 @@ def _agent(rollout: RolloutConfig, template: str, tokenizer: Any, recipe_dir: st
                           "format become chat messages)", key)
     if rollout.program.on:
         from rlkit.agent.program import ProgramAgent, load_program
-        from rlkit.engine.generation import sampling
+        from rlkit.rollout.generation import sampling
 
         sample = sampling(rollout)  # what the engines sample with: the programs' requests are held to it
         recipe = {"temperature": sample.temperature, "top_p": sample.top_p}

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from rlkit.dpo.loss import kto_loss
 from rlkit.dpo.objective import cut, padded_rows
-from rlkit.engine.logprobs import token_logprobs
+from rlkit.learner.logprobs import token_logprobs
 
 KEYS = ("input_ids", "attention_mask", "completion_mask")
 

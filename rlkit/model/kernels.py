@@ -4,7 +4,7 @@
 for the model's family; `liger` asks for them (one line before launch where they cannot apply, and
 again from the host that builds the model, where that host lacks them); `none` keeps transformers'
 own modules. Liger's fused cross-entropy is not applied: the learner computes its token logprobs
-itself (`rlkit/engine/head.py`).
+itself (`rlkit/learner/head.py`).
 
 The kernels go into the one model instance rlkit built, never into the process: Liger's apply
 function swaps the family's classes and its rotary function in the transformers module as well as

@@ -15,14 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlkit.actors.cluster import Demand
 from rlkit.config import CurriculumConfig
 from rlkit.data.curriculum import CurriculumSampler
-from rlkit.engine.cluster import Demand
 from rlkit.errors import UserError
 
 if TYPE_CHECKING:
-    from rlkit.engine.engines import RolloutEngines
-    from rlkit.engine.group import LearnerGroup
+    from rlkit.learner.group import LearnerGroup
+    from rlkit.rollout.engines import RolloutEngines
 
 log = logging.getLogger("rlkit")
 
@@ -38,8 +38,8 @@ def prepare_inputs(cfg: Any, device: Any, memory: Any, checks: Sequence[Callable
     Runs before Ray starts; returns the config the run uses: a GGUF path is its HF folder there,
     and every path is absolute (`rlkit.paths`: actors work in their raylet's folder)."""
     from rlkit.accel import check_precision
-    from rlkit.engine.ds_config import check_deepspeed_config, zero3_alone
     from rlkit.estimate import check_before_launch
+    from rlkit.learner.ds_config import check_deepspeed_config, zero3_alone
     from rlkit.model.checks import check_model, ensure_tiny_model
     from rlkit.model.facts import model_facts
     from rlkit.model.gguf import resolve_models
@@ -100,9 +100,9 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any, demands: Sequence[
     Ray instance if this call started it. `demands`: all the run will ask of the cluster (the
     learners' `learner_demand` and the stage's own: engines, a teacher, reward actors), checked
     before anything starts; `started`: the stage's own check once Ray is up (GRPO: the teacher's node)."""
-    from rlkit.engine.cluster import check_resources
-    from rlkit.engine.group import LearnerGroup
-    from rlkit.engine.placement import start_ray, stop_ray
+    from rlkit.actors.cluster import check_resources
+    from rlkit.actors.placement import start_ray, stop_ray
+    from rlkit.learner.group import LearnerGroup
 
     started_ray = start_ray(cfg.ray, device, Path(cfg.output_dir) / "logs")
     group = None
@@ -121,7 +121,7 @@ def learner_group(cfg: Any, spec: Any, num: int, device: Any, demands: Sequence[
 
 def learner_demand(cfg: Any, num_learners: int, device: Any, key: str) -> Demand:
     """The learners' bundles on the Ray cluster (`key`: the recipe key that sets their number)."""
-    from rlkit.engine.placement import bundle
+    from rlkit.actors.placement import bundle
 
     custom = cfg.ray.resources
     return Demand("learner", num_learners, bundle(device, cfg.ray.cpus_per_actor, custom=custom.learner),
@@ -146,7 +146,7 @@ def memory_metrics(learners: LearnerGroup, engines: RolloutEngines | None = None
 def learner_spec(cfg: Any, micro_batch_size: int, grad_accum: int, total_steps: int,
                  reference: bool = False, teacher: Any = None, head: str = "lm") -> Any:
     """The learners' build spec from a stage recipe's shared sections."""
-    from rlkit.engine.learner import LearnerSpec
+    from rlkit.learner.actor import LearnerSpec
 
     return LearnerSpec(model=cfg.model, finetuning=cfg.finetuning, lora=cfg.lora, qlora=cfg.qlora, optim=cfg.optim,
                        deepspeed=cfg.deepspeed, micro_batch_size=micro_batch_size, grad_accum=grad_accum,

@@ -41,7 +41,7 @@ from rlkit.run.checkpoint import (
 from rlkit.run.stops import StopSignals
 
 if TYPE_CHECKING:
-    from rlkit.engine.group import LearnerGroup
+    from rlkit.learner.group import LearnerGroup
 
 log = logging.getLogger("rlkit")
 LOG_FILE = "rlkit.log"

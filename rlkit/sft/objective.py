@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor
 
-from rlkit.engine.logprobs import token_logprobs
+from rlkit.learner.logprobs import token_logprobs
 
 
 @dataclass(frozen=True)

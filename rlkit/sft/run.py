@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlkit.engine.objective import MicroBatch, step_normaliser
-from rlkit.engine.perf import perf_metrics
+from rlkit.learner.objective import MicroBatch, step_normaliser
+from rlkit.learner.perf import perf_metrics
 from rlkit.run.checkpoint import dir_bytes
 from rlkit.run.driver import (
     curriculum_sampler,
@@ -34,7 +34,7 @@ from rlkit.sft.objective import NLLObjective
 if TYPE_CHECKING:
     from rlkit.data.curriculum import CurriculumSampler
     from rlkit.data.images import ImageInputs
-    from rlkit.engine.group import LearnerGroup
+    from rlkit.learner.group import LearnerGroup
     from rlkit.run.metrics import MetricsLogger
 
 log = logging.getLogger("rlkit")

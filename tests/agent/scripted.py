@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 
-from rlkit.engine.samples import Sample
+from rlkit.rollout.samples import Sample
 
 CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call><|im_end|>'
 

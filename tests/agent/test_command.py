@@ -11,8 +11,8 @@ import time
 import pytest
 
 from rlkit.agent.program import ProgramAgent
-from rlkit.engine.samples import Sampling
 from rlkit.program_config import ProgramConfig
+from rlkit.rollout.samples import Sampling
 from rlkit.sandbox.walls import namespaces_problem
 from tests.agent.scripted import ROWS, Engine, assert_recorded_exactly
 

@@ -15,8 +15,8 @@ import pytest
 from rlkit.agent.chat_api import normalise
 from rlkit.agent.program import ProgramAgent
 from rlkit.agent.template import prepare_tokenizer
-from rlkit.engine.samples import Sample, Sampling
 from rlkit.program_config import ProgramConfig
+from rlkit.rollout.samples import Sample, Sampling
 from tests.agent.scripted import ROWS, Engine, assert_recorded_exactly
 
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
@@ -344,8 +344,8 @@ def test_what_cannot_run_is_one_line_before_launch(tok, tmp_path):
     import socket
 
     from rlkit.agent.program import load_program
-    from rlkit.engine.rollout_config import RolloutConfig
     from rlkit.errors import ConfigError
+    from rlkit.rollout.config import RolloutConfig
 
     with pytest.raises(ConfigError, match="program.*not with tools"):
         RolloutConfig(tools=("rlkit.tiny_tools:add",), program=ProgramConfig(fn="rlkit.agent.examples:calculator"))

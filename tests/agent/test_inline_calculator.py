@@ -10,8 +10,8 @@ import torch
 
 from rlkit.agent.calculator import Calculator, calculate
 from rlkit.agent.loop import rollout_metrics
-from rlkit.engine.samples import Sample, Sampling
 from rlkit.grpo.batch import GRPOBatch, Rollout
+from rlkit.rollout.samples import Sample, Sampling
 
 
 @pytest.mark.parametrize("text, value", [
@@ -151,7 +151,7 @@ def test_the_calculator_knows_how_many_tokens_the_cpu_kv_caches_hold(tmp_path):
     import json
 
     from rlkit.agent.calculator import kv_cache_tokens
-    from rlkit.engine.rollout_config import RolloutConfig
+    from rlkit.rollout.config import RolloutConfig
 
     config = {  # SmolLM2-135M's shape: 23040 bytes of bf16 KV a token
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "num_hidden_layers": 30,

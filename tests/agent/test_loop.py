@@ -10,9 +10,9 @@ import torch
 from rlkit.agent.loop import Agent, rollout_metrics
 from rlkit.agent.template import suffix_ids
 from rlkit.agent.tools import load_environments, load_tools
-from rlkit.engine.samples import Sample
 from rlkit.errors import ConfigError
 from rlkit.grpo.batch import GRPOBatch, Rollout
+from rlkit.rollout.samples import Sample
 from tests.agent.scripted import USER_FILE
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call><|im_end|>'
@@ -62,7 +62,7 @@ def play(agent, rows, scripts, n=1):
     episodes = agent.episodes(rows, n)
     engine = Scripted(agent.tokenizer, scripts)
     engine.prompts = [e.prompt_ids for e in episodes]
-    from rlkit.engine.samples import Sampling
+    from rlkit.rollout.samples import Sampling
 
     return agent.run(episodes, engine, Sampling(max_tokens=agent.max_tokens), seed=0), engine
 

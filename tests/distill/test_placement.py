@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from rlkit.config import ModelConfig
-from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.config import DistillConfig, GRPOAlgoConfig
 from rlkit.grpo.objective import GRPOObjective
+from rlkit.rollout.config import RolloutConfig
 from tests.helpers import ROOT
 
 
@@ -56,7 +56,7 @@ def test_a_teacher_node_outside_the_cluster_is_one_line(monkeypatch):
     from rlkit.distill.teacher import check_teacher_node
     from rlkit.errors import ConfigError
 
-    monkeypatch.setattr("rlkit.engine.cluster.cluster_nodes", lambda: {"10.0.0.1": {"CPU": 2}, "10.0.0.2": {}})
+    monkeypatch.setattr("rlkit.actors.cluster.cluster_nodes", lambda: {"10.0.0.1": {"CPU": 2}, "10.0.0.2": {}})
     check_teacher_node(DistillConfig(ModelConfig(path="t"), placement="actor", node="10.0.0.2"))
     with pytest.raises(ConfigError, match=r"^distill.node: 10.0.0.9 is not a node of this Ray cluster \(its nodes: "
                                           r"10.0.0.1, 10.0.0.2\)"):
@@ -81,8 +81,8 @@ def test_the_teachers_actor_scores_under_the_objective_and_the_batch_takes_its_r
     `GRPOBatch.scored` sends it micro-batches of tokens and masks only and puts each row's back."""
     from transformers import AutoModelForCausalLM
 
-    from rlkit.engine.teacher import TeacherWorker
     from rlkit.grpo.batch import GRPOBatch, Rollout
+    from rlkit.learner.teacher import TeacherWorker
 
     worker = TeacherWorker(ModelConfig(path=str(tiny_model), dtype="fp32"), "cpu")
     batch = GRPOBatch.collate([Rollout([5, 6, 7], [8, 9], False), Rollout([5], [10, 11, 12, 13], False),

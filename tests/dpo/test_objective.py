@@ -12,7 +12,7 @@ from rlkit.dpo.loss import DPOTerms
 from rlkit.dpo.objective import DPOObjective, pair_means, preference_batch, without_padding
 from rlkit.dpo.reference import ReferenceOnce, with_reference
 from rlkit.dpo.run import micro_batches
-from rlkit.engine.objective import MicroBatch
+from rlkit.learner.objective import MicroBatch
 from tests.helpers import assert_same_grads, perturb_lora_b, trainable_grads
 
 
@@ -58,7 +58,7 @@ def _same_as_trl(tiny_model, tmp_path, terms, lora, variant):
     from trl import DPOConfig, DPOTrainer
     from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-    from rlkit.engine.logprobs import Reference
+    from rlkit.learner.logprobs import Reference
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
 
@@ -184,7 +184,7 @@ def test_a_bf16_micro_batch_is_the_fp32_one_within_bf16_noise(tiny_model):
     cast or position is off by whole nats."""
     from transformers import AutoModelForCausalLM
 
-    from rlkit.engine.logprobs import Reference
+    from rlkit.learner.logprobs import Reference
 
     rows = _pairs()
     results = {}

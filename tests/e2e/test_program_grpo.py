@@ -12,8 +12,8 @@ import pytest
 from rlkit.agent.examples import calculator
 from rlkit.agent.program import ProgramAgent
 from rlkit.agent.template import prepare_tokenizer
-from rlkit.engine.samples import Sampling
 from rlkit.program_config import ProgramConfig
+from rlkit.rollout.samples import Sampling
 from tests.agent.scripted import assert_recorded_exactly
 from tests.helpers import tool_task_script
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def test_a_vllm_engines_turns_are_recorded_token_for_token(tool_task):
     from transformers import AutoTokenizer
 
-    from rlkit.engine.rollout import RolloutWorker
+    from rlkit.rollout.worker import RolloutWorker
 
     worker = RolloutWorker(str(tool_task["tools"]), dtype="float32", max_model_len=512, kv_cache_gib=0.25)
     calls = []

@@ -51,7 +51,7 @@ def test_vllm_serves_the_imported_model_as_transformers_runs_it(model, gsm8k):
     code = f"""
 import json, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from rlkit.engine.rollout import RolloutWorker
+from rlkit.rollout.worker import RolloutWorker
 prompts = {prompts!r}
 tok = AutoTokenizer.from_pretrained({str(model)!r})
 hf = AutoModelForCausalLM.from_pretrained({str(model)!r}, dtype=torch.float32)
@@ -59,7 +59,7 @@ w = RolloutWorker({str(model)!r}, dtype="float32", kv_cache_gib=0.5, max_model_l
 out = []
 # the inline calculator on vLLM: it stops at the "=" tokens, which come back in token_ids
 from rlkit.agent.calculator import Calculator, calculate
-from rlkit.engine.samples import Sampling
+from rlkit.rollout.samples import Sampling
 class Engine:
     def generate(self, prompts, n, sampling, seed):
         return w.generate(prompts, n, seed=seed, **sampling.kwargs())

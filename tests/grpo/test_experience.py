@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.engine.samples import Sample
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.experience import Generation, advantages, collect
 from rlkit.reward import RewardScorer, RewardSpec
+from rlkit.rollout.samples import Sample
 
 
 class Canned:

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from rlkit.engine.logprobs import selective_log_softmax
-from rlkit.engine.objective import step_normaliser
 from rlkit.grpo.advantages import soft_overlong_penalty
 from rlkit.grpo.loss import kl_penalty, policy_loss
+from rlkit.learner.logprobs import selective_log_softmax
+from rlkit.learner.objective import step_normaliser
 
 D = torch.float64
 

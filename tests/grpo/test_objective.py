@@ -4,9 +4,9 @@ the pure loss on the model's token logprobs."""
 import pytest
 import torch
 
-from rlkit.engine.rollout_config import RolloutConfig
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.objective import GRPOObjective
+from rlkit.rollout.config import RolloutConfig
 
 
 @pytest.mark.parametrize("algo, needs", [
@@ -25,9 +25,9 @@ def test_needs_follow_the_recipe(algo, needs):
 def test_loss_is_the_policy_loss_of_the_token_logprobs(tiny_model):
     from transformers import AutoModelForCausalLM
 
-    from rlkit.engine.logprobs import token_logprobs
     from rlkit.grpo.batch import GRPOBatch, Rollout
     from rlkit.grpo.loss import policy_loss
+    from rlkit.learner.logprobs import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     rollouts = [Rollout([5, 6, 7], [8, 9], False), Rollout([5, 6], [10, 11, 12], False)]
@@ -61,10 +61,10 @@ def test_distillation_takes_the_teachers_per_token_signal_as_advantage(tiny_mode
     from transformers import AutoModelForCausalLM
 
     from rlkit.config import ModelConfig
-    from rlkit.engine.logprobs import token_logprobs
     from rlkit.grpo.batch import GRPOBatch, Rollout
     from rlkit.grpo.config import DistillConfig
     from rlkit.grpo.loss import policy_loss
+    from rlkit.learner.logprobs import token_logprobs
 
     distill = DistillConfig(ModelConfig(path="teacher"), coef=0.5, reward_weight=0.2)
     objective = GRPOObjective.from_config(GRPOAlgoConfig(), RolloutConfig(temperature=1.0), distill)
@@ -96,10 +96,10 @@ def test_jsd_distillation_is_trls_loss_on_the_two_models_logits(tiny_model, pack
     from trl.trainer.distillation_trainer import _chunked_divergence_loss
 
     from rlkit.config import ModelConfig
-    from rlkit.engine.logprobs import token_logprobs
     from rlkit.grpo.batch import GRPOBatch, Rollout
     from rlkit.grpo.config import DistillConfig
     from rlkit.grpo.loss import policy_loss
+    from rlkit.learner.logprobs import token_logprobs
 
     student = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     teacher = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()

@@ -1,6 +1,6 @@
 """The stream's bookkeeping at a weight sync (`GroupStream._stops`): which running groups stop, and
 how each is counted. The engines are not called there; the runs that stream for real are
-tests/e2e/test_grpo_stream.py and tests/engine/test_weight_sync.py."""
+tests/e2e/test_grpo_stream.py and tests/sync/test_weight_sync.py."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlkit.engine.samples import Sampling
 from rlkit.grpo.config import GRPOAlgoConfig
 from rlkit.grpo.stream import GroupStream
 from rlkit.grpo.stream_state import StreamGroup
+from rlkit.rollout.samples import Sampling
 
 
 def _stream(version: int, **algo) -> GroupStream:

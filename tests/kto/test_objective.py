@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlkit.engine.objective import MicroBatch
 from rlkit.kto.objective import KTOObjective, kto_means, unpaired_batch
+from rlkit.learner.objective import MicroBatch
 from tests.helpers import assert_same_grads, perturb_lora_b, trainable_grads
 
 TEXT = [{"prompt": "1+2=", "completion": "3", "label": True},
@@ -26,7 +26,7 @@ def test_a_kto_micro_batch_is_trls_kto_trainer(tiny_model, tmp_path, loss_type, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import KTOConfig, KTOTrainer
 
-    from rlkit.engine.logprobs import Reference
+    from rlkit.learner.logprobs import Reference
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None

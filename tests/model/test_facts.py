@@ -10,10 +10,10 @@ import shutil
 from rlkit import stages
 from rlkit.accel import detect
 from rlkit.distill.teacher import check_distill
-from rlkit.engine.serving import check_engines
 from rlkit.grpo.memory import MEMORY
 from rlkit.grpo.run import check_packing
 from rlkit.model import facts
+from rlkit.rollout.serving import check_engines
 from rlkit.run.driver import prepare_inputs
 from tests.helpers import GRPO_RECIPE, grpo_overrides
 
