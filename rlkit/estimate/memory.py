@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlkit.accel import DEVICES
 from rlkit.errors import UserError
 from rlkit.estimate.arch import Arch
 
@@ -56,15 +57,6 @@ TOKENIZER_BYTES_PER_ENTRY = 1024
 LOGITS_CHUNK = 2**26  # logits elements the learner forms at once (rlkit.learner.logprobs.CHUNK_ELEMENTS)
 LOGITS_KEEP_BYTES = 2**29  # what its forward may keep for the backward on a CPU (rlkit.learner.head.KEEP_BYTES)
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-
-# Devices by name: memory (GiB), bf16, the kind (the Ray resource). A size in the spec wins.
-DEVICES = {"A100": (80, True, "GPU"), "H100": (80, True, "GPU"), "H200": (141, True, "GPU"), "H20": (96, True, "GPU"),
-           "A800": (80, True, "GPU"), "H800": (80, True, "GPU"), "L40S": (48, True, "GPU"), "A10": (24, True, "GPU"),
-           "4090": (24, True, "GPU"), "3090": (24, True, "GPU"), "V100": (32, False, "GPU"), "T4": (16, False, "GPU"),
-           "MI300X": (192, True, "GPU"), "MI250": (64, True, "GPU"), "K100": (64, True, "GPU"),
-           "910B": (64, True, "NPU"), "910C": (64, True, "NPU")}
-
-
 
 @dataclass(frozen=True)
 class Hardware:

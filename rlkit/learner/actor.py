@@ -84,16 +84,15 @@ class Learner(EngineHost, Saving):
         import deepspeed
         import ray
 
-        from rlkit.actors.cluster import gloo_interface_env
+        from rlkit.actors.cluster import interface_env
 
-        backend = self.device_info.dist_backend
+        backend, ifname = self.device_info.dist_backend, self.device_info.socket_ifname_var
         master_addr, master_port = master
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
-                          **(gloo_interface_env() if backend == "gloo" else {}))
-        gloo = os.environ.get("GLOO_SOCKET_IFNAME") if backend == "gloo" else None
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), **interface_env(ifname))
+        bound = os.environ.get(ifname)
         print(f"rlkit: learner rank {self.rank} of {self.world_size} on node {ray.util.get_node_ip_address()}: "
-              f"{backend} process group at {master_addr}:{master_port}" + (f", gloo on {gloo}" if gloo else ""),
+              f"{backend} process group at {master_addr}:{master_port}" + (f", on {bound}" if bound else ""),
               flush=True)  # to the actor's log
         if not self.device_info.is_accelerator:
             from rlkit.learner.ds_config import skip_shm_comm_op
@@ -105,7 +104,6 @@ class Learner(EngineHost, Saving):
         except (RuntimeError, OSError) as e:  # torch's DistNetworkError / gloo's connect errors
             from rlkit.errors import UserError
 
-            ifname = self.device_info.socket_ifname_var
             reason = " ".join(str(e).split())[:300]
             raise UserError(f"learner rank {self.rank} on node {ray.util.get_node_ip_address()} could not join the "
                             f"{backend} process group at {master_addr}:{master_port}: {reason}. The learners' "

@@ -112,7 +112,7 @@ def test_a_cluster_that_cannot_be_joined_is_one_line():
 def test_rendezvous_is_the_nodes_address_and_gloo_its_interface(ray_local, monkeypatch):
     import ray
 
-    from rlkit.actors.cluster import gloo_interface_env, rendezvous
+    from rlkit.actors.cluster import interface_env, rendezvous
 
     address, port = rendezvous()
     assert address == ray.util.get_node_ip_address() and address not in ("localhost", "") and port > 0
@@ -120,10 +120,12 @@ def test_rendezvous_is_the_nodes_address_and_gloo_its_interface(ray_local, monke
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     assert all(20000 <= p < low for _, p in [(address, port), *(rendezvous() for _ in range(5))])
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    assert gloo_interface_env() == {"GLOO_SOCKET_IFNAME": interface_of(address)}
+    assert interface_env() == {"GLOO_SOCKET_IFNAME": interface_of(address)}
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    assert interface_env("NCCL_SOCKET_IFNAME") == {"NCCL_SOCKET_IFNAME": interface_of(address)}
     assert interface_of(address) is not None and interface_of("192.0.2.77") is None  # TEST-NET: nobody's
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
-    assert gloo_interface_env() == {}  # the user's choice stays
+    assert interface_env() == {}  # the user's choice stays
 
 
 @pytest.mark.parametrize("placement", ["pack", "spread", "strict_pack", "strict_spread"])
