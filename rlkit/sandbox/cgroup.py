@@ -134,15 +134,15 @@ class Cap:
 
     def kill(self) -> None:
         """End every process in it: those that left the run's session (a daemon it started with
-        `setsid`) as well. Until none is left (one forking meanwhile is caught on the next pass), or 2 s."""
-        for _ in range(200):
-            pids = self.pids()
-            if not pids:
-                return
+        `setsid`) as well. A process sent SIGKILL can fork no more, so a pass that finds no process
+        it has not signalled yet is the last (one whose fork finished before its kill is found by
+        the next pass); the ones dying leave by themselves."""
+        signalled: set[int] = set()
+        while pids := set(self.pids()) - signalled:
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
+            signalled |= pids
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed one of its processes for its bound."""

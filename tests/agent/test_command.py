@@ -125,7 +125,7 @@ x = bytearray(300 << 20)
 for i in range(0, len(x), 4096):
     x[i] = 1
 got = b""
-while len(got) < 3 and select.select([r], [], [], 10)[0]:
+while len(got) < 3 and select.select([r], [], [], 5)[0]:
     got += os.read(r, 3)
 print(float(len(got) == 3))
 """
