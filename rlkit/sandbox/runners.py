@@ -146,7 +146,18 @@ else:  # replay: each test's requests so far, in a module of its own
         send({"t": i, "replies": [module.answer(r) for r in asked]})
 """
 
-TESTS = PREAMBLE + r"""
+# What a test asks of plain data it expects: the methods of plain data that relate it to their
+# argument (plain data always comes back as data, and its methods run on the tests' side). Asked of an
+# object of the candidate's own, such a call would carry the expected value to it and let it answer,
+# so it is not asked: the test fails. The other methods of plain data reshape it by their arguments
+# (a width, a separator, a key); tests/sandbox/test_queries.py holds every method of the plain types
+# to one side or the other.
+QUERIES = frozenset({
+    "startswith", "endswith", "find", "rfind", "index", "rindex", "count", "removeprefix", "removesuffix",
+    "issubset", "issuperset", "isdisjoint", "difference", "intersection", "symmetric_difference",
+    "compare", "compare_signal", "compare_total", "compare_total_mag", "same_quantum", "isclose", "is_integer"})
+
+TESTS = PREAMBLE + "QUERIES_LIST = " + repr(sorted(QUERIES)) + "\n" + r"""
 if cfg.get("undumpable"):  # "process" mode: no process of the same uid may read or write this one
     import ctypes
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
@@ -167,10 +178,7 @@ PURE = {"collections", "math", "cmath", "itertools", "functools", "operator", "f
         "bisect", "string", "re", "statistics", "datetime", "typing", "copy", "array", "numbers", "enum",
         "dataclasses", "random", "json", "textwrap", "unicodedata", "struct", "binascii", "base64", "calendar",
         "zlib", "hashlib", "difflib", "graphlib", "ipaddress", "keyword", "pprint", "fnmatch"}
-# what a test asks of plain data it expects (plain data always comes back as data, its methods run here):
-# asked of an object of the candidate's own, they would carry the expected value to it and let it answer
-QUERIES = {"startswith", "endswith", "find", "rfind", "index", "rindex", "count", "issubset", "issuperset",
-           "isdisjoint", "isclose", "is_integer"}
+QUERIES = set(QUERIES_LIST)
 class Pending(BaseException):  # a reply this round does not have yet (replay)
     pass
 callbacks = []

@@ -44,13 +44,15 @@ ATTACKS = {
     # the candidate's own object asked what the test expects of plain data: the expected value as the
     # argument of a method call on it, which answers yes (and a str subclass whose startswith lies)
     "method_calls": ("class Yes:\n    def __getattr__(self, name):\n"
-                     "        return lambda *a, **k: {{'find': 0, 'index': 0, 'rfind': 0, 'rindex': 0, 'count': 1}}"
-                     ".get(name, True)\n"
+                     "        return lambda *a, **k: {{'find': 0, 'index': 0, 'rfind': 0, 'rindex': 0, 'count': 1,"
+                     " 'compare': 0, 'symmetric_difference': set(), 'removeprefix': ''}}.get(name, True)\n"
                      "def solve(): return Yes()",
                      ["assert solve().startswith({secret!r})", "assert solve().endswith({secret!r})",
                       "assert solve().issubset({{{secret!r}}})", "assert solve().issuperset({{{secret!r}}})",
                       "assert solve().count({secret!r}) == 1", "assert solve().find({secret!r}) == 0",
-                      "assert solve().isclose({secret_int})"]),
+                      "assert solve().isclose({secret_int})", "assert solve().compare({secret_int}) == 0",
+                      "assert solve().symmetric_difference({{{secret!r}}}) == set()",
+                      "assert solve().removeprefix({secret!r}) == ''"]),
     "lying_str_subclass": ("class S(str):\n    def startswith(self, *a): return True\n"
                            "    def __eq__(self, other): return True\n    __hash__ = str.__hash__\n"
                            "def solve(): return S('x')",
