@@ -148,16 +148,31 @@ def _bind(source: str, inside: str) -> list[str]:
     return [*(a for made in above for a in made), "--ro-bind", source, inside]
 
 
-def bwrap_command(argv: Sequence[str], walls: Walls, filter_fd: int, python: str | None = None) -> list[str]:
+def bwrap_command(argv: Sequence[str], walls: Walls, filter_fd: int, python: str | None = None,
+                  env_fd: int | None = None) -> list[str]:
     """bubblewrap's command line for ``argv`` in ``walls``, the seccomp filter read from ``filter_fd``
-    (inherited). The binds come before the root is remounted read-only: their mount points are made in it."""
+    (inherited); the environment read from ``env_fd`` (`env_file`), or on the line where none is given.
+    The binds come before the root is remounted read-only: their mount points are made in it."""
     args = list(_fixed(python or interpreter(), walls.limits.scratch_mb))
     for source, inside in walls.binds:
         args += _bind(source, inside)
     args += ["--chdir", walls.cwd, "--remount-ro", "/dev", "--remount-ro", "/"]  # bubblewrap's own tmpfs
-    for k, v in walls.env:
-        args += ["--setenv", k, v]
+    args += ["--args", str(env_fd)] if env_fd is not None else _setenv(walls)
     return [*args, "--seccomp", str(filter_fd), "--", *argv]
+
+
+def _setenv(walls: Walls) -> list[str]:
+    return [a for k, v in walls.env for a in ("--setenv", k, v)]
+
+
+def env_file(walls: Walls) -> int:
+    """A descriptor bubblewrap reads the command's environment from (``--args``: NUL-separated options),
+    so that it is not on bubblewrap's command line, which every user of the host may read
+    (`/proc/PID/cmdline`): an agent command's session key and row among them."""
+    fd = os.memfd_create("rlkit-walls-env", 0)
+    os.write(fd, b"".join(a.encode() + b"\0" for a in _setenv(walls)))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def start(argv: Sequence[str], walls: Walls, *, uid: int | None = None, work: str | None = None) -> Started:
@@ -168,7 +183,8 @@ def start(argv: Sequence[str], walls: Walls, *, uid: int | None = None, work: st
     try:
         if walls.isolation == "namespaces":
             fds = (seccomp.filter_fd(),)
-            cmd, cwd, env = bwrap_command(argv, walls, fds[0]), "/", {"PATH": ENV["PATH"]}  # bubblewrap's own
+            fds += (env_file(walls),)
+            cmd, cwd, env = bwrap_command(argv, walls, fds[0], None, fds[1]), "/", {"PATH": ENV["PATH"]}  # its own
         else:
             cmd, cwd, env = list(argv), walls.cwd, dict(walls.env)
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

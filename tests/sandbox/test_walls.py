@@ -37,11 +37,14 @@ def test_a_walled_command_sees_its_binds_read_only_in_its_folder_with_its_enviro
     for p in (tmp_path, folder):
         p.chmod(0o755)
     walls = Walls(binds=((str(folder), "/data/in"),), cwd="/data/in", env=(("ONLY", "this"), ("PATH", "/usr/bin")))
-    run = start([interpreter(), "-I", "-S", "-c", LOOK], walls)
+    run = start([interpreter(), "-I", "-S", "-c", "import sys; sys.stdin.read()\n" + LOOK], walls)
     try:
-        out, timed_out, _ = Exchange(run.proc, b"", 1 << 20).until(time.perf_counter() + 30)
+        with open(f"/proc/{run.proc.pid}/cmdline", "rb") as f:  # bubblewrap's, which any user may read
+            line = f.read()
+        out, timed_out, _ = Exchange(run.proc, b"go", 1 << 20).until(time.perf_counter() + 30)
     finally:
         reap(run)
+    assert b"ONLY" not in line and b"--ro-bind" in line  # its environment came through a descriptor
     seen = json.loads(out)
     assert not timed_out and seen["read"] == "hello" and seen["wrote"] is False and seen["cwd"] == "/data/in"
     env = {k: v for k, v in seen["env"].items() if k not in ("PWD", "LC_CTYPE")}  # bubblewrap's and Python's own
