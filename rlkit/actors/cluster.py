@@ -5,8 +5,9 @@
   and what the cluster has.
 - `check_nodes_see`: every node that hosts a learner must see `output_dir` (DeepSpeed ranks
   write their shards there) and `model.path`, and every engine's node `model.path`.
-- `gloo_interface`: the network interface that holds this node's address, for gloo (which
-  otherwise binds to what the host name resolves to, often 127.0.0.1).
+- `interface_env`: the network interface that holds this node's address, for the learners'
+  process group (gloo, NCCL or HCCL: the device's own variable), which otherwise binds to what the
+  host name resolves to, often 127.0.0.1.
 
 `shortfall` is pure (node resources in, a message or None out) and tested without Ray.
 """

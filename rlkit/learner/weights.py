@@ -32,10 +32,6 @@ def hf_name(name: str) -> str:
     return re.sub(r"\.modules_to_save\.[^.]+\.", ".", name)
 
 
-
-# ---------------------------------------------------------------- learner side
-
-
 def _is_lora_layer(module: nn.Module) -> bool:
     return hasattr(module, "lora_A") and hasattr(module, "base_layer")
 

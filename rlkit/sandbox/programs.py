@@ -5,20 +5,12 @@
 flooded, and how long it took. Nothing else of the caller reaches the program.
 
 Isolation (``isolation``):
-* ``"namespaces"`` (the default): the walls of `rlkit.sandbox.walls`. bubblewrap (``bwrap``,
-  Debian's ``bubblewrap`` package) puts the program in new user (when not root), mount, PID,
-  network, IPC, UTS and cgroup namespaces: an empty root with only ``/usr``, the interpreter's
-  prefix and the loader cache mounted read-only, a fresh ``/proc`` and ``/dev``, a size-limited
-  scratch ``/tmp`` (its working directory) and ``/dev/shm``, no environment but
-  ``PATH``/``HOME``/``LANG``, a loopback of its own and no other interface, its own session, no
-  capabilities. The driver's files, environment, sockets (TCP, Unix and abstract) and processes do
-  not exist there; everything it writes lives in memory that the kernel frees with the namespaces
-  when the run ends (SysV IPC with its IPC namespace). As root, bubblewrap runs without a user
-  namespace and the program drops to a throwaway uid of its own before anything else, so its process
-  limit is enforced (the kernel does not enforce one for root). A seccomp filter
-  (`rlkit.sandbox.seccomp`) denies the kernel keyring, new namespaces and mounts, memory files,
-  ptrace, eBPF, perf events, io_uring and the like; without root bubblewrap also forbids nested user
-  namespaces. The root and ``/dev`` are read-only: ``/tmp`` and ``/dev/shm`` are all it can write.
+* ``"namespaces"`` (the default): the walls of `rlkit.sandbox.walls` (bubblewrap's namespaces, the
+  seccomp filter, a throwaway uid as root, a memory cgroup where one is delegated), with nothing
+  mounted beyond what every walled command sees, its scratch ``/tmp`` as its working directory and
+  no environment but ``PATH``/``HOME``/``LANG``. The driver's files, environment, sockets (TCP, Unix
+  and abstract) and processes do not exist there; everything it writes lives in memory that the
+  kernel frees with the namespaces when the run ends (SysV IPC with its IPC namespace).
 * ``"remote"``: an HTTP execution service with SandboxFusion's ``POST /run_code`` API (what verl
   uses): the same program and payload go to ``url``; its stdout comes back (bounded) and the judge
   compares here as it does locally. The service's walls are its own.
